@@ -1,0 +1,45 @@
+"""Errors a user can act on: what was wrong, where (file, record, field), what to do."""
+
+from __future__ import annotations
+
+
+class GymError(Exception):
+    """Base class for every error gym raises on purpose."""
+
+
+class ConfigError(GymError, ValueError):
+    """A configuration value (flow parameter, registry entry, CLI flag) is invalid."""
+
+
+class RegistryError(ConfigError):
+    """A registry entry is missing or malformed; the message names the entry and field."""
+
+
+class DataError(GymError, ValueError):
+    """Bad input data. Carries the file, the 1-based record number and the field at fault."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        file: str | None = None,
+        record: int | None = None,
+        field: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        self.file, self.record, self.field, self.hint = file, record, field, hint
+        where = []
+        if file is not None:
+            where.append(f"file {file}")
+        if record is not None:
+            where.append(f"record {record}")
+        if field is not None:
+            where.append(f"field {field!r}")
+        text = f"{', '.join(where)}: {message}" if where else message
+        if hint:
+            text += f" ({hint})"
+        super().__init__(text)
+
+
+class MissingExtraError(GymError, RuntimeError):
+    """An optional feature was asked for where its extra (or hardware) is missing."""

@@ -1,0 +1,75 @@
+"""The workspace: where gym keeps datasets, tokenized data, models, runs, MLflow and Prefect results.
+
+`GYM_HOME` sets the root (default `./.gym`). Content-addressed artifacts live under
+`<kind>/<hash>/` and are written through `atomic_dir`, so a crash never leaves a half
+artifact under a final name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+KINDS = ("datasets", "tokenized", "models", "runs", "mlflow", "prefect")
+
+
+def home() -> Path:
+    """Workspace root: `$GYM_HOME`, else `./.gym` in the current directory."""
+    root = Path(os.environ.get("GYM_HOME") or Path.cwd() / ".gym").expanduser().resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def path(kind: str, *parts: str) -> Path:
+    """A path under the workspace, e.g. `path("tokenized", digest)`; parent dirs are created."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown workspace area {kind!r}; expected one of {KINDS}")
+    base = home() / kind
+    base.mkdir(parents=True, exist_ok=True)
+    return base.joinpath(*parts)
+
+
+@contextlib.contextmanager
+def atomic_dir(final: Path) -> Iterator[Path]:
+    """Yield a temp dir beside `final`; rename it into place only if the block succeeds.
+
+    If `final` already exists (another run produced the same content), the temp dir is
+    discarded: content-addressed artifacts with equal names have equal content.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        yield tmp
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not final.exists():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def atomic_write_text(target: Path, text: str) -> None:
+    """Write a file through a temp name and `os.replace`, so readers never see half of it."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_json(target: Path, obj: Any) -> None:
+    atomic_write_text(target, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
