@@ -19,33 +19,7 @@ OUT = Path(__file__).resolve().parents[1] / "gym" / "assets" / "gym_tiny"
 VOCAB_SIZE = 4096
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
-EN_WORDS = """the of and to a in is it you that he was for on are with as his they be at one have this from
-or had by word but what some we can out other were all there when up use your how said an each she which do
-their time if will way about many then them write would like so these her long make thing see him two has look
-more day could go come did number sound no most people my over know water than call first who may down side been
-now find any new work part take get place made live where after back little only round man year came show every
-good me give our under name very through just form sentence great think say help low line differ turn cause much
-mean before move right boy old too same tell does set three want air well also play small end put home read hand
-port large spell add even land here must big high such follow act why ask men change went light kind off need
-house picture try us again animal point mother world near build self earth father head stand own page should
-country found answer school grow study still learn plant cover food sun four between state keep eye never last
-let thought city tree cross farm hard start might story saw far sea draw left late run while press close night
-real life few north open seem together next white children begin got walk example ease paper group always music
-those both mark often letter until mile river car feet care second book carry took science eat room friend began
-idea fish mountain stop once base hear horse cut sure watch color face wood main enough plain girl usual young
-ready above ever red list though feel talk bird soon body dog family direct pose leave song measure door product
-black short numeral class wind question happen complete ship area half rock order fire south problem piece told
-knew pass since top whole king space heard best hour better true during hundred five remember step early hold
-west ground interest reach fast verb sing listen six table travel less morning ten simple several vowel toward
-war lay against pattern slow center love person money serve appear road map rain rule govern pull cold notice
-voice unit power town fine certain fly fall lead cry dark machine note wait plan figure star box noun field rest
-correct able pound done beauty drive stood contain front teach week final gave green oh quick develop ocean warm
-free minute strong special mind behind clear tail produce fact street inch multiply nothing course stay wheel
-full force blue object decide surface deep moon island foot system busy test record boat common gold possible
-plane stead dry wonder laugh thousand ago ran check game shape equate hot miss brought heat snow tire bring yes
-distant fill east paint language among reverse sort copy sum plus minus times equal result input output repeat
-upper lower case letters digits string list words text translate instruction response assistant user system
-what is the following multiple choice questions with answers about""".split()
+EN_WORDS = ["the", "of", "and", "to", "a", "in", "is", "it", "you", "that", "he", "was", "for", "on", "are", "with", "as", "his", "they", "be", "at", "one", "have", "this", "from", "or", "had", "by", "word", "but", "what", "some", "we", "can", "out", "other", "were", "all", "there", "when", "up", "use", "your", "how", "said", "an", "each", "she", "which", "do", "their", "time", "if", "will", "way", "about", "many", "then", "them", "write", "would", "like", "so", "these", "her", "long", "make", "thing", "see", "him", "two", "has", "look", "more", "day", "could", "go", "come", "did", "number", "sound", "no", "most", "people", "my", "over", "know", "water", "than", "call", "first", "who", "may", "down", "side", "been", "now", "find", "any", "new", "work", "part", "take", "get", "place", "made", "live", "where", "after", "back", "little", "only", "round", "man", "year", "came", "show", "every", "good", "me", "give", "our", "under", "name", "very", "through", "just", "form", "sentence", "great", "think", "say", "help", "low", "line", "differ", "turn", "cause", "much", "mean", "before", "move", "right", "boy", "old", "too", "same", "tell", "does", "set", "three", "want", "air", "well", "also", "play", "small", "end", "put", "home", "read", "hand", "port", "large", "spell", "add", "even", "land", "here", "must", "big", "high", "such", "follow", "act", "why", "ask", "men", "change", "went", "light", "kind", "off", "need", "house", "picture", "try", "us", "again", "animal", "point", "mother", "world", "near", "build", "self", "earth", "father", "head", "stand", "own", "page", "should", "country", "found", "answer", "school", "grow", "study", "still", "learn", "plant", "cover", "food", "sun", "four", "between", "state", "keep", "eye", "never", "last", "let", "thought", "city", "tree", "cross", "farm", "hard", "start", "might", "story", "saw", "far", "sea", "draw", "left", "late", "run", "while", "press", "close", "night", "real", "life", "few", "north", "open", "seem", "together", "next", "white", "children", "begin", "got", "walk", "example", "ease", "paper", "group", "always", "music", "those", "both", "mark", "often", "letter", "until", "mile", "river", "car", "feet", "care", "second", "book", "carry", "took", "science", "eat", "room", "friend", "began", "idea", "fish", "mountain", "stop", "once", "base", "hear", "horse", "cut", "sure", "watch", "color", "face", "wood", "main", "enough", "plain", "girl", "usual", "young", "ready", "above", "ever", "red", "list", "though", "feel", "talk", "bird", "soon", "body", "dog", "family", "direct", "pose", "leave", "song", "measure", "door", "product", "black", "short", "numeral", "class", "wind", "question", "happen", "complete", "ship", "area", "half", "rock", "order", "fire", "south", "problem", "piece", "told", "knew", "pass", "since", "top", "whole", "king", "space", "heard", "best", "hour", "better", "true", "during", "hundred", "five", "remember", "step", "early", "hold", "west", "ground", "interest", "reach", "fast", "verb", "sing", "listen", "six", "table", "travel", "less", "morning", "ten", "simple", "several", "vowel", "toward", "war", "lay", "against", "pattern", "slow", "center", "love", "person", "money", "serve", "appear", "road", "map", "rain", "rule", "govern", "pull", "cold", "notice", "voice", "unit", "power", "town", "fine", "certain", "fly", "fall", "lead", "cry", "dark", "machine", "note", "wait", "plan", "figure", "star", "box", "noun", "field", "rest", "correct", "able", "pound", "done", "beauty", "drive", "stood", "contain", "front", "teach", "week", "final", "gave", "green", "oh", "quick", "develop", "ocean", "warm", "free", "minute", "strong", "special", "mind", "behind", "clear", "tail", "produce", "fact", "street", "inch", "multiply", "nothing", "course", "stay", "wheel", "full", "force", "blue", "object", "decide", "surface", "deep", "moon", "island", "foot", "system", "busy", "test", "record", "boat", "common", "gold", "possible", "plane", "stead", "dry", "wonder", "laugh", "thousand", "ago", "ran", "check", "game", "shape", "equate", "hot", "miss", "brought", "heat", "snow", "tire", "bring", "yes", "distant", "fill", "east", "paint", "language", "among", "reverse", "sort", "copy", "sum", "plus", "minus", "times", "equal", "result", "input", "output", "repeat", "upper", "lower", "case", "letters", "digits", "string", "list", "words", "text", "translate", "instruction", "response", "assistant", "user", "system", "what", "is", "the", "following", "multiple", "choice", "questions", "with", "answers", "about"]
 
 ZH_CHARS = (
     "的一是不了人我在有他这中大来上国个到说们为子和你地出道也时年得就那要下以生会自着去之过家学对可她里后小么心多"
@@ -58,8 +32,19 @@ ZH_CHARS = (
     "英基派满式李息写呢识极令黄德收脸钱党倒未持音跑底答案选择单项确请倒序排列复制加减乘除等于结果数字字母列表翻译"
 )
 ZH_PHRASES = [
-    "以下是关于", "的单项选择题，请直接给出正确答案的选项。", "以下是中国关于", "的单项选择题，请选出其中的正确答案。",
-    "答案：", "请计算", "把下列数字倒序", "把下列字母排序", "重复下面的内容", "你好", "谢谢", "问题", "回答",
+    "以下是关于",
+    "的单项选择题，请直接给出正确答案的选项。",
+    "以下是中国关于",
+    "的单项选择题，请选出其中的正确答案。",
+    "答案：",
+    "请计算",
+    "把下列数字倒序",
+    "把下列字母排序",
+    "重复下面的内容",
+    "你好",
+    "谢谢",
+    "问题",
+    "回答",
 ]
 
 

@@ -1,0 +1,319 @@
+"""Normalize raw records into gym's three canonical record kinds, with errors that say where and why.
+
+Canonical kinds (what `ingest` writes and `tokenize` reads):
+
+- `sft`: `{"messages": [{"role": "system"|"user"|"assistant", "content": str}, ...]}`: an optional
+  system message, then user/assistant turns alternating, ending with an assistant turn.
+- `preference`: `{"prompt": [messages ending with a user turn], "chosen": str, "rejected": str}`.
+- `kto`: `{"prompt": [messages ending with a user turn], "completion": str, "label": bool}`.
+
+Source formats (the `format` of a dataset registry entry) and the kind each gives:
+
+- `alpaca` (sft): instruction, input (optional), output, system (optional), history
+  `[[query, answer], ...]` (optional). The user turn is `instruction + "\\n" + input` when input is
+  non-empty, as LLaMA-Factory does.
+- `sharegpt` / `openai` (sft): `conversations` (`{"from", "value"}`) or `messages` (`{"role", "content"}`),
+  plus an optional top-level `system`. Roles human/user, gpt/assistant, system. Tool turns
+  (observation, function_call, tool) are rejected: gym does not train tool calls yet.
+- `preference`: TRL style `{prompt, chosen, rejected}` (strings or message lists), TRL implicit prompt
+  (`chosen`/`rejected` as full conversations sharing every turn but the last), or LLaMA-Factory style:
+  alpaca fields + `chosen`/`rejected` strings, or `conversations` + `chosen`/`rejected` message objects.
+- `kto`: alpaca fields + `output` + `label`, TRL style `{prompt, completion, label}`, or a conversation
+  whose last turn is the completion, + `label`. Labels: booleans, 0/1, or "true"/"false" (csv).
+
+`columns` (from the dataset registry) renames source fields first: `{"output": "answer"}` reads the
+canonical field `output` from the source column `answer`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gym.errors import ConfigError, DataError
+
+FORMAT_KIND = {"alpaca": "sft", "sharegpt": "sft", "openai": "sft", "preference": "preference", "kto": "kto"}
+# Methods and the record kind each trains on; preference-tuning variants all read the same kind.
+METHOD_KIND = {
+    "sft": "sft",
+    "dpo": "preference",
+    "ipo": "preference",
+    "orpo": "preference",
+    "simpo": "preference",
+    "cpo": "preference",
+    "kto": "kto",
+}
+KIND_FORMATS = {"sft": "alpaca, sharegpt or openai", "preference": "preference", "kto": "kto"}
+ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant"}
+TOOL_ROLES = ("observation", "function_call", "function", "tool", "tool_call", "ipython")
+MAPPING_HINT = "map other column names with `columns` in the dataset registry"
+
+
+@dataclass
+class Where:
+    """The place a record came from, and the column mapping in force, for error messages."""
+
+    file: str
+    record: int
+    columns: dict[str, str] = field(default_factory=dict)
+
+    def error(self, message: str, name: str | None = None, hint: str | None = None) -> DataError:
+        source = self.columns.get(name, name) if name else None
+        if source and source != name:
+            message = f"{message} (read as {name!r} through `columns`)"
+        return DataError(message, file=self.file, record=self.record, field=source, hint=hint)
+
+
+def apply_columns(record: dict[str, Any], columns: dict[str, str]) -> dict[str, Any]:
+    """Rename source columns to canonical names: `columns` maps canonical -> source."""
+    if not columns:
+        return record
+    out = dict(record)
+    for canonical, source in columns.items():
+        if source in record:
+            out.pop(source, None)
+            out[canonical] = record[source]
+    return out
+
+
+def _text(rec: dict[str, Any], name: str, w: Where, need: str, *, required: bool = True) -> str:
+    value = rec.get(name)
+    if value is None:
+        if required:
+            raise w.error(f"missing; {need}", name, MAPPING_HINT)
+        return ""
+    if not isinstance(value, str):
+        raise w.error(f"must be a string, got {type(value).__name__} {value!r:.60}", name, need)
+    if required and not value.strip():
+        raise w.error("is empty", name, "remove the record or fill in the text")
+    return value
+
+
+def _history(rec: dict[str, Any], w: Where) -> list[dict[str, str]]:
+    value = rec.get("history")
+    if value is None:
+        return []
+    msgs: list[dict[str, str]] = []
+    ok = isinstance(value, list)
+    for pair in value if ok else []:
+        if not (isinstance(pair, list | tuple) and len(pair) == 2 and all(isinstance(t, str) for t in pair)):
+            ok = False
+            break
+        msgs += [{"role": "user", "content": pair[0]}, {"role": "assistant", "content": pair[1]}]
+    if not ok:
+        raise w.error("must be a list of [query, answer] string pairs", "history")
+    return msgs
+
+
+def alpaca_prompt(rec: dict[str, Any], w: Where, need: str) -> list[dict[str, str]]:
+    """system + history + the user turn built from instruction and input."""
+    instruction = _text(rec, "instruction", w, need)
+    extra = _text(rec, "input", w, need, required=False)
+    system = _text(rec, "system", w, need, required=False)
+    msgs = [{"role": "system", "content": system}] if system.strip() else []
+    msgs += _history(rec, w)
+    msgs.append({"role": "user", "content": f"{instruction}\n{extra}" if extra.strip() else instruction})
+    return msgs
+
+
+def parse_message(msg: Any, name: str, i: int, w: Where) -> dict[str, str]:
+    """One `{"from", "value"}` or `{"role", "content"}` message, roles mapped to system/user/assistant."""
+    if not isinstance(msg, dict):
+        raise w.error(f"message {i} must be an object with role/content or from/value", name)
+    role = msg.get("role", msg.get("from"))
+    content = msg.get("content", msg.get("value"))
+    if role in TOOL_ROLES:
+        raise w.error(
+            f"message {i} has role {role!r}; tool turns are not supported",
+            name,
+            "drop tool turns from the conversation, or use a dataset without tool calls",
+        )
+    if role not in ROLES:
+        raise w.error(f"message {i} has unknown role {role!r}; expected one of {sorted(ROLES)}", name)
+    if not isinstance(content, str) or not content.strip():
+        raise w.error(f"message {i} ({role}) needs non-empty text content, got {content!r:.60}", name)
+    return {"role": ROLES[role], "content": content}
+
+
+def parse_messages(value: Any, name: str, w: Where) -> list[dict[str, str]]:
+    if not isinstance(value, list) or not value:
+        raise w.error(f"must be a non-empty list of messages, got {value!r:.60}", name)
+    return [parse_message(m, name, i, w) for i, m in enumerate(value, 1)]
+
+
+def check_turns(msgs: list[dict[str, str]], name: str, w: Where, *, ends_with: str) -> None:
+    """Optional system first, then user/assistant alternating from user, ending with `ends_with`."""
+    turns = msgs[1:] if msgs and msgs[0]["role"] == "system" else msgs
+    for i, m in enumerate(turns):
+        expected = "user" if i % 2 == 0 else "assistant"
+        if m["role"] != expected:
+            raise w.error(
+                f"turns must alternate user/assistant (after an optional first system message); "
+                f"turn {i + 1} is {m['role']}, expected {expected}",
+                name,
+            )
+    if not turns or turns[-1]["role"] != ends_with:
+        raise w.error(f"the conversation must end with a {ends_with} turn", name)
+
+
+def _chat_field(rec: dict[str, Any]) -> str | None:
+    return next((k for k in ("messages", "conversations") if rec.get(k) is not None), None)
+
+
+def _with_system(rec: dict[str, Any], msgs: list[dict[str, str]], w: Where) -> list[dict[str, str]]:
+    system = _text(rec, "system", w, "", required=False)
+    if system.strip() and not (msgs and msgs[0]["role"] == "system"):
+        return [{"role": "system", "content": system}, *msgs]
+    return msgs
+
+
+def _conversation(rec: dict[str, Any], w: Where, need: str) -> tuple[str, list[dict[str, str]]]:
+    name = _chat_field(rec)
+    if name is None:
+        raise w.error(f"no 'conversations' or 'messages' list; {need}", "conversations", MAPPING_HINT)
+    return name, _with_system(rec, parse_messages(rec[name], name, w), w)
+
+
+def to_sft(rec: dict[str, Any], fmt: str, w: Where) -> dict[str, Any]:
+    if fmt == "alpaca":
+        need = "alpaca records need instruction and output"
+        answer = {"role": "assistant", "content": _text(rec, "output", w, need)}
+        msgs = [*alpaca_prompt(rec, w, need), answer]
+        name = "output"
+    else:
+        name, msgs = _conversation(rec, w, f"{fmt} records need a list of messages")
+    check_turns(msgs, name, w, ends_with="assistant")
+    return {"messages": msgs}
+
+
+def completion(value: Any, name: str, w: Where, need: str) -> str:
+    """A completion given as text, one assistant message, or a list holding one assistant message."""
+    if value is None:
+        raise w.error(f"missing; {need}", name, MAPPING_HINT)
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    if isinstance(value, dict):
+        msg = parse_message(value, name, 1, w)
+        if msg["role"] != "assistant":
+            raise w.error(f"must be an assistant message, got role {msg['role']!r}", name)
+        return msg["content"]
+    return _text({name: value}, name, w, need)
+
+
+def prompt_of(rec: dict[str, Any], w: Where, need: str) -> list[dict[str, str]]:
+    """The prompt of a preference/kto record: alpaca fields, a conversation, or a TRL `prompt`."""
+    if rec.get("instruction") is not None:
+        return alpaca_prompt(rec, w, need)
+    if _chat_field(rec) is not None:
+        name, msgs = _conversation(rec, w, need)
+    elif isinstance(rec.get("prompt"), str):
+        name, msgs = "prompt", [{"role": "user", "content": _text(rec, "prompt", w, need)}]
+    elif rec.get("prompt") is not None:
+        name, msgs = "prompt", _with_system(rec, parse_messages(rec["prompt"], "prompt", w), w)
+    else:
+        raise w.error(f"missing; {need}", "prompt", MAPPING_HINT)
+    check_turns(msgs, name, w, ends_with="user")
+    return msgs
+
+
+def _implicit_prompt(rec: dict[str, Any], w: Where, need: str) -> dict[str, Any]:
+    """TRL implicit prompt: chosen and rejected are whole conversations differing in the last turn."""
+    chosen = parse_messages(rec["chosen"], "chosen", w)
+    rejected = parse_messages(rec["rejected"], "rejected", w)
+    check_turns(chosen, "chosen", w, ends_with="assistant")
+    check_turns(rejected, "rejected", w, ends_with="assistant")
+    if chosen[:-1] != rejected[:-1]:
+        raise w.error(
+            "chosen and rejected conversations must share every turn but the last", "rejected", need
+        )
+    return {"prompt": chosen[:-1], "chosen": chosen[-1]["content"], "rejected": rejected[-1]["content"]}
+
+
+def to_preference(rec: dict[str, Any], w: Where) -> dict[str, Any]:
+    need = (
+        "preference records need chosen and rejected, plus a prompt (prompt, instruction/input or "
+        "conversations) unless chosen and rejected are whole conversations"
+    )
+    has_prompt = any(rec.get(k) is not None for k in ("instruction", "prompt", "messages", "conversations"))
+    chosen, rejected = rec.get("chosen"), rec.get("rejected")
+    if not has_prompt and isinstance(chosen, list) and isinstance(rejected, list) and len(chosen) > 1:
+        return _implicit_prompt(rec, w, need)
+    prompt = prompt_of(rec, w, need)
+    return {
+        "prompt": prompt,
+        "chosen": completion(rec.get("chosen"), "chosen", w, need),
+        "rejected": completion(rec.get("rejected"), "rejected", w, need),
+    }
+
+
+def parse_label(value: Any, w: Where) -> bool:
+    """A real boolean; also 0/1 and "true"/"false"/"0"/"1" (csv has no booleans)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
+        return value.strip().lower() in ("true", "1")
+    if value is None:
+        raise w.error("missing; kto records need a boolean label", "label", MAPPING_HINT)
+    raise w.error(
+        f"must be a boolean, got {type(value).__name__} {value!r:.60}",
+        "label",
+        "use true/false (or 1/0); true marks a desirable completion",
+    )
+
+
+def to_kto(rec: dict[str, Any], w: Where) -> dict[str, Any]:
+    need = "kto records need a prompt (instruction/input, prompt or conversations), a completion and a label"
+    if rec.get("instruction") is None and rec.get("prompt") is None and _chat_field(rec) is not None:
+        name, msgs = _conversation(rec, w, need)
+        check_turns(msgs, name, w, ends_with="assistant")
+        prompt, text = msgs[:-1], msgs[-1]["content"]
+    else:
+        prompt = prompt_of(rec, w, need)
+        key = "output" if rec.get("instruction") is not None else "completion"
+        text = completion(rec.get(key), key, w, need)
+    return {"prompt": prompt, "completion": text, "label": parse_label(rec.get("label"), w)}
+
+
+def normalize(record: dict[str, Any], fmt: str, where: Where) -> dict[str, Any]:
+    """One raw record (columns already mapped) as a canonical record of kind `FORMAT_KIND[fmt]`."""
+    if fmt not in FORMAT_KIND:
+        raise ConfigError(f"unknown dataset format {fmt!r}; expected one of {', '.join(FORMAT_KIND)}")
+    kind = FORMAT_KIND[fmt]
+    if kind == "sft":
+        return to_sft(record, fmt, where)
+    if kind == "preference":
+        return to_preference(record, where)
+    return to_kto(record, where)
+
+
+def detect_format(columns: Iterable[str]) -> str | None:
+    """Guess the format from a record's field names; None when nothing fits."""
+    cols = set(columns)
+    if {"chosen", "rejected"} <= cols:
+        return "preference"
+    if "label" in cols:
+        return "kto"
+    if "messages" in cols:
+        return "openai"
+    if "conversations" in cols:
+        return "sharegpt"
+    if {"instruction", "output"} <= cols:
+        return "alpaca"
+    return None
+
+
+def require_kind(dataset_kind: str, method: str, dataset: str | None = None) -> None:
+    """Raise ConfigError unless `method` trains on datasets of kind `dataset_kind`."""
+    if method not in METHOD_KIND:
+        raise ConfigError(f"unknown training method {method!r}; expected one of {', '.join(METHOD_KIND)}")
+    need = METHOD_KIND[method]
+    if dataset_kind != need:
+        name = f"dataset {dataset!r}" if dataset else "the dataset"
+        raise ConfigError(
+            f"method {method!r} needs a {need} dataset (format {KIND_FORMATS[need]}), "
+            f"but {name} is {dataset_kind}; pick a {need} dataset, "
+            f"or a method that trains on {dataset_kind} data"
+        )

@@ -1,0 +1,147 @@
+"""Ingest: read a dataset (file, folder, hub id or demo generator), normalize every record, and save
+it as an Arrow dataset under `$GYM_HOME/datasets/<digest>/` (plus `meta.json`).
+
+The digest hashes the source content (file bytes, folder contents, hub id + revision, or generator
+name + demo.py source), the format, columns, split, num_samples and the code that shapes records,
+so the same inputs always land in the same directory and a second call returns it without
+reading anything. Artifacts are written through `workspace.atomic_dir`: a bad record raises a
+`DataError` and leaves nothing new behind.
+
+    .venv/bin/python -c "from gym.data.ingest import ingest; from gym.data.registry import \\
+        resolve_dataset; print(ingest(resolve_dataset('demo_sft')))"
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import datasets
+import pyarrow as pa
+from datasets import Features, List, Value
+from pydantic import BaseModel, ConfigDict
+
+from gym import workspace
+from gym.data import demo, formats, readers
+from gym.data.formats import FORMAT_KIND, Where, apply_columns, normalize
+from gym.data.registry import DatasetSpec, detect_source_format
+from gym.errors import ConfigError, DataError
+from gym.hashing import hash_dir, hash_file, hash_obj
+
+MESSAGES = List({"role": Value("string"), "content": Value("string")})
+FEATURES = {
+    "sft": Features({"messages": MESSAGES}),
+    "preference": Features({"prompt": MESSAGES, "chosen": Value("string"), "rejected": Value("string")}),
+    "kto": Features({"prompt": MESSAGES, "completion": Value("string"), "label": Value("bool")}),
+}
+_BATCH = 1000
+# The code that decides what a record becomes: editing it gives new digests, never stale artifacts.
+_CODE = (Path(formats.__file__), Path(readers.__file__), Path(__file__))
+
+
+class IngestResult(BaseModel):
+    """A reference to an ingested dataset: what tasks pass downstream."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    path: Path
+    """The `save_to_disk` folder (`datasets.load_from_disk(path)` reads it)."""
+    digest: str
+    """Content digest naming the folder."""
+    kind: str
+    """Canonical record kind: sft, preference or kto."""
+    num_records: int
+    """Number of records written."""
+
+
+def source_identity(spec: DatasetSpec) -> dict[str, Any]:
+    """What identifies the source's content, without reading records."""
+    if spec.generator:
+        return {"generator": spec.generator, "demo_source": hash_file(Path(demo.__file__))}
+    if spec.hub_id:
+        return {"hub_id": spec.hub_id, "revision": spec.revision}
+    path = Path(spec.file or "")
+    if path.is_file():
+        return {"file_hash": hash_file(path), "suffix": path.suffix.lower()}
+    if path.is_dir():
+        return {"dir_hash": hash_dir(path)}
+    raise DataError("no such file or folder", file=str(path), hint="check `file` in the dataset registry")
+
+
+def dataset_digest(spec: DatasetSpec) -> str:
+    return hash_obj(
+        {
+            "source": source_identity(spec),
+            "format": spec.format,
+            "columns": spec.columns,
+            "split": spec.split,
+            "num_samples": spec.num_samples,
+            "code": [hash_file(p) for p in _CODE],
+        }
+    )
+
+
+def demo_file(name: str) -> Path:
+    """Write demo dataset `name` as JSON Lines under datasets/demo-files/ (for people to look at)."""
+    if name not in demo.DEMO_DATASETS:
+        raise ConfigError(f"unknown demo generator {name!r}; expected one of {', '.join(demo.DEMO_DATASETS)}")
+    target = workspace.path("datasets", "demo-files", f"{name}.jsonl")
+    lines = (json.dumps(r, ensure_ascii=False) for r in demo.demo_records(name))
+    workspace.atomic_write_text(target, "".join(f"{line}\n" for line in lines))
+    return target
+
+
+def read_records(spec: DatasetSpec, source: str, fmt: str) -> tuple[datasets.Dataset, int]:
+    """Read and normalize up to `num_samples` records into an in-memory Arrow dataset."""
+    schema = FEATURES[FORMAT_KIND[fmt]].arrow_schema
+    tables, batch, count = [], [], 0
+    for file, no, raw in readers.read_source(source, split=spec.split, revision=spec.revision):
+        if spec.num_samples is not None and count >= spec.num_samples:
+            break
+        batch.append(normalize(apply_columns(raw, spec.columns), fmt, Where(file, no, spec.columns)))
+        count += 1
+        if len(batch) == _BATCH:
+            tables.append(pa.Table.from_pylist(batch, schema=schema))
+            batch = []
+    if count == 0:
+        raise DataError("the dataset is empty", file=source, hint="add records, or point to another file")
+    tables.append(pa.Table.from_pylist(batch, schema=schema))
+    return datasets.Dataset(pa.concat_tables(tables)), count
+
+
+def ingest(spec: DatasetSpec) -> IngestResult:
+    """Read, normalize and save `spec`'s records; return the existing artifact when already there."""
+    digest = dataset_digest(spec)
+    final = workspace.path("datasets", digest)
+    meta_file = final / "meta.json"
+    if meta_file.is_file():
+        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+        return IngestResult(path=final, digest=digest, kind=meta["kind"], num_records=meta["num_records"])
+    source = str(demo_file(spec.generator)) if spec.generator else spec.source
+    fmt = spec.format or detect_source_format(source, spec.columns, spec.split, spec.revision)
+    ds, count = read_records(spec, source, fmt)
+    kind = FORMAT_KIND[fmt]
+    meta = {
+        "digest": digest,
+        "kind": kind,
+        "format": fmt,
+        "num_records": count,
+        "spec": spec.model_dump(mode="json"),
+    }
+    with workspace.atomic_dir(final) as tmp:
+        ds.save_to_disk(str(tmp))
+        workspace.atomic_write_json(tmp / "meta.json", meta)
+    return IngestResult(path=final, digest=digest, kind=kind, num_records=count)
+
+
+def load_meta(dataset_dir: str | Path) -> dict[str, Any]:
+    """The meta.json of an ingested dataset folder."""
+    meta_file = Path(dataset_dir) / "meta.json"
+    if not meta_file.is_file():
+        raise DataError(
+            "not an ingested dataset (meta.json missing)",
+            file=str(dataset_dir),
+            hint="pass the path returned by gym.data.ingest.ingest",
+        )
+    return json.loads(meta_file.read_text(encoding="utf-8"))

@@ -1,0 +1,248 @@
+"""Read raw records from local files, folders and hub datasets, numbered for error messages.
+
+Supported sources: `.json` (a top-level array, or JSON Lines in a .json file), `.jsonl`, `.csv`,
+`.parquet`, `.arrow` (Arrow IPC file or stream), a `datasets.save_to_disk` folder, a folder of
+files of one of those types (read in sorted order), and hub ids (`datasets.load_dataset`; only when
+the name is not a local path). Every reader yields `(record_no, record)` with 1-based numbers.
+
+    from gym.data.readers import read_source
+    for file, no, record in read_source("tests/fixtures/data/alpaca.jsonl"):
+        ...
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from gym.errors import DataError
+
+EXTENSIONS = (".json", ".jsonl", ".csv", ".parquet", ".arrow")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+_BATCH = 1024
+
+Records = Iterator[tuple[int, dict[str, Any]]]
+
+
+def _check_dict(record: Any, file: str, no: int) -> dict[str, Any]:
+    if not isinstance(record, dict):
+        raise DataError(
+            f"expected a JSON object per record, got {type(record).__name__}",
+            file=file,
+            record=no,
+            hint='each record must be an object like {"instruction": ..., "output": ...}',
+        )
+    return record
+
+
+def read_json(path: Path) -> Records:
+    """A `.json` file holding a top-level array of objects, or JSON Lines; `.jsonl` is JSON Lines."""
+    file = str(path)
+    if path.suffix.lower() == ".json":
+        text = path.read_text(encoding="utf-8-sig")
+        if text.lstrip().startswith("["):
+            try:
+                rows = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise DataError(
+                    f"not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}",
+                    file=file,
+                    hint="fix the file, or write one object per line as JSON Lines",
+                ) from None
+            if not isinstance(rows, list):
+                raise DataError("expected a top-level array of records", file=file)
+            for no, row in enumerate(rows, 1):
+                yield no, _check_dict(row, file, no)
+            return
+        if "\n" in text.strip() and _one_object(text):
+            raise DataError(
+                "the file holds a single JSON object spread over several lines, not records",
+                file=file,
+                hint="put the records in a top-level array, or write one object per line (JSON Lines)",
+            )
+    yield from _read_json_lines(path)
+
+
+def _one_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+def _read_json_lines(path: Path) -> Records:
+    file, no = str(path), 0
+    with open(path, encoding="utf-8-sig") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            no += 1
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(
+                    f"line {line_no} is not valid JSON (column {e.colno}: {e.msg})",
+                    file=file,
+                    record=no,
+                    hint="JSON Lines files need one complete JSON object per line",
+                ) from None
+            yield no, _check_dict(row, file, no)
+
+
+def read_csv(path: Path) -> Records:
+    """CSV with a header row; every value is read as text (formats convert labels and numbers)."""
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        for no, row in enumerate(csv.DictReader(f), 1):
+            if None in row:
+                raise DataError(
+                    "the row has more values than the header has columns",
+                    file=str(path),
+                    record=no,
+                    hint="quote values that contain commas",
+                )
+            yield no, dict(row)
+
+
+def _batches(batches: Iterator[pa.RecordBatch]) -> Records:
+    no = 0
+    for batch in batches:
+        for row in batch.to_pylist():
+            no += 1
+            yield no, row
+
+
+def read_parquet(path: Path) -> Records:
+    yield from _batches(pq.ParquetFile(path).iter_batches(batch_size=_BATCH))
+
+
+def read_arrow(path: Path) -> Records:
+    """An Arrow IPC file (random-access format) or stream (what `save_to_disk` writes)."""
+    with pa.memory_map(str(path)) as source:
+        try:
+            reader = pa.ipc.open_file(source)
+        except pa.ArrowInvalid:
+            source.seek(0)
+            yield from _batches(iter(pa.ipc.open_stream(source)))
+            return
+        yield from _batches(reader.get_batch(i) for i in range(reader.num_record_batches))
+
+
+def read_saved(path: Path, split: str) -> Records:
+    """A `Dataset.save_to_disk` / `DatasetDict.save_to_disk` folder."""
+    loaded = datasets.load_from_disk(str(path))
+    if isinstance(loaded, datasets.DatasetDict):
+        if split not in loaded:
+            raise DataError(
+                f"split {split!r} not found; the saved dataset has {sorted(loaded)}",
+                file=str(path),
+                hint="set `split` in the dataset registry",
+            )
+        loaded = loaded[split]
+    yield from enumerate(loaded, 1)
+
+
+_READERS = {
+    ".json": read_json,
+    ".jsonl": read_json,
+    ".csv": read_csv,
+    ".parquet": read_parquet,
+    ".arrow": read_arrow,
+}
+
+
+def read_file(path: Path) -> Records:
+    """Records of one local file, chosen by its extension."""
+    reader = _READERS.get(path.suffix.lower())
+    if reader is None:
+        raise DataError(
+            f"unsupported file type {path.suffix or '(none)'!r}",
+            file=str(path),
+            hint=f"use one of {', '.join(EXTENSIONS)}",
+        )
+    return reader(path)
+
+
+def is_saved_dataset(path: Path) -> bool:
+    return (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
+
+
+def folder_files(path: Path) -> list[Path]:
+    """The data files of a folder (hidden files skipped), sorted; all must share one extension."""
+    files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+    files = [p for p in files if p.suffix.lower() in EXTENSIONS]
+    if not files:
+        raise DataError(f"no data files ({', '.join(EXTENSIONS)}) in the folder", file=str(path))
+    kinds = {p.suffix.lower() for p in files}
+    if len(kinds) > 1:
+        raise DataError(
+            f"the folder mixes file types {sorted(kinds)}",
+            file=str(path),
+            hint="keep one file type per dataset folder",
+        )
+    return files
+
+
+def looks_like_hub_id(name: str) -> bool:
+    """`owner/name` or `name` that is not a local path and has no data-file extension."""
+    return (
+        bool(_HUB_ID.match(name))
+        and not Path(name).exists()
+        and not name.lower().endswith(EXTENSIONS)
+        and name not in (".", "..")
+    )
+
+
+def read_hub(hub_id: str, split: str, revision: str | None) -> Records:
+    """Records of a hub dataset through `datasets.load_dataset` (uses the local HF cache offline)."""
+    try:
+        loaded = datasets.load_dataset(hub_id, split=split, revision=revision)
+    except Exception as e:  # datasets raises many types (ConnectionError, FileNotFoundError, ...)
+        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+        hint = (
+            "HF_HUB_OFFLINE is set and the dataset is not in the local cache: download it once online, "
+            "or point to a local file"
+            if offline
+            else "check the hub id, split and revision, your network and HF_TOKEN for private datasets"
+        )
+        raise DataError(f"cannot load hub dataset {hub_id!r} (split {split!r}): {e}", hint=hint) from e
+    yield from enumerate(loaded, 1)
+
+
+def read_source(
+    source: str | Path, *, split: str = "train", revision: str | None = None
+) -> Iterator[tuple[str, int, dict[str, Any]]]:
+    """Every record of a file, folder or hub id as `(file, record_no, record)`.
+
+    `file` names the file the record came from (a folder yields each of its files in turn, each
+    numbered from 1), so errors can point at it.
+    """
+    path = Path(source).expanduser()
+    if path.is_file():
+        for no, row in read_file(path):
+            yield str(path), no, row
+    elif path.is_dir():
+        if is_saved_dataset(path):
+            for no, row in read_saved(path, split):
+                yield str(path), no, row
+            return
+        for f in folder_files(path):
+            for no, row in read_file(f):
+                yield str(f), no, row
+    elif looks_like_hub_id(str(source)):
+        for no, row in read_hub(str(source), split, revision):
+            yield str(source), no, row
+    else:
+        raise DataError(
+            "no such file or folder",
+            file=str(source),
+            hint="check the path (relative paths are resolved from the data dir), or give a hub id",
+        )

@@ -1,0 +1,193 @@
+"""The dataset registry (registry/datasets.json) and `resolve_dataset`: a name, path or hub id -> DatasetSpec.
+
+Entries look like LLaMA-Factory's dataset_info.json:
+
+    "my_qa": {"file": "qa.jsonl", "format": "alpaca", "columns": {"instruction": "question",
+              "output": "answer"}, "split": "train", "num_samples": 1000, "description": "..."}
+
+One source per entry: `file` (absolute, or relative to the data dir: `data_dir=`, else
+`$GYM_DATA_DIR`, else the current directory), `hub_id` (+ `revision`), or `generator` (a demo
+dataset of gym/data/demo.py). `num_samples` keeps the first N records, in file order.
+Every entry is checked against registry/datasets.schema.json.
+
+    .venv/bin/python -c "from gym.data.registry import resolve_dataset; print(resolve_dataset('demo_sft'))"
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import jsonschema
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from gym.data.demo import DEMO_DATASETS
+from gym.data.formats import FORMAT_KIND, apply_columns, detect_format
+from gym.data.readers import EXTENSIONS, looks_like_hub_id, read_source
+from gym.errors import ConfigError, DataError, RegistryError
+from gym.paths import registry_dir
+
+Format = Literal["alpaca", "sharegpt", "openai", "preference", "kto"]
+
+
+class DatasetSpec(BaseModel):
+    """Where a dataset's records come from and how to read them: the input of `ingest`."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid")
+
+    name: str
+    """Registry name, or the path / hub id as given."""
+    file: str | None = None
+    """Local file or folder (absolute once resolved)."""
+    hub_id: str | None = None
+    """Hugging Face hub dataset id, read with `datasets.load_dataset`."""
+    revision: str | None = None
+    """Hub revision (branch, tag or commit); None means the default branch."""
+    generator: str | None = None
+    """Name of a demo dataset in gym/data/demo.py."""
+    format: Format | None = None
+    """Source format; None means detect it from the first record's fields."""
+    columns: dict[str, str] = Field(default_factory=dict)
+    """Canonical field name -> source column name, e.g. {"output": "answer"}."""
+    split: str = "train"
+    """Split to read (hub datasets and saved DatasetDicts)."""
+    num_samples: int | None = Field(default=None, ge=1)
+    """Keep only the first N records (file order); None keeps all."""
+    description: str = ""
+    """What the dataset is, for people browsing the registry."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DatasetSpec:
+        given = [k for k in ("file", "hub_id", "generator") if getattr(self, k)]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of file, hub_id, generator (got {given or 'none'})")
+        if self.revision and not self.hub_id:
+            raise ValueError("revision applies only to hub_id datasets")
+        return self
+
+    @property
+    def kind(self) -> str | None:
+        """Canonical record kind (sft, preference, kto), or None while the format is unknown."""
+        return FORMAT_KIND[self.format] if self.format else None
+
+    @property
+    def source(self) -> str:
+        return self.file or self.hub_id or self.generator or ""
+
+
+def registry_file() -> Path:
+    return registry_dir() / "datasets.json"
+
+
+def _schema() -> dict[str, Any]:
+    return json.loads((registry_dir() / "datasets.schema.json").read_text(encoding="utf-8"))
+
+
+def _schema_error(error: jsonschema.ValidationError, file: Path) -> RegistryError:
+    path = list(error.absolute_path)
+    entry = path[0] if path else None
+    field = ".".join(str(p) for p in path[1:]) or None
+    if error.validator == "oneOf":
+        detail = "give exactly one of file, hub_id, generator"
+    elif error.validator == "additionalProperties" and entry is not None:
+        detail = f"{error.message}; allowed fields: {', '.join(_schema()['$defs']['entry']['properties'])}"
+    else:
+        detail = error.message
+    where = f"entry {entry!r}" if entry is not None else "the top level"
+    where += f", field {field!r}" if field else ""
+    return RegistryError(f"{file}: {where}: {detail}")
+
+
+def load_registry(path: Path | None = None) -> dict[str, dict[str, Any]]:
+    """The registry's raw entries, validated against the JSON Schema."""
+    path = Path(path) if path else registry_file()
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise RegistryError(f"{path}: not valid JSON at line {e.lineno}: {e.msg}") from None
+    errors = sorted(
+        jsonschema.Draft202012Validator(_schema()).iter_errors(entries),
+        key=lambda e: [str(p) for p in e.path],
+    )
+    if errors:
+        raise _schema_error(errors[0], path)
+    return entries
+
+
+def data_dir(given: str | Path | None = None) -> Path:
+    """Where relative `file` entries live: `given`, else `$GYM_DATA_DIR`, else the current directory."""
+    return Path(given or os.environ.get("GYM_DATA_DIR") or Path.cwd()).expanduser().resolve()
+
+
+def spec_from_entry(name: str, entry: dict[str, Any], data_root: str | Path | None = None) -> DatasetSpec:
+    entry = dict(entry)
+    if "generator" in entry and entry["generator"] not in DEMO_DATASETS:
+        raise RegistryError(
+            f"dataset registry entry {name!r}, field 'generator': unknown demo dataset "
+            f"{entry['generator']!r}; expected one of {', '.join(DEMO_DATASETS)}"
+        )
+    if "file" in entry:
+        entry["file"] = str(data_dir(data_root) / Path(entry["file"]).expanduser())
+    return DatasetSpec(name=name, **entry)
+
+
+def detect_source_format(
+    source: str, columns: dict[str, str], split: str = "train", revision: str | None = None
+) -> Format:
+    """The format of a dataset, from its first record's fields (after the column mapping)."""
+    for file, no, record in read_source(source, split=split, revision=revision):
+        fmt = detect_format(apply_columns(record, columns))
+        if fmt is None:
+            raise DataError(
+                f"cannot tell the dataset format from the fields {sorted(record)}",
+                file=file,
+                record=no,
+                hint="expected messages, conversations, chosen/rejected, label or instruction/output; "
+                "set `format` (and `columns`) in the dataset registry",
+            )
+        return fmt  # type: ignore[return-value]
+    raise DataError("the dataset is empty", file=source, hint="add records, or point to another file")
+
+
+def resolve_dataset(
+    name_or_path: str | Path,
+    *,
+    format: Format | None = None,
+    columns: dict[str, str] | None = None,
+    split: str = "train",
+    data_root: str | Path | None = None,
+    registry: Path | None = None,
+) -> DatasetSpec:
+    """A registry name, a local file/folder, or a hub id as a DatasetSpec.
+
+    Registry entries are taken as written (their `file` resolved against the data dir). A local
+    path gets `format` detected from its first record when not given. A hub id keeps `format`
+    None when not given; `ingest` detects it then.
+    """
+    name = str(name_or_path)
+    entries = load_registry(registry)
+    if name in entries:
+        return spec_from_entry(name, entries[name], data_root)
+    local = Path(name).expanduser()
+    if not local.is_absolute() and not local.exists():
+        local = data_dir(data_root) / local
+    if local.exists():
+        path = str(local.resolve())
+        fmt = format or detect_source_format(path, columns or {}, split)
+        return DatasetSpec(name=name, file=path, format=fmt, columns=columns or {}, split=split)
+    close = difflib.get_close_matches(name, list(entries), n=3)
+    # A bare word close to a registry name is a typo more likely than a legacy hub id like "squad".
+    if looks_like_hub_id(name) and ("/" in name or not close):
+        return DatasetSpec(name=name, hub_id=name, format=format, columns=columns or {}, split=split)
+    if not looks_like_hub_id(name) and (os.sep in name or name.lower().endswith(EXTENSIONS)):
+        raise ConfigError(
+            f"no such file or folder {name!r} (relative paths are looked up in the current directory, "
+            f"then in the data dir {data_dir(data_root)}; set data_root= or $GYM_DATA_DIR)"
+        )
+    raise ConfigError(
+        f"dataset {name!r} is neither a registry entry, a local file or folder, nor a hub id"
+        + (f"; did you mean {', '.join(close)}?" if close else f"; registry entries: {', '.join(entries)}")
+    )

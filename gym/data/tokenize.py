@@ -1,0 +1,256 @@
+"""Render an ingested dataset with a chat template and tokenize it into `$GYM_HOME/tokenized/<digest>/`.
+
+Columns by record kind (no padding: collators pad each batch):
+
+- sft: `input_ids`, `labels` (-100 on tokens the loss skips). By default only assistant tokens
+  (their end-of-turn token included) carry labels; `train_on_prompt` trains every token;
+  `mask_history` trains only the last assistant turn. Sequences are cut to `cutoff_len` (the
+  start is kept) and records left with no trainable token are dropped and counted.
+- preference: `prompt` (the prompt rendered with the generation prompt), `chosen`, `rejected` (the
+  exact text the template renders for that assistant turn, end-of-turn token included, trailing
+  whitespace after it removed) and `prompt_ids`, `chosen_ids`, `rejected_ids`.
+- kto: `prompt`, `completion`, `label`, `prompt_ids`, `completion_ids`.
+Preference and kto texts are not cut: TRL truncates them with its `max_length`; `stats` counts
+the records longer than `cutoff_len`.
+
+The digest hashes the dataset digest, the template text, the tokenizer files (or hub id +
+revision), the settings and this code.
+
+    .venv/bin/python -c "from gym.data.tokenize import *; print(tokenize('<dataset dir>', \\
+        'gym/assets/gym_tiny', 'chatml', TokenizeSettings(cutoff_len=256)))"
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import datasets
+import pyarrow.compute as pc
+from datasets import Features, List, Value
+from pydantic import BaseModel, ConfigDict, Field
+from transformers import AutoTokenizer
+
+from gym import templates, workspace
+from gym.data.completions import completion_texts, stats_for
+from gym.data.ingest import load_meta
+from gym.data.readers import looks_like_hub_id
+from gym.errors import ConfigError, DataError
+from gym.hashing import hash_file, hash_obj
+
+IGNORE_INDEX = -100
+BatchFn = Callable[[dict[str, list], list[int]], dict[str, list]]
+_IDS = List(Value("int64"))
+FEATURES = {
+    "sft": Features({"input_ids": _IDS, "labels": _IDS, "truncated": Value("bool")}),
+    "preference": Features(
+        {n: Value("string") for n in ("prompt", "chosen", "rejected")}
+        | {f"{n}_ids": _IDS for n in ("prompt", "chosen", "rejected")}
+    ),
+    "kto": Features(
+        {"prompt": Value("string"), "completion": Value("string"), "label": Value("bool")}
+        | {"prompt_ids": _IDS, "completion_ids": _IDS}
+    ),
+}
+# Weights are not part of a tokenizer: skip them when hashing a model folder's tokenizer files.
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".ckpt", ".onnx")
+_CODE = (Path(__file__), Path(templates.__file__), Path(__file__).with_name("completions.py"))
+
+
+class TokenizeSettings(BaseModel):
+    """How records become token ids and labels."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid")
+
+    cutoff_len: int = Field(default=1024, ge=1)
+    """Longest sft sequence in tokens; longer ones are cut (the start is kept)."""
+    train_on_prompt: bool = False
+    """Train on every token (system, user and template tokens too), not only assistant turns."""
+    mask_history: bool = False
+    """Train only on the last assistant turn of each conversation."""
+    max_samples: int | None = Field(default=None, ge=1)
+    """Tokenize only the first N records; None tokenizes all."""
+
+
+class TokenizeResult(BaseModel):
+    """A reference to a tokenized dataset: what tasks pass to training."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    path: Path
+    """The `save_to_disk` folder (`datasets.load_from_disk(path)` reads it)."""
+    digest: str
+    """Content digest naming the folder."""
+    kind: str
+    """Record kind: sft, preference or kto."""
+    num_records: int
+    """Records written."""
+    num_truncated: int = 0
+    """sft records cut to `cutoff_len` (and kept)."""
+    num_dropped: int = 0
+    """sft records dropped because no trainable token was left."""
+    stats: dict[str, int | float] = Field(default_factory=dict)
+    """Token counts: total, longest, mean, trainable, records over cutoff_len."""
+
+
+def tokenizer_identity(tokenizer_dir: str | Path, revision: str | None = None) -> dict[str, Any]:
+    """Hash of a local tokenizer's files (weights skipped), or the hub id + revision."""
+    path = Path(tokenizer_dir).expanduser()
+    if path.is_dir():
+        files = sorted(
+            p
+            for p in path.rglob("*")
+            if p.is_file() and not p.name.startswith(".") and p.suffix.lower() not in _WEIGHT_SUFFIXES
+        )
+        return {"files": {p.relative_to(path).as_posix(): hash_file(p, 64) for p in files}}
+    if looks_like_hub_id(str(tokenizer_dir)):
+        return {"hub_id": str(tokenizer_dir), "revision": revision}
+    raise ConfigError(f"tokenizer {str(tokenizer_dir)!r} is neither a local folder nor a hub id")
+
+
+def load_tokenizer(tokenizer_dir: str | Path, revision: str | None = None) -> Any:
+    try:
+        return AutoTokenizer.from_pretrained(str(tokenizer_dir), revision=revision)
+    except OSError as e:
+        raise ConfigError(
+            f"cannot load tokenizer {str(tokenizer_dir)!r}: {e}",
+        ) from e
+
+
+def sft_labels(
+    input_ids: list[int], assistant_mask: list[int], *, train_on_prompt: bool, mask_history: bool
+) -> list[int]:
+    """Labels for one conversation: ids where the loss applies, -100 elsewhere."""
+    spans = templates.assistant_spans(assistant_mask)
+    n = len(input_ids)
+    if mask_history:
+        if not spans:
+            return [IGNORE_INDEX] * n
+        # Last turn only: its assistant span, plus (train_on_prompt) everything since the turn before.
+        start = (spans[-2][1] if len(spans) > 1 else 0) if train_on_prompt else spans[-1][0]
+        end = n if train_on_prompt else spans[-1][1]
+        return [t if start <= i < end else IGNORE_INDEX for i, t in enumerate(input_ids)]
+    if train_on_prompt:
+        return list(input_ids)
+    return [t if m else IGNORE_INDEX for t, m in zip(input_ids, assistant_mask, strict=True)]
+
+
+def _sft_batch(tokenizer: Any, template: str, settings: TokenizeSettings) -> BatchFn:
+    def fn(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
+        out: dict[str, list] = {"input_ids": [], "labels": [], "truncated": []}
+        for messages, index in zip(batch["messages"], indices, strict=True):
+            enc = templates.encode(tokenizer, messages, template)
+            if not any(enc.assistant_mask):
+                raise ConfigError(
+                    f"chat template {template!r} marks no assistant tokens (record {index + 1}); "
+                    "wrap assistant content in {% generation %}...{% endgeneration %}"
+                )
+            labels = sft_labels(
+                enc.input_ids,
+                enc.assistant_mask,
+                train_on_prompt=settings.train_on_prompt,
+                mask_history=settings.mask_history,
+            )
+            cut = settings.cutoff_len
+            if all(x == IGNORE_INDEX for x in labels[:cut]):
+                continue  # nothing left to learn from once cut: dropped and counted
+            out["input_ids"].append(enc.input_ids[:cut])
+            out["labels"].append(labels[:cut])
+            out["truncated"].append(len(enc.input_ids) > cut)
+        return out
+
+    return fn
+
+
+def _pair_batch(tokenizer: Any, template: str, kind: str, file: str) -> BatchFn:
+    names = ("chosen", "rejected") if kind == "preference" else ("completion",)
+
+    def fn(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
+        prompts, texts = completion_texts(tokenizer, template, batch, names, indices, file)
+        out: dict[str, list] = {"prompt": prompts, **texts}
+        if kind == "kto":
+            out["label"] = batch["label"]
+        for name in ("prompt", *names):
+            out[f"{name}_ids"] = tokenizer(out[name], add_special_tokens=False)["input_ids"]
+        return out
+
+    return fn
+
+
+def tokenize(
+    dataset_dir: str | Path,
+    tokenizer_dir: str | Path,
+    template: str,
+    settings: TokenizeSettings | None = None,
+    *,
+    revision: str | None = None,
+) -> TokenizeResult:
+    """Tokenize the ingested dataset at `dataset_dir`; return the existing artifact when already there."""
+    settings = settings or TokenizeSettings()
+    meta = load_meta(dataset_dir)
+    kind = meta["kind"]
+    digest = hash_obj(
+        {
+            "dataset": meta["digest"],
+            "template": templates.load_template(template),
+            "tokenizer": tokenizer_identity(tokenizer_dir, revision),
+            "settings": settings.model_dump(),
+            "code": [hash_file(p) for p in _CODE],
+        }
+    )
+    final = workspace.path("tokenized", digest)
+    if (final / "meta.json").is_file():
+        return TokenizeResult.model_validate({**load_meta(final)["result"], "path": final})
+    tokenizer = load_tokenizer(tokenizer_dir, revision)
+    ds = datasets.load_from_disk(str(dataset_dir))
+    if settings.max_samples is not None:
+        ds = ds.select(range(min(settings.max_samples, len(ds))))
+    if kind == "sft":
+        fn = _sft_batch(tokenizer, template, settings)
+    else:
+        fn = _pair_batch(tokenizer, template, kind, str(dataset_dir))
+    # Map cache files go to a scratch dir beside the artifact: never into the dataset artifact.
+    with tempfile.TemporaryDirectory(prefix=".work-", dir=final.parent) as work:
+        out = ds.map(
+            fn,
+            batched=True,
+            with_indices=True,
+            remove_columns=ds.column_names,
+            features=FEATURES[kind],
+            cache_file_name=str(Path(work) / "map.arrow"),
+            desc=f"tokenize {kind}",
+        )
+        num_truncated = num_dropped = 0
+        if kind == "sft":
+            num_truncated = int(pc.sum(out.data.column("truncated")).as_py() or 0)
+            num_dropped = len(ds) - len(out)
+            out = out.remove_columns("truncated")
+        if len(out) == 0:
+            raise DataError(
+                f"no record has a trainable token within cutoff_len={settings.cutoff_len}",
+                file=str(dataset_dir),
+                hint="raise cutoff_len, or check the template marks assistant turns",
+            )
+        result = TokenizeResult(
+            path=final,
+            digest=digest,
+            kind=kind,
+            num_records=len(out),
+            num_truncated=num_truncated,
+            num_dropped=num_dropped,
+            stats=stats_for(out, kind, settings.cutoff_len),
+        )
+        meta_out = {
+            "result": result.model_dump(mode="json"),
+            "dataset": meta["digest"],
+            "template": template,
+            "tokenizer": str(tokenizer_dir),
+            "revision": revision,
+            "settings": settings.model_dump(),
+        }
+        with workspace.atomic_dir(final) as tmp:
+            out.save_to_disk(str(tmp))
+            workspace.atomic_write_json(tmp / "meta.json", meta_out)
+    return result

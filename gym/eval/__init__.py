@@ -1,0 +1,1 @@
+"""Evaluation: exact match on held-out instruction data (and, in later issues, MMLU/C-Eval/CMMLU)."""

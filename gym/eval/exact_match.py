@@ -1,0 +1,67 @@
+"""Exact match on a held-out split: greedy-generate each prompt, compare with the reference answer.
+
+The dataset is an ingested sft artifact (canonical `messages`); the prompt is every turn before
+the last assistant turn, rendered with the model's chat template, and the reference is that last
+assistant turn. Comparison is on whitespace-stripped text.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from gym.models import ModelRef, load_model, load_tokenizer
+from gym.templates import render
+
+
+class ExactMatch(BaseModel):
+    exact_match: float
+    n: int
+    samples: list[dict[str, str]]  # a few (prompt, reference, prediction) triples for the report
+
+
+def evaluate(
+    model: ModelRef,
+    dataset_dir: Path,
+    *,
+    limit: int | None = None,
+    batch_size: int = 32,
+    max_new_tokens: int = 32,
+    keep_samples: int = 8,
+) -> ExactMatch:
+    import torch
+    from datasets import load_from_disk
+
+    records = load_from_disk(str(dataset_dir))
+    if limit is not None:
+        records = records.select(range(min(limit, len(records))))
+    tokenizer = load_tokenizer(model)
+    tokenizer.padding_side = "left"
+    lm = load_model(model).eval()
+    prompts, refs = [], []
+    for rec in records:
+        messages = rec["messages"]
+        prompts.append(render(tokenizer, messages[:-1], model.template, add_generation_prompt=True))
+        refs.append(messages[-1]["content"])
+    preds: list[str] = []
+    with torch.inference_mode():
+        for i in range(0, len(prompts), batch_size):
+            batch = tokenizer(
+                prompts[i : i + batch_size], return_tensors="pt", padding=True, add_special_tokens=False
+            )
+            out = lm.generate(
+                **batch,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+            )
+            new = out[:, batch["input_ids"].shape[1] :]
+            preds.extend(tokenizer.batch_decode(new, skip_special_tokens=True))
+    hits = [p.strip() == r.strip() for p, r in zip(preds, refs, strict=True)]
+    samples = [
+        {"prompt": prompts[i], "reference": refs[i], "prediction": preds[i]}
+        for i in range(min(keep_samples, len(refs)))
+    ]
+    return ExactMatch(exact_match=sum(hits) / max(len(hits), 1), n=len(hits), samples=samples)

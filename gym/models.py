@@ -1,0 +1,160 @@
+"""Model resolution and loading: a registry name, a local directory or a hub id becomes a
+`ModelRef` (where the weights are, which chat template, a content digest), and every model is
+loaded through the same `from_pretrained` path, the embedded gym-tiny included.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from gym.errors import ConfigError
+from gym.hashing import hash_obj
+from gym.templates import load_template
+
+DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class ModelRef(BaseModel):
+    """A reference to model weights that tasks pass around instead of live models."""
+
+    name: str = Field(description="Registry name, or the path / hub id the user gave.")
+    path: str = Field(description="Local directory or hub id handed to from_pretrained.")
+    revision: str | None = Field(None, description="Hub revision (None for local directories).")
+    template: str = Field(description="Chat template name (registry/templates/<name>.jinja).")
+    digest: str = Field(description="Content digest: changes whenever the weights may differ.")
+    base_model: str = Field(description="The registry name or hub id this model descends from.")
+    lora_target_modules: list[str] = Field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
+
+
+def _local_digest(directory: Path) -> str:
+    """Cheap identity of a local model dir: config + file names and sizes (not a full content hash)."""
+    files = sorted(
+        (p.relative_to(directory).as_posix(), p.stat().st_size) for p in directory.rglob("*") if p.is_file()
+    )
+    config = (directory / "config.json").read_text() if (directory / "config.json").is_file() else ""
+    return hash_obj({"config": config, "files": files})
+
+
+def resolve(name_or_path: str, template: str | None = None) -> ModelRef:
+    """Resolve a registry name, local model dir or hub id into a `ModelRef`.
+
+    Registry entries bring their template and LoRA targets; the embedded gym-tiny is built
+    into the workspace on first use. Anything else needs `template`.
+    """
+    from gym import registry
+
+    models = registry.load_models()
+    if name_or_path in models:
+        spec = models[name_or_path]
+        tmpl = template or spec.template
+        load_template(tmpl)  # fail early on an unknown template
+        targets = list(spec.lora_target_modules)
+        if spec.builder is not None:
+            from gym.tiny import ensure_tiny
+
+            built = ensure_tiny(spec.builder, tmpl)
+            return ModelRef(
+                name=spec.name,
+                path=str(built),
+                template=tmpl,
+                digest=_local_digest(built),
+                base_model=spec.name,
+                lora_target_modules=targets,
+            )
+        revision = spec.revision or "main"
+        return ModelRef(
+            name=spec.name,
+            path=spec.hub_id,
+            revision=revision,
+            template=tmpl,
+            digest=hash_obj({"hub": spec.hub_id, "revision": revision}),
+            base_model=spec.name,
+            lora_target_modules=targets,
+        )
+    local = Path(name_or_path).expanduser()
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise ConfigError(f"{local} is not a model directory (no config.json)")
+        tmpl = template or _template_of(local)
+        if tmpl is None:
+            raise ConfigError(
+                f"model {local} is not in the registry: pass --template (one of registry/templates)"
+            )
+        load_template(tmpl)
+        return ModelRef(
+            name=str(local),
+            path=str(local.resolve()),
+            template=tmpl,
+            digest=_local_digest(local),
+            base_model=_base_of(local) or str(local),
+        )
+    if template is None:
+        close = difflib.get_close_matches(name_or_path, list(models), n=3)
+        hint = f" Did you mean: {', '.join(close)}?" if close else ""
+        raise ConfigError(
+            f"unknown model {name_or_path!r}: not a registry name or a local directory. "
+            f"For any other hub id pass --template too.{hint}"
+        )
+    load_template(template)
+    return ModelRef(
+        name=name_or_path,
+        path=name_or_path,
+        revision="main",
+        template=template,
+        digest=hash_obj({"hub": name_or_path, "revision": "main"}),
+        base_model=name_or_path,
+    )
+
+
+def _gym_meta(directory: Path) -> dict[str, Any]:
+    meta = directory / "gym_model.json"
+    return json.loads(meta.read_text()) if meta.is_file() else {}
+
+
+def _template_of(directory: Path) -> str | None:
+    return _gym_meta(directory).get("template")
+
+
+def _base_of(directory: Path) -> str | None:
+    return _gym_meta(directory).get("base_model")
+
+
+def derived(ref: ModelRef, directory: Path) -> ModelRef:
+    """A ModelRef for weights trained from `ref` and saved in `directory`."""
+    return ref.model_copy(
+        update={
+            "name": str(directory),
+            "path": str(directory),
+            "revision": None,
+            "digest": _local_digest(directory),
+        }
+    )
+
+
+def load_tokenizer(ref: ModelRef) -> Any:
+    """The tokenizer, with gym's chat template for this model set on it."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(ref.path, revision=ref.revision, trust_remote_code=False)
+    tok.chat_template = load_template(ref.template)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(ref: ModelRef, dtype: str = "auto", trust_remote_code: bool = False) -> Any:
+    """AutoModelForCausalLM.from_pretrained with safetensors only and remote code off unless asked."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(
+        ref.path,
+        revision=ref.revision,
+        dtype=dtype,
+        trust_remote_code=trust_remote_code,
+        use_safetensors=True,
+    )

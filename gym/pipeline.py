@@ -1,0 +1,83 @@
+"""Flow parameters as typed configs: the Prefect UI renders a form from them, `gym train`
+turns each field into a flag, and tasks receive the parts they need.
+
+Defaults run the embedded gym-tiny on the demo data in a few minutes on a CPU.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gym.data.tokenize import TokenizeSettings
+from gym.train.config import TrainConfig
+
+DEFAULT_SFT = TrainConfig(method="sft", learning_rate=3e-3, max_steps=300, per_device_train_batch_size=32)
+DEFAULT_DPO = TrainConfig(
+    method="dpo", learning_rate=5e-4, max_steps=60, per_device_train_batch_size=16, beta=0.1
+)
+
+
+class OutputSettings(BaseModel):
+    """Where the result goes once trained."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    register_as: str | None = Field(
+        None, description="MLflow registered-model name; default: '<model>-<flow>' (e.g. gym-tiny-sft-dpo)."
+    )
+    alias: str = Field(
+        "challenger", description="Alias set on the new model version (promotion is a later step)."
+    )
+    output_dir: str | None = Field(None, description="Also copy the final model directory here.")
+    experiment: str = Field("gym", description="MLflow experiment name.")
+    tracking_uri: str | None = Field(
+        None, description="MLflow tracking URI; default: $MLFLOW_TRACKING_URI or SQLite in the workspace."
+    )
+
+
+class SftThenDpoConfig(BaseModel):
+    """SFT on instruction data, then DPO on preference pairs, evaluated before and after."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field("gym-tiny", description="Registry name, local model directory or hub id.")
+    template: str | None = Field(None, description="Chat template; default: the registry entry's.")
+    sft_dataset: str = Field("demo_sft", description="Dataset registry name or path for SFT.")
+    dpo_dataset: str = Field("demo_dpo", description="Preference dataset (registry name or path) for DPO.")
+    eval_dataset: str | None = Field(
+        "demo_sft_eval", description="Held-out instruction data for exact match before/after (None to skip)."
+    )
+    dpo_eval_dataset: str | None = Field(
+        "demo_dpo_eval", description="Held-out preference pairs for DPO reward accuracy (None to skip)."
+    )
+    eval_limit: int | None = Field(None, description="Evaluate on the first N held-out records only.")
+    data: TokenizeSettings = Field(
+        default_factory=TokenizeSettings, description="Templating and tokenization."
+    )
+    sft: TrainConfig = Field(default_factory=lambda: DEFAULT_SFT.model_copy(), description="SFT stage.")
+    dpo: TrainConfig = Field(default_factory=lambda: DEFAULT_DPO.model_copy(), description="DPO stage.")
+    output: OutputSettings = Field(default_factory=OutputSettings, description="Registration and export.")
+
+
+class TrainFlowConfig(BaseModel):
+    """One training method on one dataset, evaluated before and after."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field("gym-tiny", description="Registry name, local model directory or hub id.")
+    template: str | None = Field(None, description="Chat template; default: the registry entry's.")
+    dataset: str = Field("demo_sft", description="Training dataset: registry name or path.")
+    method_eval_dataset: str | None = Field(
+        None, description="Held-out data in the training format (e.g. preference pairs for DPO)."
+    )
+    eval_dataset: str | None = Field(
+        "demo_sft_eval", description="Held-out instruction data for exact match before/after (None to skip)."
+    )
+    eval_limit: int | None = Field(None, description="Evaluate on the first N held-out records only.")
+    data: TokenizeSettings = Field(
+        default_factory=TokenizeSettings, description="Templating and tokenization."
+    )
+    train: TrainConfig = Field(
+        default_factory=lambda: DEFAULT_SFT.model_copy(), description="The training stage."
+    )
+    output: OutputSettings = Field(default_factory=OutputSettings, description="Registration and export.")

@@ -1,0 +1,174 @@
+"""MLflow tracking: the only module of gym that talks to mlflow.
+
+Default store: SQLite in the workspace (`$GYM_HOME/mlflow/mlflow.db`, artifacts beside it);
+`MLFLOW_TRACKING_URI` (or the `uri` argument) points anywhere else. Runs are addressed by id
+through `MlflowClient`, never through mlflow's thread-local "active run", so tasks running in
+other threads (or processes) log to the right place. Parameters pass through `redact` first:
+secrets never reach MLflow.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from gym import workspace
+
+EXPERIMENT = "gym"
+SECRET_KEY = re.compile(r"(token|secret|password|passwd|api[_-]?key|credential|authorization)", re.IGNORECASE)
+REDACTED = "***"
+# Logged with every model so `mlflow models serve` / a fresh env can rebuild it without torchvision.
+MODEL_REQUIREMENTS = ["torch", "transformers==5.17.0", "accelerate==1.15.0", "safetensors"]
+
+
+def tracking_uri(uri: str | None = None) -> str:
+    if uri:
+        return uri
+    if env := os.environ.get("MLFLOW_TRACKING_URI"):
+        return env
+    return f"sqlite:///{workspace.path('mlflow') / 'mlflow.db'}"
+
+
+def _client(uri: str | None = None) -> Any:
+    from mlflow import MlflowClient
+
+    u = tracking_uri(uri)
+    return MlflowClient(tracking_uri=u, registry_uri=u)
+
+
+def redact(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Flatten nested params to `a.b` keys, turning secret-looking values into `***`."""
+    flat: dict[str, str] = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if SECRET_KEY.search(str(key)):
+            flat[name] = REDACTED
+        elif isinstance(value, Mapping):
+            flat.update(redact(value, prefix=f"{name}."))
+        else:
+            flat[name] = str(value)[:6000]
+    return flat
+
+
+def experiment_id(name: str = EXPERIMENT, uri: str | None = None) -> str:
+    client = _client(uri)
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    location = None
+    if tracking_uri(uri).startswith("sqlite:"):
+        location = workspace.path("mlflow", "artifacts").as_uri()
+    return client.create_experiment(name, artifact_location=location)
+
+
+def start_run(
+    run_name: str,
+    params: Mapping[str, Any] | None = None,
+    tags: Mapping[str, str] | None = None,
+    parent_run_id: str | None = None,
+    uri: str | None = None,
+) -> str:
+    """Create a run (nested under `parent_run_id` if given) and return its id."""
+    client = _client(uri)
+    all_tags = {"mlflow.runName": run_name, **(tags or {})}
+    if parent_run_id:
+        all_tags["mlflow.parentRunId"] = parent_run_id
+    run = client.create_run(experiment_id(uri=uri), tags=all_tags, run_name=run_name)
+    if params:
+        log_params(run.info.run_id, params, uri=uri)
+    return run.info.run_id
+
+
+def log_params(run_id: str, params: Mapping[str, Any], uri: str | None = None) -> None:
+    from mlflow.entities import Param
+
+    items = [Param(k, v) for k, v in redact(params).items()]
+    client = _client(uri)
+    for i in range(0, len(items), 100):
+        client.log_batch(run_id, params=items[i : i + 100])
+
+
+def log_metrics(
+    run_id: str, metrics: Mapping[str, float | None], step: int | None = None, uri: str | None = None
+) -> None:
+    import time
+
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    items = [Metric(_safe(k), float(v), now, step or 0) for k, v in metrics.items() if v is not None]
+    if items:
+        _client(uri).log_batch(run_id, metrics=items)
+
+
+def log_curve(run_id: str, key: str, points: Iterable[tuple[int, float]], uri: str | None = None) -> None:
+    """Log a metric series, one value per step (e.g. the training loss)."""
+    import time
+
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    items = [Metric(_safe(key), float(v), now, int(s)) for s, v in points]
+    client = _client(uri)
+    for i in range(0, len(items), 1000):
+        client.log_batch(run_id, metrics=items[i : i + 1000])
+
+
+def _safe(key: str) -> str:
+    """MLflow metric names allow alphanumerics, _ - . / and spaces; map anything else to _."""
+    return re.sub(r"[^\w\-./ ]", "_", key)
+
+
+def set_tags(run_id: str, tags: Mapping[str, Any], uri: str | None = None) -> None:
+    client = _client(uri)
+    for k, v in tags.items():
+        client.set_tag(run_id, k, str(v))
+
+
+def log_artifact(run_id: str, path: Path, artifact_path: str | None = None, uri: str | None = None) -> None:
+    _client(uri).log_artifact(run_id, str(path), artifact_path)
+
+
+def end_run(run_id: str, status: str = "FINISHED", uri: str | None = None) -> None:
+    _client(uri).set_terminated(run_id, status)
+
+
+def run_url(run_id: str, uri: str | None = None) -> str:
+    return f"{tracking_uri(uri)}#/runs/{run_id}"
+
+
+def register_model(
+    run_id: str,
+    model_dir: Path,
+    name: str,
+    tags: Mapping[str, Any],
+    alias: str = "challenger",
+    uri: str | None = None,
+) -> str:
+    """Log a merged model directory (transformers flavor) and register it as a new version of `name`.
+
+    The version gets `tags` (lineage) and `alias`. Only full (merged) weights are logged:
+    MLflow reloads a PEFT adapter over a local base model with wrong weights.
+    """
+    import mlflow
+
+    u = tracking_uri(uri)
+    mlflow.set_tracking_uri(u)
+    mlflow.set_registry_uri(u)
+    with mlflow.start_run(run_id=run_id):
+        info = mlflow.transformers.log_model(
+            transformers_model=str(model_dir),
+            name="model",
+            task="text-generation",
+            pip_requirements=MODEL_REQUIREMENTS,
+            registered_model_name=name,
+        )
+    version = str(info.registered_model_version)
+    client = _client(uri)
+    for k, v in tags.items():
+        client.set_model_version_tag(name, version, k, str(v))
+    client.set_registered_model_alias(name, alias, version)
+    return version

@@ -1,0 +1,168 @@
+"""Training: one file per method, one dispatch table, one `run` that every method goes through.
+
+    result = gym.train.run(config, model_ref, train_data_dir, eval_data_dir)
+
+`run` names the stage directory by the digest of its inputs, resumes from the last checkpoint
+when a previous attempt was interrupted, saves the final model (merged, for adapters) through an
+atomic rename, and returns a `TrainResult` of references and numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+from gym import workspace
+from gym.data.formats import require_kind
+from gym.data.ingest import load_meta
+from gym.errors import ConfigError
+from gym.hashing import hash_obj
+from gym.models import ModelRef, load_model, load_tokenizer
+from gym.train import dpo, sft
+from gym.train.common import TrainResult, check_hardware, count_params, losses_from, peft_config
+from gym.train.config import TrainConfig
+
+METHODS: dict[str, Callable[..., Any]] = {
+    "sft": sft.build_trainer,
+    "dpo": dpo.build_trainer,
+}
+
+__all__ = ["METHODS", "TrainConfig", "TrainResult", "run", "stage_digest"]
+
+
+def stage_digest(config: TrainConfig, model: ModelRef, train_data: Path, eval_data: Path | None) -> str:
+    """Digest of everything that determines a stage's output."""
+    return hash_obj(
+        {
+            "config": config,
+            "model": model.digest,
+            "template": model.template,
+            "train": Path(train_data).name,
+            "eval": Path(eval_data).name if eval_data else None,
+        }
+    )
+
+
+def _last_checkpoint(directory: Path) -> str | None:
+    from transformers.trainer_utils import get_last_checkpoint
+
+    return get_last_checkpoint(str(directory)) if directory.is_dir() else None
+
+
+def run(
+    config: TrainConfig,
+    model: ModelRef,
+    train_data: Path,
+    eval_data: Path | None = None,
+) -> TrainResult:
+    """Train one stage, or return it finished (or resume it) from its content-addressed directory."""
+    if config.method not in METHODS:
+        raise ConfigError(f"unknown method {config.method!r}; available: {', '.join(METHODS)}")
+    check_hardware(config)
+    meta = load_meta(train_data)
+    require_kind(meta["result"]["kind"], config.method, str(train_data))
+    digest = stage_digest(config, model, train_data, eval_data)
+    stage_dir = workspace.path("models", f"{config.method}-{digest}")
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    result_file = stage_dir / "result.json"
+    with FileLock(str(stage_dir) + ".lock"):
+        if result_file.is_file():
+            return TrainResult.model_validate_json(result_file.read_text())
+        cutoff = meta["settings"]["cutoff_len"]
+        return _train(
+            config, model, Path(train_data), Path(eval_data) if eval_data else None, digest, stage_dir, cutoff
+        )
+
+
+def _train(
+    config: TrainConfig,
+    model_ref: ModelRef,
+    train_data: Path,
+    eval_data: Path | None,
+    digest: str,
+    stage_dir: Path,
+    max_length: int,
+) -> TrainResult:
+    from datasets import load_from_disk
+
+    tokenizer = load_tokenizer(model_ref)
+    model = load_model(model_ref)
+    train_ds = load_from_disk(str(train_data))
+    eval_ds = load_from_disk(str(eval_data)) if eval_data else None
+    checkpoints = stage_dir / "checkpoints"
+    trainer = METHODS[config.method](
+        model=model,
+        tokenizer=tokenizer,
+        config=config,
+        train_data=train_ds,
+        eval_data=eval_ds,
+        output_dir=checkpoints,
+        peft_config=peft_config(config, model_ref),
+        max_length=max_length,
+    )
+    resume = _last_checkpoint(checkpoints)
+    before_file = stage_dir / "eval_before.json"
+    eval_before: dict[str, float] = {}
+    if eval_ds is not None:
+        if before_file.is_file():
+            eval_before = json.loads(before_file.read_text())
+        else:
+            eval_before = _numbers(trainer.evaluate())
+            workspace.atomic_write_json(before_file, eval_before)
+    start = time.perf_counter()
+    trainer.train(resume_from_checkpoint=resume)
+    seconds = time.perf_counter() - start
+    eval_after = _numbers(trainer.evaluate()) if eval_ds is not None else {}
+    trainable, total = count_params(trainer.model)
+    model_dir, adapter_dir = _save_final(trainer, tokenizer, model_ref, stage_dir)
+    result = TrainResult(
+        method=config.method,
+        digest=digest,
+        stage_dir=str(stage_dir),
+        model_dir=str(model_dir),
+        adapter_dir=str(adapter_dir) if adapter_dir else None,
+        global_step=trainer.state.global_step,
+        losses=losses_from(trainer.state.log_history),
+        eval_before=eval_before,
+        eval_after=eval_after,
+        trainable_params=trainable,
+        total_params=total,
+        resumed_from=resume,
+        train_seconds=round(seconds, 3),
+    )
+    workspace.atomic_write_text(stage_dir / "result.json", result.model_dump_json(indent=2))
+    return result
+
+
+def _numbers(metrics: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+
+
+def _save_final(
+    trainer: Any, tokenizer: Any, model_ref: ModelRef, stage_dir: Path
+) -> tuple[Path, Path | None]:
+    """Save the trained model as a plain from_pretrained directory (adapters merged in), atomically."""
+    from peft import PeftModel
+
+    model = trainer.model
+    adapter_dir = None
+    if isinstance(model, PeftModel):
+        adapter_dir = stage_dir / "adapter"
+        if not adapter_dir.exists():
+            with workspace.atomic_dir(adapter_dir) as tmp:
+                model.save_pretrained(tmp)
+        model = model.merge_and_unload()
+    model_dir = stage_dir / "model"
+    if not model_dir.exists():
+        with workspace.atomic_dir(model_dir) as tmp:
+            model.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+            workspace.atomic_write_json(
+                tmp / "gym_model.json", {"template": model_ref.template, "base_model": model_ref.base_model}
+            )
+    return model_dir, adapter_dir

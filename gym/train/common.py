@@ -1,0 +1,130 @@
+"""What every training method shares: TRL argument mapping, PEFT adapters, checkpoints, results.
+
+A stage's directory is content-addressed by its inputs (method, config, start model, data), so
+a re-run of an interrupted stage finds its checkpoints and resumes, and a finished stage is
+returned as it is. A file lock keeps two runs from writing the same directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from gym.errors import ConfigError
+from gym.models import ModelRef
+from gym.train.config import TrainConfig
+
+
+class TrainResult(BaseModel):
+    """What a finished stage hands to the next task (references and numbers, no live objects)."""
+
+    method: str
+    digest: str = Field(description="Content digest of the stage's inputs; names its directory.")
+    stage_dir: str
+    model_dir: str = Field(description="Full (merged) model ready for from_pretrained.")
+    adapter_dir: str | None = Field(None, description="The PEFT adapter alone, for LoRA stages.")
+    global_step: int
+    losses: list[tuple[int, float]] = Field(description="(step, training loss) as logged.")
+    eval_before: dict[str, float] = Field(default_factory=dict)
+    eval_after: dict[str, float] = Field(default_factory=dict)
+    trainable_params: int
+    total_params: int
+    resumed_from: str | None = None
+    train_seconds: float = 0.0
+
+    @property
+    def loss_first(self) -> float | None:
+        return self.losses[0][1] if self.losses else None
+
+    @property
+    def loss_last(self) -> float | None:
+        return self.losses[-1][1] if self.losses else None
+
+
+def trl_args(config: TrainConfig, output_dir: Path, has_eval: bool) -> dict[str, Any]:
+    """Keyword arguments common to every TRL *Config (they all extend TrainingArguments)."""
+    return {
+        "output_dir": str(output_dir),
+        "learning_rate": config.learning_rate,
+        "max_steps": config.max_steps,
+        "num_train_epochs": config.num_train_epochs,
+        "per_device_train_batch_size": config.per_device_train_batch_size,
+        "per_device_eval_batch_size": config.per_device_train_batch_size,
+        "gradient_accumulation_steps": config.gradient_accumulation_steps,
+        "lr_scheduler_type": config.lr_scheduler_type,
+        "warmup_steps": config.warmup_ratio,  # transformers 5: a float < 1 is a ratio of total steps
+        "weight_decay": config.weight_decay,
+        "max_grad_norm": config.max_grad_norm,
+        "seed": config.seed,
+        "data_seed": config.seed,
+        "logging_steps": config.logging_steps,
+        "logging_first_step": True,
+        "save_strategy": "steps",
+        "save_steps": config.save_steps,
+        "save_total_limit": config.save_total_limit,
+        "eval_strategy": "no",
+        "bf16": config.bf16,
+        "gradient_checkpointing": config.gradient_checkpointing,
+        "report_to": "none",
+        "disable_tqdm": True,
+        "dataloader_num_workers": 0,
+        "use_cpu": not _cuda_available(),
+    }
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def check_hardware(config: TrainConfig) -> None:
+    """Fail before loading anything when the config asks for hardware this machine lacks."""
+    import torch
+
+    if (
+        config.bf16
+        and not (torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+        and not _cpu_bf16_ok()
+    ):
+        raise ConfigError(
+            "bf16=True needs a GPU with bfloat16 support (Ampere or newer) or a CPU with AMX/AVX512-BF16"
+        )
+
+
+def _cpu_bf16_ok() -> bool:
+    import torch
+
+    return not torch.cuda.is_available() and torch.backends.mkldnn.is_available()
+
+
+def peft_config(config: TrainConfig, model_ref: ModelRef) -> Any | None:
+    """A PEFT LoraConfig for LoRA stages, None for full fine-tuning."""
+    if config.finetuning_type == "full":
+        return None
+    from peft import LoraConfig
+
+    lora = config.lora
+    init: Any = {"default": True, "pissa": "pissa", "gaussian": "gaussian"}[lora.init]
+    return LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules or model_ref.lora_target_modules,
+        use_rslora=lora.use_rslora,
+        use_dora=lora.use_dora,
+        init_lora_weights=init,
+        task_type="CAUSAL_LM",
+    )
+
+
+def count_params(model: Any) -> tuple[int, int]:
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    return trainable, total
+
+
+def losses_from(log_history: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    return [(int(e["step"]), float(e["loss"])) for e in log_history if "loss" in e and "step" in e]

@@ -1,0 +1,84 @@
+"""Flags generated from pydantic configs, and the Gym papers' flag names."""
+
+from __future__ import annotations
+
+import pytest
+
+from flows.runner import build_parser, parse_config
+from gym.errors import GymError
+from gym.pipeline import SftThenDpoConfig, TrainFlowConfig
+
+
+def parse(cls, argv):
+    return parse_config(cls, build_parser(cls).parse_args(argv))
+
+
+def test_defaults_untouched_without_flags():
+    assert parse(SftThenDpoConfig, []) == SftThenDpoConfig()
+
+
+def test_every_field_is_a_flag_including_nested():
+    cfg = parse(
+        SftThenDpoConfig,
+        [
+            "--sft.learning-rate",
+            "0.01",
+            "--dpo.beta",
+            "0.3",
+            "--data.cutoff_len",
+            "64",
+            "--no-data.train_on_prompt",
+            "--sft.lora.target_modules",
+            "q_proj",
+            "v_proj",
+            "--eval_limit",
+            "7",
+            "--output.register_as",
+            "m",
+        ],
+    )
+    assert cfg.sft.learning_rate == 0.01 and cfg.dpo.beta == 0.3
+    assert cfg.data.cutoff_len == 64 and cfg.data.train_on_prompt is False
+    assert cfg.sft.lora.target_modules == ["q_proj", "v_proj"]
+    assert cfg.eval_limit == 7 and cfg.output.register_as == "m"
+    assert cfg.dpo.learning_rate == SftThenDpoConfig().dpo.learning_rate  # untouched
+
+
+def test_paper_flag_names_map_onto_config():
+    cfg = parse(
+        TrainFlowConfig,
+        [
+            "--model_name_or_path",
+            "qwen2.5-0.5b-instruct",
+            "--template",
+            "chatml",
+            "--dataset",
+            "my_data",
+            "--finetuning_type",
+            "lora",
+            "--num_train_epochs",
+            "2",
+            "--output_dir",
+            "/tmp/out",
+        ],
+    )
+    assert cfg.model == "qwen2.5-0.5b-instruct" and cfg.template == "chatml" and cfg.dataset == "my_data"
+    assert cfg.train.finetuning_type == "lora"
+    assert cfg.train.num_train_epochs == 2 and cfg.train.max_steps == -1
+    assert cfg.output.output_dir == "/tmp/out"
+
+
+def test_max_steps_applies_to_every_stage_and_specific_flag_wins():
+    cfg = parse(SftThenDpoConfig, ["--max-steps", "5", "--dpo.max_steps", "9"])
+    assert cfg.sft.max_steps == 5 and cfg.dpo.max_steps == 9
+
+
+def test_finetuning_type_as_method_name():
+    assert parse(TrainFlowConfig, ["--finetuning_type", "dpo"]).train.method == "dpo"
+    with pytest.raises(GymError, match="grpo"):
+        parse(TrainFlowConfig, ["--finetuning_type", "grpo"])
+
+
+def test_bad_value_is_rejected_by_validation():
+    with pytest.raises(Exception, match="learning_rate"):
+        parse(SftThenDpoConfig, ["--sft.learning_rate", "-1"])

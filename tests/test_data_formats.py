@@ -1,0 +1,168 @@
+"""Formats: raw records -> canonical sft / preference / kto records, and the errors for bad ones.
+
+Run: .venv/bin/pytest tests/test_data_formats.py
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gym.data.formats import Where, apply_columns, detect_format, normalize, require_kind
+from gym.errors import ConfigError, DataError
+
+W = Where("data.jsonl", 7)
+
+
+def msg(role: str, content: str) -> dict[str, str]:
+    return {"role": role, "content": content}
+
+
+def test_alpaca_joins_instruction_and_input():
+    rec = {"instruction": "Translate.", "input": "你好", "output": "Hello"}
+    assert normalize(rec, "alpaca", W) == {
+        "messages": [msg("user", "Translate.\n你好"), msg("assistant", "Hello")]
+    }
+    rec = {"instruction": "Say hi.", "input": "", "output": "hi"}
+    assert normalize(rec, "alpaca", W)["messages"][0] == msg("user", "Say hi.")
+
+
+def test_alpaca_system_and_history():
+    rec = {"instruction": "Double it.", "output": "10", "system": "Be exact.", "history": [["2+3?", "5"]]}
+    assert normalize(rec, "alpaca", W)["messages"] == [
+        msg("system", "Be exact."),
+        msg("user", "2+3?"),
+        msg("assistant", "5"),
+        msg("user", "Double it."),
+        msg("assistant", "10"),
+    ]
+
+
+def test_sharegpt_and_openai():
+    conv = [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}]
+    out = normalize({"conversations": conv, "system": "Be kind."}, "sharegpt", W)
+    assert out["messages"] == [msg("system", "Be kind."), msg("user", "Hi"), msg("assistant", "Hello")]
+    out = normalize({"messages": [msg("user", "Hi"), msg("assistant", "Hello")]}, "openai", W)
+    assert out["messages"] == [msg("user", "Hi"), msg("assistant", "Hello")]
+
+
+def test_preference_styles():
+    expected = {"prompt": [msg("user", "2+2?")], "chosen": "4", "rejected": "5"}
+    styles = [
+        {"prompt": "2+2?", "chosen": "4", "rejected": "5"},
+        {
+            "prompt": [msg("user", "2+2?")],
+            "chosen": [msg("assistant", "4")],
+            "rejected": [msg("assistant", "5")],
+        },
+        {
+            "chosen": [msg("user", "2+2?"), msg("assistant", "4")],
+            "rejected": [msg("user", "2+2?"), msg("assistant", "5")],
+        },
+        {"instruction": "2+2?", "input": "", "chosen": "4", "rejected": "5"},
+        {
+            "conversations": [{"from": "human", "value": "2+2?"}],
+            "chosen": {"from": "gpt", "value": "4"},
+            "rejected": {"from": "gpt", "value": "5"},
+        },
+    ]
+    for rec in styles:
+        assert normalize(rec, "preference", W) == expected, rec
+
+
+def test_implicit_prompt_must_share_the_prefix():
+    rec = {
+        "chosen": [msg("user", "a"), msg("assistant", "b")],
+        "rejected": [msg("user", "x"), msg("assistant", "y")],
+    }
+    with pytest.raises(DataError, match="share every turn but the last") as e:
+        normalize(rec, "preference", W)
+    assert e.value.record == 7
+
+
+def test_kto_styles_and_labels():
+    expected = {"prompt": [msg("user", "2+2?")], "completion": "4", "label": True}
+    for rec in [
+        {"instruction": "2+2?", "output": "4", "label": True},
+        {"prompt": "2+2?", "completion": "4", "label": "true"},
+        {"prompt": [msg("user", "2+2?")], "completion": [msg("assistant", "4")], "label": 1},
+        {"messages": [msg("user", "2+2?"), msg("assistant", "4")], "label": " TRUE "},
+    ]:
+        assert normalize(rec, "kto", W) == expected, rec
+    assert normalize({"prompt": "p", "completion": "c", "label": "0"}, "kto", W)["label"] is False
+
+
+@pytest.mark.parametrize("label", ["yes", 2, 0.5, None, [True]])
+def test_kto_rejects_non_boolean_labels(label):
+    with pytest.raises(DataError) as e:
+        normalize({"prompt": "p", "completion": "c", "label": label}, "kto", W)
+    assert e.value.field == "label" and e.value.record == 7 and "boolean" in str(e.value)
+
+
+def test_missing_field_names_file_record_field_and_fix():
+    with pytest.raises(DataError) as e:
+        normalize({"instruction": "a", "answer": "b"}, "alpaca", W)
+    text = str(e.value)
+    assert e.value.field == "output" and "data.jsonl" in text and "record 7" in text
+    assert "alpaca records need instruction and output" in text and "`columns`" in text
+
+
+def test_mistyped_fields():
+    with pytest.raises(DataError, match="must be a string, got int 42") as e:
+        normalize({"instruction": "a", "output": 42}, "alpaca", W)
+    assert e.value.field == "output"
+    with pytest.raises(DataError, match="must be a non-empty list of messages") as e:
+        normalize({"messages": "hello"}, "openai", W)
+    assert e.value.field == "messages"
+    with pytest.raises(DataError, match="history"):
+        normalize({"instruction": "a", "output": "b", "history": ["q", "a"]}, "alpaca", W)
+
+
+def test_conversation_rules():
+    bad = {
+        "user twice": [msg("user", "a"), msg("user", "b"), msg("assistant", "c")],
+        "ends with user": [msg("user", "a"), msg("assistant", "b"), msg("user", "c")],
+        "empty content": [msg("user", " "), msg("assistant", "b")],
+        "unknown role": [{"role": "narrator", "content": "a"}, msg("assistant", "b")],
+    }
+    for name, messages in bad.items():
+        with pytest.raises(DataError) as e:
+            normalize({"messages": messages}, "openai", W)
+        assert e.value.field == "messages", name
+
+
+def test_tool_turns_are_rejected_with_a_reason():
+    conv = [{"from": "human", "value": "Weather?"}, {"from": "function_call", "value": "{}"}]
+    with pytest.raises(DataError, match="tool turns are not supported"):
+        normalize({"conversations": conv}, "sharegpt", W)
+
+
+def test_column_mapping_and_error_names_the_source_column():
+    cols = {"instruction": "question", "output": "answer"}
+    rec = apply_columns({"question": "2+3?", "answer": "5", "id": 1}, cols)
+    assert normalize(rec, "alpaca", Where("qa.jsonl", 1, cols))["messages"][1] == msg("assistant", "5")
+    rec = apply_columns({"question": "2+3?", "answer": 5}, cols)
+    with pytest.raises(DataError) as e:
+        normalize(rec, "alpaca", Where("qa.jsonl", 2, cols))
+    assert e.value.field == "answer" and "'output'" in str(e.value)
+
+
+def test_detect_format():
+    assert detect_format(["messages"]) == "openai"
+    assert detect_format(["conversations", "system"]) == "sharegpt"
+    assert detect_format(["conversations", "chosen", "rejected"]) == "preference"
+    assert detect_format(["prompt", "completion", "label"]) == "kto"
+    assert detect_format(["instruction", "input", "output"]) == "alpaca"
+    assert detect_format(["text"]) is None
+
+
+def test_require_kind():
+    require_kind("sft", "sft")
+    require_kind("preference", "dpo")
+    require_kind("kto", "kto")
+    with pytest.raises(ConfigError, match="'dpo' needs a preference dataset") as e:
+        require_kind("sft", "dpo", dataset="demo_sft")
+    assert "demo_sft" in str(e.value)
+    with pytest.raises(ConfigError, match="needs a kto dataset"):
+        require_kind("preference", "kto")
+    with pytest.raises(ConfigError, match="unknown training method"):
+        require_kind("sft", "nonsense")

@@ -1,0 +1,227 @@
+"""Ingest: every file type and format lands as canonical Arrow records under a content digest; bad
+input raises one DataError that names file, record and field, and leaves nothing behind.
+
+Run: .venv/bin/pytest tests/test_data_ingest.py
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from gym import workspace
+from gym.data.demo import demo_records
+from gym.data.formats import require_kind
+from gym.data.ingest import ingest
+from gym.data.readers import read_source
+from gym.data.registry import DatasetSpec, resolve_dataset
+from gym.errors import ConfigError, DataError
+
+DATA = Path(__file__).parent / "fixtures" / "data"
+SYSTEM_ZH = {"role": "system", "content": "你是一个翻译助手。"}
+ZH = [SYSTEM_ZH, {"role": "user", "content": "把下面的句子翻译成英文。\n你好，世界"}]
+
+
+@pytest.fixture(autouse=True)
+def _home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("GYM_HOME", str(tmp_path / "home"))
+
+
+def load(result) -> list[dict]:
+    return datasets.load_from_disk(str(result.path)).to_list()
+
+
+def datasets_area() -> set[str]:
+    return {p.name for p in workspace.path("datasets").iterdir()}
+
+
+def binary_copies(tmp_path: Path) -> dict[str, Path]:
+    """The alpaca fixture as parquet, Arrow IPC and a save_to_disk folder."""
+    rows = json.loads((DATA / "alpaca.json").read_text(encoding="utf-8"))[:2]
+    table = pa.Table.from_pylist([{**r, "system": r.get("system")} for r in rows])
+    pq.write_table(table, tmp_path / "alpaca.parquet")
+    with pa.OSFile(str(tmp_path / "alpaca.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table)
+    datasets.Dataset(table).save_to_disk(str(tmp_path / "saved"))
+    return {
+        "parquet": tmp_path / "alpaca.parquet",
+        "arrow": tmp_path / "alpaca.arrow",
+        "saved": tmp_path / "saved",
+    }
+
+
+@pytest.mark.parametrize(
+    "source", ["alpaca.json", "alpaca.jsonl", "alpaca_lines.json", "parquet", "arrow", "saved"]
+)
+def test_alpaca_from_every_file_type(tmp_path: Path, source: str):
+    path = binary_copies(tmp_path).get(source, DATA / source)
+    result = ingest(resolve_dataset(path))
+    records = load(result)
+    assert result.kind == "sft" and result.num_records == len(records) >= 2
+    assert records[0]["messages"] == [
+        {"role": "user", "content": "Add the numbers.\n2 3"},
+        {"role": "assistant", "content": "5"},
+    ]
+    assert records[1]["messages"] == [*ZH, {"role": "assistant", "content": "Hello, world"}]
+
+
+def test_csv_and_folder():
+    csv = load(ingest(resolve_dataset(DATA / "alpaca.csv")))
+    folder = load(ingest(resolve_dataset(DATA / "alpaca_folder")))
+    assert csv[1]["messages"][-1]["content"] == "Hello, world"
+    assert [r["messages"][0]["content"] for r in folder] == [
+        "Add the numbers.\n2 3",
+        "把下面的句子翻译成英文。\n你好，世界",
+    ]
+
+
+def test_sharegpt_and_openai():
+    chat = load(ingest(resolve_dataset(DATA / "sharegpt.json")))
+    assert [m["role"] for m in chat[0]["messages"]] == ["system", "user", "assistant", "user", "assistant"]
+    assert chat[0]["messages"][3]["content"] == "再来一个。"
+    assert chat[1]["messages"][0] == {"role": "system", "content": "Be kind."}
+    openai = load(ingest(resolve_dataset(DATA / "openai.jsonl")))
+    assert openai[1]["messages"][1]["content"] == "你好！有什么可以帮你？"
+
+
+def test_preference_in_trl_and_llamafactory_styles():
+    trl = load(ingest(resolve_dataset(DATA / "preference_trl.jsonl")))
+    assert trl[0] == {
+        "prompt": [{"role": "user", "content": "Name a prime."}],
+        "chosen": "7",
+        "rejected": "8",
+    }
+    assert trl[1]["prompt"][0] == {"role": "system", "content": "Be exact."} and trl[1]["rejected"] == "5"
+    assert trl[2] == {
+        "prompt": [{"role": "user", "content": "中国的首都是哪里？"}],
+        "chosen": "北京",
+        "rejected": "上海",
+    }
+    lf = load(ingest(resolve_dataset(DATA / "preference_lf.json")))
+    assert lf[1]["prompt"] == [
+        {"role": "system", "content": "只回答数字。"},
+        {"role": "user", "content": "把数字加起来。\n2 3"},
+    ]
+    assert [m["role"] for m in lf[2]["prompt"]] == ["user", "assistant", "user"] and lf[2]["chosen"] == "4"
+
+
+def test_kto_from_json_csv_and_trl_style():
+    for name in ("kto.jsonl", "kto.csv", "kto_trl.jsonl"):
+        result = ingest(resolve_dataset(DATA / name))
+        records = load(result)
+        assert result.kind == "kto"
+        assert [r["label"] for r in records][:2] == [True, False], name
+        assert all(isinstance(r["label"], bool) for r in records)
+
+
+def test_column_mapping_from_the_registry(tmp_path: Path):
+    registry = tmp_path / "datasets.json"
+    cols = {"instruction": "question", "output": "answer"}
+    registry.write_text(json.dumps({"qa": {"file": "qa.jsonl", "format": "alpaca", "columns": cols}}))
+    records = load(ingest(resolve_dataset("qa", registry=registry, data_root=DATA)))
+    assert records[1]["messages"] == [
+        {"role": "user", "content": "中国的首都是哪里？"},
+        {"role": "assistant", "content": "北京"},
+    ]
+
+
+def test_num_samples_keeps_the_first_records():
+    spec = resolve_dataset(DATA / "alpaca.jsonl").model_copy(update={"num_samples": 2})
+    result = ingest(spec)
+    assert result.num_records == 2 and load(result)[1]["messages"][0] == SYSTEM_ZH
+
+
+def test_content_addressing(tmp_path: Path):
+    first = ingest(resolve_dataset(DATA / "alpaca.jsonl"))
+    stamp = (first.path / "meta.json").stat().st_mtime_ns
+    again = ingest(resolve_dataset(DATA / "alpaca.jsonl"))
+    assert again == first and (first.path / "meta.json").stat().st_mtime_ns == stamp
+    moved = tmp_path / "elsewhere.jsonl"
+    shutil.copy(DATA / "alpaca.jsonl", moved)
+    assert ingest(resolve_dataset(moved)).digest == first.digest  # content, not location
+    moved.write_text(moved.read_text(encoding="utf-8").replace('"5"', '"five"'), encoding="utf-8")
+    assert ingest(resolve_dataset(moved)).digest != first.digest
+    spec = resolve_dataset(DATA / "alpaca.jsonl")
+    for change in ({"num_samples": 1}, {"columns": {"output": "answer2"}}, {"split": "test"}):
+        assert ingest(spec.model_copy(update=change)).digest != first.digest, change
+
+
+def test_demo_generators_write_a_jsonl_file_then_ingest_it():
+    result = ingest(resolve_dataset("demo_chat"))
+    demo_file = workspace.path("datasets", "demo-files", "demo_chat.jsonl")
+    lines = [json.loads(line) for line in demo_file.read_text(encoding="utf-8").splitlines()]
+    assert lines == demo_records("demo_chat") and result.num_records == len(lines)
+    assert result.kind == "sft" and ingest(resolve_dataset("demo_chat")) == result
+    for name, kind in (("demo_dpo", "preference"), ("demo_kto", "kto"), ("demo_sft_eval", "sft")):
+        assert ingest(resolve_dataset(name)).kind == kind
+
+
+def test_unknown_generator():
+    with pytest.raises(ConfigError, match="unknown demo generator"):
+        ingest(DatasetSpec(name="x", generator="demo_nothing", format="alpaca"))
+
+
+@pytest.mark.parametrize(
+    ("name", "fmt", "record", "field", "words"),
+    [
+        ("bad_line.jsonl", "alpaca", 3, None, "line 3 is not valid JSON"),
+        ("missing_output.jsonl", "alpaca", 2, "output", "alpaca records need instruction and output"),
+        ("mistyped.jsonl", "alpaca", 3, "output", "must be a string, got int 42"),
+        ("empty.jsonl", "alpaca", None, None, "the dataset is empty"),
+        ("bad_label.csv", "kto", 1, "label", "must be a boolean, got str 'yes'"),
+        ("tool_role.json", "sharegpt", 1, "conversations", "tool turns are not supported"),
+        ("not_alternating.jsonl", "openai", 1, "messages", "turn 2 is user, expected assistant"),
+    ],
+)
+def test_bad_input_names_file_record_field_and_leaves_nothing(name, fmt, record, field, words):
+    ingest(resolve_dataset(DATA / "alpaca.jsonl"))  # something that existed before
+    before = datasets_area()
+    path = DATA / "bad" / name
+    with pytest.raises(DataError) as e:
+        ingest(DatasetSpec(name=name, file=str(path), format=fmt))
+    assert e.value.file == str(path) and e.value.record == record and e.value.field == field
+    assert words in str(e.value) and name in str(e.value)
+    assert datasets_area() == before
+
+
+def test_hub_id_offline_fails_fast_and_leaves_nothing():
+    before = datasets_area()
+    with pytest.raises(DataError, match="HF_HUB_OFFLINE"):
+        ingest(resolve_dataset("gym-test-org/no-such-dataset", format="alpaca"))
+    assert datasets_area() == before
+
+
+def test_wrong_format_for_the_method():
+    result = ingest(resolve_dataset(DATA / "alpaca.jsonl"))
+    with pytest.raises(ConfigError, match="'dpo' needs a preference dataset"):
+        require_kind(result.kind, "dpo", dataset="alpaca.jsonl")
+    with pytest.raises(ConfigError, match="'kto' needs a kto dataset"):
+        require_kind(ingest(resolve_dataset(DATA / "preference_lf.json")).kind, "kto")
+
+
+@pytest.mark.parametrize("fixture", ["sharegpt.json", "openai.jsonl", "kto.jsonl"])
+@pytest.mark.parametrize("kind", ["parquet", "arrow", "saved"])
+def test_binary_file_types_for_chat_and_kto(tmp_path: Path, fixture: str, kind: str):
+    """Nested message lists and booleans survive Arrow types; missing optional fields arrive as None."""
+    expected = load(ingest(resolve_dataset(DATA / fixture)))
+    source = resolve_dataset(DATA / fixture)
+    raws = [raw for _, _, raw in read_source(DATA / fixture)]
+    keys = sorted({k for raw in raws for k in raw})  # from_pylist takes its columns from row 1 only
+    table = pa.Table.from_pylist([{k: raw.get(k) for k in keys} for raw in raws])
+    path = tmp_path / f"data.{kind}"
+    if kind == "parquet":
+        pq.write_table(table, path)
+    elif kind == "arrow":
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+            w.write_table(table)
+    else:
+        datasets.Dataset(table).save_to_disk(str(path))
+    result = ingest(resolve_dataset(path))
+    assert resolve_dataset(path).format == source.format and load(result) == expected

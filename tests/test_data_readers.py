@@ -1,0 +1,145 @@
+"""Readers: every file type, folders, saved datasets, hub ids offline, and unreadable input.
+
+Run: .venv/bin/pytest tests/test_data_readers.py
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from gym.data.readers import looks_like_hub_id, read_source
+from gym.errors import DataError
+
+DATA = Path(__file__).parent / "fixtures" / "data"
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("GYM_HOME", str(tmp_path / "home"))
+
+
+def rows(source: str | Path, **kw) -> list[tuple[str, int, dict]]:
+    return list(read_source(source, **kw))
+
+
+def alpaca_table() -> pa.Table:
+    records = json.loads((DATA / "alpaca.json").read_text(encoding="utf-8"))
+    return pa.Table.from_pylist(
+        [{k: r.get(k, "") for k in ("instruction", "input", "output")} for r in records]
+    )
+
+
+def test_json_array_and_json_lines_agree():
+    array = rows(DATA / "alpaca.json")
+    lines = rows(DATA / "alpaca.jsonl")
+    assert [r for _, _, r in array] == [r for _, _, r in lines]
+    assert [n for _, n, _ in lines] == [1, 2, 3]  # blank lines are not records
+    assert array[1][2]["instruction"] == "把下面的句子翻译成英文。"
+
+
+def test_json_lines_in_a_json_file():
+    got = rows(DATA / "alpaca_lines.json")
+    assert [n for _, n, _ in got] == [1, 2]
+    assert got[1][2]["input"] == "你好，世界"
+
+
+def test_csv_reads_text():
+    got = rows(DATA / "alpaca.csv")
+    assert got[0][2] == {"instruction": "Add the numbers.", "input": "2 3", "output": "5"}
+    assert got[1][2]["output"] == "Hello, world"  # quoted comma
+
+
+def test_parquet(tmp_path: Path):
+    pq.write_table(alpaca_table(), tmp_path / "a.parquet", row_group_size=2)
+    got = rows(tmp_path / "a.parquet")
+    assert [n for _, n, _ in got] == [1, 2, 3]
+    assert got[1][2]["input"] == "你好，世界"
+
+
+@pytest.mark.parametrize("writer", [pa.ipc.new_file, pa.ipc.new_stream])
+def test_arrow_file_and_stream(tmp_path: Path, writer):
+    table = alpaca_table()
+    with pa.OSFile(str(tmp_path / "a.arrow"), "wb") as sink, writer(sink, table.schema) as w:
+        w.write_table(table)
+    assert [r for _, _, r in rows(tmp_path / "a.arrow")] == table.to_pylist()
+
+
+def test_save_to_disk_folder_and_dataset_dict(tmp_path: Path):
+    table = alpaca_table()
+    datasets.Dataset(table).save_to_disk(str(tmp_path / "one"))
+    assert [r for _, _, r in rows(tmp_path / "one")] == table.to_pylist()
+    dd = datasets.DatasetDict({"train": datasets.Dataset(table), "test": datasets.Dataset(table.slice(0, 1))})
+    dd.save_to_disk(str(tmp_path / "dict"))
+    assert len(rows(tmp_path / "dict", split="test")) == 1
+    with pytest.raises(DataError, match="split 'validation' not found"):
+        rows(tmp_path / "dict", split="validation")
+
+
+def test_folder_reads_files_in_order():
+    got = rows(DATA / "alpaca_folder")
+    assert [(Path(f).name, n) for f, n, _ in got] == [("part-0.jsonl", 1), ("part-1.jsonl", 1)]
+
+
+def test_folder_with_mixed_types_is_rejected(tmp_path: Path):
+    (tmp_path / "a.jsonl").write_text("{}\n")
+    (tmp_path / "b.csv").write_text("x\n1\n")
+    with pytest.raises(DataError, match="mixes file types"):
+        rows(tmp_path)
+
+
+def test_unparsable_json_line_names_file_and_line():
+    with pytest.raises(DataError) as e:
+        rows(DATA / "bad" / "bad_line.jsonl")
+    assert e.value.record == 3 and e.value.file.endswith("bad_line.jsonl")
+    assert "line 3 is not valid JSON" in str(e.value)
+
+
+def test_broken_json_array_names_line(tmp_path: Path):
+    (tmp_path / "a.json").write_text('[{"a": 1},\n{"a": 2,,}]')
+    with pytest.raises(DataError, match="line 2"):
+        rows(tmp_path / "a.json")
+
+
+def test_non_object_record(tmp_path: Path):
+    (tmp_path / "a.json").write_text('[{"a": 1}, [1, 2]]')
+    with pytest.raises(DataError) as e:
+        rows(tmp_path / "a.json")
+    assert e.value.record == 2
+
+
+def test_unsupported_extension_and_missing_path(tmp_path: Path):
+    (tmp_path / "a.txt").write_text("hello")
+    with pytest.raises(DataError, match="unsupported file type"):
+        rows(tmp_path / "a.txt")
+    with pytest.raises(DataError, match="no such file"):
+        rows(tmp_path / "missing.jsonl")
+
+
+def test_hub_id_offline_fails_fast_with_clear_message():
+    start = time.monotonic()
+    with pytest.raises(DataError) as e:
+        rows("gym-test-org/no-such-dataset")
+    assert time.monotonic() - start < 10
+    assert "gym-test-org/no-such-dataset" in str(e.value) and "HF_HUB_OFFLINE" in str(e.value)
+
+
+def test_hub_id_detection(tmp_path: Path):
+    assert looks_like_hub_id("tatsu-lab/alpaca") and looks_like_hub_id("squad")
+    assert not looks_like_hub_id("data/train.jsonl") and not looks_like_hub_id("a/b/c")
+    assert not looks_like_hub_id(str(DATA / "alpaca_folder"))
+
+
+def test_single_pretty_printed_object_is_not_taken_for_records(tmp_path: Path):
+    (tmp_path / "a.json").write_text('{\n  "train": [{"instruction": "a", "output": "b"}]\n}\n')
+    with pytest.raises(DataError, match="single JSON object"):
+        rows(tmp_path / "a.json")
+    (tmp_path / "b.json").write_text('{"instruction": "a", "output": "b"}\n')
+    assert rows(tmp_path / "b.json")[0][2] == {"instruction": "a", "output": "b"}

@@ -1,0 +1,138 @@
+"""Dataset registry: every shipped entry is valid, bad entries are named, and resolve_dataset finds
+registry names, local paths (format detected) and hub ids.
+
+Run: .venv/bin/pytest tests/test_data_registry.py
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gym.data.demo import DEMO_DATASETS
+from gym.data.registry import DatasetSpec, load_registry, resolve_dataset
+from gym.errors import ConfigError, DataError, RegistryError
+
+DATA = Path(__file__).parent / "fixtures" / "data"
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("GYM_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("GYM_DATA_DIR", raising=False)
+
+
+def write_registry(tmp_path: Path, entries: dict) -> Path:
+    f = tmp_path / "datasets.json"
+    f.write_text(json.dumps(entries))
+    return f
+
+
+def test_shipped_registry_is_valid_and_covers_every_demo_dataset():
+    entries = load_registry()
+    for name, fmt in DEMO_DATASETS.items():
+        assert entries[name]["generator"] == name
+        assert entries[name]["format"] == fmt
+    for name in entries:
+        spec = resolve_dataset(name)
+        assert spec.kind in ("sft", "preference", "kto") and spec.description
+
+
+@pytest.mark.parametrize(
+    ("entry", "field", "words"),
+    [
+        ({"file": "a.jsonl", "format": "yaml"}, "format", "is not one of"),
+        ({"file": "a.jsonl", "format": "alpaca", "colums": {}}, None, "allowed fields"),
+        (
+            {"file": "a.jsonl", "hub_id": "a/b", "format": "alpaca"},
+            None,
+            "exactly one of file, hub_id, generator",
+        ),
+        ({"format": "alpaca"}, None, "exactly one of"),
+        ({"file": "a.jsonl", "format": "alpaca", "num_samples": 0}, "num_samples", "minimum"),
+        ({"file": "a.jsonl", "format": "alpaca", "columns": {"output": 3}}, "columns.output", "not of type"),
+        ({"file": "a.jsonl", "format": "alpaca", "revision": "main"}, None, "hub_id"),
+    ],
+)
+def test_bad_entries_name_entry_and_field(tmp_path: Path, entry: dict, field: str | None, words: str):
+    f = write_registry(tmp_path, {"good": {"generator": "demo_sft", "format": "alpaca"}, "mine": entry})
+    with pytest.raises(RegistryError) as e:
+        load_registry(f)
+    text = str(e.value)
+    assert "entry 'mine'" in text and words in text
+    if field:
+        assert f"field {field!r}" in text
+
+
+def test_registry_file_entry_resolves_against_the_data_dir(tmp_path: Path):
+    f = write_registry(
+        tmp_path,
+        {
+            "qa": {
+                "file": "qa.jsonl",
+                "format": "alpaca",
+                "columns": {"instruction": "question", "output": "answer"},
+            }
+        },
+    )
+    spec = resolve_dataset("qa", registry=f, data_root=DATA)
+    assert spec.file == str(DATA.resolve() / "qa.jsonl")
+    assert spec.columns == {"instruction": "question", "output": "answer"} and spec.split == "train"
+
+
+@pytest.mark.parametrize(
+    ("name", "fmt"),
+    [
+        ("alpaca.json", "alpaca"),
+        ("alpaca.csv", "alpaca"),
+        ("alpaca_folder", "alpaca"),
+        ("sharegpt.json", "sharegpt"),
+        ("openai.jsonl", "openai"),
+        ("preference_trl.jsonl", "preference"),
+        ("preference_lf.json", "preference"),
+        ("kto.jsonl", "kto"),
+        ("kto_trl.jsonl", "kto"),
+    ],
+)
+def test_local_paths_get_their_format_detected(name: str, fmt: str):
+    spec = resolve_dataset(DATA / name)
+    assert spec.format == fmt and spec.file == str((DATA / name).resolve())
+
+
+def test_relative_path_and_columns(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("GYM_DATA_DIR", str(DATA))
+    spec = resolve_dataset("qa.jsonl", columns={"instruction": "question", "output": "answer"})
+    assert spec.format == "alpaca"
+
+
+def test_undetectable_format_says_what_to_do():
+    with pytest.raises(DataError, match="cannot tell the dataset format") as e:
+        resolve_dataset(DATA / "qa.jsonl")
+    assert e.value.record == 1 and "set `format`" in str(e.value)
+
+
+def test_hub_ids_resolve_without_network():
+    spec = resolve_dataset("tatsu-lab/alpaca")
+    assert spec.hub_id == "tatsu-lab/alpaca" and spec.format is None and spec.file is None
+    assert resolve_dataset("tatsu-lab/alpaca", format="alpaca").kind == "sft"
+
+
+def test_unknown_name_suggests_registry_entries():
+    with pytest.raises(ConfigError, match="did you mean demo_sft"):
+        resolve_dataset("demo_sfx")
+
+
+def test_spec_needs_exactly_one_source():
+    with pytest.raises(ValueError, match="exactly one"):
+        DatasetSpec(name="x", file="a.jsonl", generator="demo_sft")
+    with pytest.raises(ValueError, match="exactly one"):
+        DatasetSpec(name="x")
+
+
+def test_unknown_generator_is_named(tmp_path: Path):
+    f = write_registry(tmp_path, {"mine": {"generator": "demo_nothing", "format": "alpaca"}})
+    with pytest.raises(RegistryError, match="entry 'mine', field 'generator': unknown demo dataset"):
+        resolve_dataset("mine", registry=f)

@@ -1,0 +1,205 @@
+"""Tokenize: labels mask the prompt by default, train_on_prompt / mask_history / cutoff_len work,
+preference and kto texts are the template's own rendering, and artifacts are content addressed.
+
+Run: .venv/bin/pytest tests/test_data_tokenize.py
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import datasets
+import pytest
+from transformers import AutoTokenizer
+
+from gym import templates, workspace
+from gym.data.ingest import ingest
+from gym.data.registry import resolve_dataset
+from gym.data.tokenize import IGNORE_INDEX, TokenizeSettings, sft_labels, tokenize
+from gym.errors import ConfigError, DataError
+from gym.paths import registry_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "fixtures" / "data"
+TINY = ROOT / "gym" / "assets" / "gym_tiny"
+CHATML = (registry_dir() / "templates" / "chatml.jinja").read_text(encoding="utf-8")
+
+
+@pytest.fixture(autouse=True)
+def _home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A private workspace and a registry copy with three extra templates for the tests."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("GYM_HOME", str(tmp_path / "home"))
+    registry = tmp_path / "registry"
+    shutil.copytree(registry_dir(), registry)
+    default_system = (
+        "{%- if messages[0]['role'] != 'system' -%}"
+        "{{- '<|im_start|>system\\nYou are gym.<|im_end|>\\n' -}}{%- endif -%}"
+    )
+    generation_prompt = "'<|im_start|>assistant\\n' -}}\n{%- endif"
+    extra = {
+        "test_chatml_sys": default_system + CHATML,
+        "test_chatml_nogen": CHATML.replace("{%- generation -%}", "").replace("{%- endgeneration -%}", ""),
+        "test_chatml_think": CHATML.replace(
+            generation_prompt, generation_prompt.replace("\\n'", "\\n<think>'")
+        ),
+    }
+    for name, text in extra.items():
+        (registry / "templates" / f"{name}.jinja").write_text(text, encoding="utf-8")
+    monkeypatch.setenv("GYM_REGISTRY", str(registry))
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return AutoTokenizer.from_pretrained(str(TINY))
+
+
+def rows(result) -> list[dict]:
+    return datasets.load_from_disk(str(result.path)).to_list()
+
+
+def trained(tok, row: dict) -> str:
+    return tok.decode([t for t in row["labels"] if t != IGNORE_INDEX])
+
+
+def tokenized_area() -> set[str]:
+    return {p.name for p in workspace.path("tokenized").iterdir()}
+
+
+def chat_dataset() -> Path:
+    return ingest(resolve_dataset(DATA / "sharegpt.json")).path
+
+
+def test_prompt_is_masked_by_default(tok):
+    result = tokenize(chat_dataset(), TINY, "chatml")
+    row = rows(result)[0]
+    assert result.kind == "sft" and set(row) == {"input_ids", "labels"}
+    assert trained(tok, row) == "7<|im_end|>11<|im_end|>"
+    enc = templates.encode(tok, [{"role": "user", "content": "x"}], "chatml")
+    assert len(row["labels"]) == len(row["input_ids"]) and enc.input_ids  # no padding, same length
+    assert result.stats["num_label_tokens"] == sum(
+        t != IGNORE_INDEX for r in rows(result) for t in r["labels"]
+    )
+
+
+def test_train_on_prompt(tok):
+    row = rows(tokenize(chat_dataset(), TINY, "chatml", TokenizeSettings(train_on_prompt=True)))[0]
+    assert row["labels"] == row["input_ids"]
+
+
+def test_mask_history_trains_only_the_last_turn(tok):
+    row = rows(tokenize(chat_dataset(), TINY, "chatml", TokenizeSettings(mask_history=True)))[0]
+    assert trained(tok, row) == "11<|im_end|>"
+    both = TokenizeSettings(mask_history=True, train_on_prompt=True)
+    text = trained(tok, rows(tokenize(chat_dataset(), TINY, "chatml", both))[0])
+    assert "再来一个。" in text and text.endswith("11<|im_end|>\n") and "Name a prime" not in text
+
+
+def test_sft_labels_helper():
+    ids, mask = [1, 2, 3, 4, 5, 6, 7], [0, 1, 0, 0, 1, 1, 0]
+    x = IGNORE_INDEX
+    assert sft_labels(ids, mask, train_on_prompt=False, mask_history=False) == [x, 2, x, x, 5, 6, x]
+    assert sft_labels(ids, mask, train_on_prompt=False, mask_history=True) == [x, x, x, x, 5, 6, x]
+    assert sft_labels(ids, mask, train_on_prompt=True, mask_history=True) == [x, x, 3, 4, 5, 6, 7]
+    assert sft_labels(ids, mask, train_on_prompt=True, mask_history=False) == ids
+
+
+def test_cutoff_truncates_and_drops_untrainable_records(tok):
+    dataset = ingest(resolve_dataset(DATA / "alpaca.jsonl")).path
+    source = datasets.load_from_disk(str(dataset)).to_list()
+    encoded = [templates.encode(tok, r["messages"], "chatml") for r in source]
+    cut = min(len(e.input_ids) for e in encoded) - 1  # every record is cut; some lose all labels
+    kept = [e for e in encoded if any(e.assistant_mask[:cut])]
+    result = tokenize(dataset, TINY, "chatml", TokenizeSettings(cutoff_len=cut))
+    assert result.num_records == len(kept) and result.num_truncated == len(kept)
+    assert result.num_dropped == len(encoded) - len(kept)
+    assert all(len(r["input_ids"]) == cut for r in rows(result))
+    assert [r["input_ids"] for r in rows(result)] == [e.input_ids[:cut] for e in kept]
+
+
+def test_nothing_trainable_is_an_error_and_leaves_nothing():
+    dataset = chat_dataset()
+    before = tokenized_area()
+    with pytest.raises(DataError, match="no record has a trainable token within cutoff_len=2"):
+        tokenize(dataset, TINY, "chatml", TokenizeSettings(cutoff_len=2))
+    assert tokenized_area() == before
+
+
+def test_preference_columns_are_the_templates_rendering(tok):
+    result = tokenize(ingest(resolve_dataset(DATA / "preference_lf.json")).path, TINY, "chatml")
+    row = rows(result)[0]
+    assert result.kind == "preference"
+    assert set(row) == {"prompt", "chosen", "rejected", "prompt_ids", "chosen_ids", "rejected_ids"}
+    prompt = [{"role": "user", "content": "Name a prime."}]
+    assert row["prompt"] == templates.render(tok, prompt, "chatml", add_generation_prompt=True)
+    assert row["chosen"] == "7<|im_end|>" and row["rejected"] == "8<|im_end|>"
+    assert row["chosen_ids"] == tok("7<|im_end|>", add_special_tokens=False)["input_ids"]
+    assert row["chosen_ids"][-1] == tok.eos_token_id
+    full = templates.render(tok, [*prompt, {"role": "assistant", "content": "7"}], "chatml")
+    assert tok.decode(row["prompt_ids"] + row["chosen_ids"]) == full.rstrip("\n")
+    multi = rows(result)[2]
+    assert multi["prompt"].count("<|im_start|>assistant\n") == 2 and multi["rejected"] == "22<|im_end|>"
+
+
+def test_kto_columns(tok):
+    result = tokenize(ingest(resolve_dataset(DATA / "kto.csv")).path, TINY, "chatml")
+    got = rows(result)
+    assert result.kind == "kto"
+    assert set(got[0]) == {"prompt", "completion", "label", "prompt_ids", "completion_ids"}
+    assert [r["label"] for r in got] == [True, False, True]
+    assert got[1]["completion"] == "6<|im_end|>" and "把数字加起来。\n2 3" in got[1]["prompt"]
+
+
+def test_template_whose_generation_prompt_is_not_a_prefix(tok):
+    dataset = ingest(resolve_dataset(DATA / "preference_lf.json")).path
+    before = tokenized_area()
+    with pytest.raises(DataError) as e:
+        tokenize(dataset, TINY, "test_chatml_think")
+    assert e.value.record == 1 and e.value.field == "chosen" and "add_generation_prompt" in str(e.value)
+    assert tokenized_area() == before
+
+
+def test_template_without_generation_tags_is_a_config_error():
+    dataset = chat_dataset()
+    before = tokenized_area()
+    with pytest.raises(ConfigError, match="marks no assistant tokens"):
+        tokenize(dataset, TINY, "test_chatml_nogen")
+    assert tokenized_area() == before
+
+
+def test_content_addressing(tmp_path: Path):
+    dataset = chat_dataset()
+    first = tokenize(dataset, TINY, "chatml")
+    stamp = (first.path / "meta.json").stat().st_mtime_ns
+    assert tokenize(dataset, TINY, "chatml") == first
+    assert (first.path / "meta.json").stat().st_mtime_ns == stamp
+    copy = tmp_path / "tok_copy"
+    shutil.copytree(TINY, copy)
+    assert tokenize(dataset, copy, "chatml").digest == first.digest  # same files, same digest
+    config = json.loads((copy / "tokenizer_config.json").read_text())
+    (copy / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 1024}))
+    digests = {
+        first.digest,
+        tokenize(dataset, copy, "chatml").digest,
+        tokenize(dataset, TINY, "test_chatml_sys").digest,
+        tokenize(dataset, TINY, "chatml", TokenizeSettings(cutoff_len=512)).digest,
+        tokenize(dataset, TINY, "chatml", TokenizeSettings(max_samples=1)).digest,
+        tokenize(ingest(resolve_dataset(DATA / "openai.jsonl")).path, TINY, "chatml").digest,
+    }
+    assert len(digests) == 6
+    assert not [p for p in workspace.path("tokenized").iterdir() if p.name.startswith(".")]
+
+
+def test_max_samples():
+    assert tokenize(chat_dataset(), TINY, "chatml", TokenizeSettings(max_samples=1)).num_records == 1
+
+
+def test_bad_inputs_fail_clearly(tmp_path: Path):
+    with pytest.raises(DataError, match="not an ingested dataset"):
+        tokenize(tmp_path, TINY, "chatml")
+    with pytest.raises(ConfigError, match="unknown chat template"):
+        tokenize(chat_dataset(), TINY, "no_such_template")
+    with pytest.raises(ConfigError, match="cannot load tokenizer"):
+        tokenize(chat_dataset(), "gym-test-org/no-such-tokenizer", "chatml")

@@ -1,0 +1,49 @@
+"""MLflow tracking on the workspace's SQLite store: nesting, curves, redaction."""
+
+from __future__ import annotations
+
+from mlflow import MlflowClient
+
+from gym import tracking
+
+
+def test_default_store_is_sqlite_in_the_workspace(gym_home):
+    uri = tracking.tracking_uri()
+    assert uri.startswith("sqlite:///") and str(gym_home) in uri
+
+
+def test_redact_hides_secrets_at_any_depth():
+    flat = tracking.redact(
+        {
+            "hf_token": "hf_abc",
+            "lr": 0.1,
+            "client": {"api_key": "sk-1", "OPENAI_API_KEY": "x"},
+            "auth": {"password": "p"},
+            "name": "ok",
+        }
+    )
+    assert (
+        flat["hf_token"] == "***"
+        and flat["client.api_key"] == "***"
+        and flat["client.OPENAI_API_KEY"] == "***"
+    )
+    assert flat["auth.password"] == "***"
+    assert flat["lr"] == "0.1" and flat["name"] == "ok"
+    assert "hf_abc" not in str(flat) and "sk-1" not in str(flat)
+
+
+def test_nested_runs_params_and_curve(gym_home):
+    parent = tracking.start_run("flow", params={"model": "gym-tiny", "hub_token": "secret-value"})
+    child = tracking.start_run("sft", params={"lr": 0.01}, parent_run_id=parent)
+    tracking.log_curve(child, "train_loss", [(1, 3.0), (2, 2.5), (3, 2.0)])
+    tracking.end_run(child)
+    tracking.end_run(parent)
+
+    client = MlflowClient(tracking.tracking_uri())
+    p, c = client.get_run(parent), client.get_run(child)
+    assert c.data.tags["mlflow.parentRunId"] == parent
+    assert p.data.params["hub_token"] == "***"
+    assert "secret-value" not in str(p.data.params)
+    history = client.get_metric_history(child, "train_loss")
+    assert [(m.step, m.value) for m in history] == [(1, 3.0), (2, 2.5), (3, 2.0)]
+    assert p.info.status == "FINISHED"
