@@ -27,7 +27,7 @@ from tasks.train import train_stage
 DEFAULTS = SftThenDpoConfig()
 
 
-@flow(name="sft-then-dpo", log_prints=True)
+@flow(name="sft-then-dpo")
 def sft_then_dpo(config: SftThenDpoConfig = DEFAULTS) -> dict[str, Any]:
     uri, run_label = config.output.tracking_uri, flow_run.get_id()
     parent = start_tracking("sft-then-dpo", config.model_dump(), run_label, uri)

@@ -25,7 +25,7 @@ from tasks.train import train_stage
 DEFAULTS = TrainFlowConfig()
 
 
-@flow(name="train", log_prints=True)
+@flow(name="train")
 def train(config: TrainFlowConfig = DEFAULTS) -> dict[str, Any]:
     uri, run_label, method = config.output.tracking_uri, flow_run.get_id(), config.train.method
     parent = start_tracking(f"train-{method}", config.model_dump(), run_label, uri)

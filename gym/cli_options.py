@@ -48,15 +48,17 @@ def add_config_options(parser: argparse.ArgumentParser, model: type[BaseModel], 
         elif get_origin(tp) is list:
             kwargs["nargs"] = "+"
             kwargs["metavar"] = "ITEM"
-        elif tp in (int, float):
-            kwargs["type"] = _optional_number(tp) if optional else tp
+        elif tp in (int, float, str):
+            kwargs["type"] = _optional(tp) if optional else tp
         elif tp is dict or get_origin(tp) is dict:
             kwargs["type"] = json.loads
             kwargs["metavar"] = "JSON"
         group.add_argument(*flags, **kwargs)
 
 
-def _optional_number(tp: type) -> Any:
+def _optional(tp: type) -> Any:
+    """Parse `tp`, or None from the words none/null (for fields that may be unset)."""
+
     def parse(text: str) -> Any:
         return None if text.lower() in ("none", "null") else tp(text)
 

@@ -32,9 +32,14 @@ class ModelRef(BaseModel):
 
 
 def _local_digest(directory: Path) -> str:
-    """Cheap identity of a local model dir: config + file names and sizes (not a full content hash)."""
+    """Cheap identity of a user's model dir: config + file names, sizes and mtimes.
+
+    Not a content hash (that would read gigabytes); rewriting any file changes it.
+    """
     files = sorted(
-        (p.relative_to(directory).as_posix(), p.stat().st_size) for p in directory.rglob("*") if p.is_file()
+        (p.relative_to(directory).as_posix(), p.stat().st_size, p.stat().st_mtime_ns)
+        for p in directory.rglob("*")
+        if p.is_file()
     )
     config = (directory / "config.json").read_text() if (directory / "config.json").is_file() else ""
     return hash_obj({"config": config, "files": files})
@@ -49,8 +54,9 @@ def resolve(name_or_path: str, template: str | None = None) -> ModelRef:
     from gym import registry
 
     models = registry.load_models()
-    if name_or_path in models:
-        spec = models[name_or_path]
+    by_hub_id = {m.hub_id.lower(): m for m in models.values() if m.hub_id}
+    spec = models.get(name_or_path) or by_hub_id.get(name_or_path.lower())
+    if spec is not None:
         tmpl = template or spec.template
         load_template(tmpl)  # fail early on an unknown template
         targets = list(spec.lora_target_modules)
@@ -62,11 +68,12 @@ def resolve(name_or_path: str, template: str | None = None) -> ModelRef:
                 name=spec.name,
                 path=str(built),
                 template=tmpl,
-                digest=_local_digest(built),
+                digest=built.name,  # gym-tiny-<digest of builder, tokenizer, template>
                 base_model=spec.name,
                 lora_target_modules=targets,
             )
         revision = spec.revision or "main"
+        _check_reachable(spec.hub_id, revision)
         return ModelRef(
             name=spec.name,
             path=spec.hub_id,
@@ -101,6 +108,7 @@ def resolve(name_or_path: str, template: str | None = None) -> ModelRef:
             f"For any other hub id pass --template too.{hint}"
         )
     load_template(template)
+    _check_reachable(name_or_path, "main")
     return ModelRef(
         name=name_or_path,
         path=name_or_path,
@@ -109,6 +117,20 @@ def resolve(name_or_path: str, template: str | None = None) -> ModelRef:
         digest=hash_obj({"hub": name_or_path, "revision": "main"}),
         base_model=name_or_path,
     )
+
+
+def _check_reachable(hub_id: str, revision: str) -> None:
+    """Offline (HF_HUB_OFFLINE=1), a hub model must already be in the local cache: say so early."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if not constants.HF_HUB_OFFLINE:
+        return
+    cached = try_to_load_from_cache(hub_id, "config.json", revision=revision)
+    if not isinstance(cached, str):
+        raise ConfigError(
+            f"model {hub_id!r} (revision {revision}) is not in the local Hugging Face cache and HF_HUB_OFFLINE=1: "
+            f"download it while online (`hf download {hub_id}`), unset HF_HUB_OFFLINE, or pass a local directory"
+        )
 
 
 def _gym_meta(directory: Path) -> dict[str, Any]:
@@ -124,14 +146,14 @@ def _base_of(directory: Path) -> str | None:
     return _gym_meta(directory).get("base_model")
 
 
-def derived(ref: ModelRef, directory: Path) -> ModelRef:
-    """A ModelRef for weights trained from `ref` and saved in `directory`."""
+def derived(ref: ModelRef, directory: Path, digest: str) -> ModelRef:
+    """A ModelRef for weights trained from `ref` into `directory`; `digest` names the training stage."""
     return ref.model_copy(
         update={
             "name": str(directory),
             "path": str(directory),
             "revision": None,
-            "digest": _local_digest(directory),
+            "digest": digest,
         }
     )
 

@@ -25,7 +25,7 @@ def train_stage(
     result = run(config, model, Path(train_data.path), Path(eval_data.path) if eval_data else None)
     if parent_run_id:
         _track(config, model, train_data, result, parent_run_id, tracking_uri)
-    return result, derived(model, Path(result.model_dir))
+    return result, derived(model, Path(result.model_dir), result.digest)
 
 
 def _track(

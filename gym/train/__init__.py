@@ -10,6 +10,7 @@ atomic rename, and returns a `TrainResult` of references and numbers.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -48,10 +49,20 @@ def stage_digest(config: TrainConfig, model: ModelRef, train_data: Path, eval_da
     )
 
 
-def _last_checkpoint(directory: Path) -> str | None:
-    from transformers.trainer_utils import get_last_checkpoint
+def last_checkpoint(directory: Path) -> str | None:
+    """The newest complete checkpoint under `directory`.
 
-    return get_last_checkpoint(str(directory)) if directory.is_dir() else None
+    The Trainer writes trainer_state.json last, so a checkpoint without it was cut short
+    (the process died while saving) and is skipped.
+    """
+    if not directory.is_dir():
+        return None
+    steps = []
+    for child in directory.iterdir():
+        match = re.fullmatch(r"checkpoint-(\d+)", child.name)
+        if match and (child / "trainer_state.json").is_file():
+            steps.append((int(match.group(1)), child))
+    return str(max(steps)[1]) if steps else None
 
 
 def run(
@@ -105,7 +116,7 @@ def _train(
         peft_config=peft_config(config, model_ref),
         max_length=max_length,
     )
-    resume = _last_checkpoint(checkpoints)
+    resume = last_checkpoint(checkpoints)
     before_file = stage_dir / "eval_before.json"
     eval_before: dict[str, float] = {}
     if eval_ds is not None:

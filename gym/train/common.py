@@ -81,23 +81,11 @@ def _cuda_available() -> bool:
 
 
 def check_hardware(config: TrainConfig) -> None:
-    """Fail before loading anything when the config asks for hardware this machine lacks."""
+    """Fail before loading anything when the config asks for what this machine can't do."""
     import torch
 
-    if (
-        config.bf16
-        and not (torch.cuda.is_available() and torch.cuda.is_bf16_supported())
-        and not _cpu_bf16_ok()
-    ):
-        raise ConfigError(
-            "bf16=True needs a GPU with bfloat16 support (Ampere or newer) or a CPU with AMX/AVX512-BF16"
-        )
-
-
-def _cpu_bf16_ok() -> bool:
-    import torch
-
-    return not torch.cuda.is_available() and torch.backends.mkldnn.is_available()
+    if config.bf16 and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+        raise ConfigError("bf16=True needs a GPU with bfloat16 support (Ampere or newer); set bf16=False")
 
 
 def peft_config(config: TrainConfig, model_ref: ModelRef) -> Any | None:

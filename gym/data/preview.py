@@ -1,0 +1,63 @@
+"""`gym data preview`: a dataset as gym reads it, optionally as a model will be trained on it.
+
+Without a model: the first records after normalisation (canonical messages / prompt+chosen+rejected).
+With `--model`: each record's templated text, with the tokens that carry loss shown in ⟦…⟧.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gym.data.ingest import ingest
+from gym.data.registry import resolve_dataset
+from gym.data.tokenize import IGNORE_INDEX, TokenizeSettings, tokenize
+
+
+def _marked(tokenizer: Any, input_ids: list[int], labels: list[int]) -> str:
+    """Decode ids, wrapping each run of trained-on tokens in ⟦ ⟧."""
+    out, run, training = [], [], False
+    for tok, lab in zip(input_ids, labels, strict=True):
+        is_trained = lab != IGNORE_INDEX
+        if is_trained != training and run:
+            text = tokenizer.decode(run)
+            out.append(f"⟦{text}⟧" if training else text)
+            run = []
+        training = is_trained
+        run.append(tok)
+    if run:
+        text = tokenizer.decode(run)
+        out.append(f"⟦{text}⟧" if training else text)
+    return "".join(out)
+
+
+def preview(
+    dataset: str, n: int = 3, model: str | None = None, template: str | None = None, as_json: bool = False
+) -> str:
+    from datasets import load_from_disk
+
+    ingested = ingest(resolve_dataset(dataset))
+    records = load_from_disk(str(ingested.path)).select(range(min(n, ingested.num_records)))
+    header = f"{dataset}: {ingested.num_records} {ingested.kind} records (artifact {ingested.path})"
+    if model is None:
+        rows = [dict(r) for r in records]
+        if as_json:
+            return json.dumps(rows, indent=2, ensure_ascii=False)
+        return "\n\n".join([header, *(json.dumps(r, ensure_ascii=False, indent=1) for r in rows)])
+
+    from gym.models import load_tokenizer, resolve
+
+    ref = resolve(model, template)
+    tok = load_tokenizer(ref)
+    tokenized = tokenize(ingested.path, ref.path, ref.template, TokenizeSettings(max_samples=n), revision=ref.revision)
+    rows = [dict(r) for r in load_from_disk(str(tokenized.path))]
+    if as_json:
+        return json.dumps(rows, ensure_ascii=False)
+    parts = [header, f"template {ref.template}; ⟦…⟧ marks tokens the loss is computed on"]
+    for i, row in enumerate(rows, 1):
+        if tokenized.kind == "sft":
+            parts.append(f"--- record {i} ({len(row['input_ids'])} tokens)\n{_marked(tok, row['input_ids'], row['labels'])}")
+        else:
+            fields = {k: v for k, v in row.items() if not k.endswith("_ids")}
+            parts.append(f"--- record {i}\n" + "\n".join(f"[{k}]\n{v}" for k, v in fields.items()))
+    return "\n\n".join(parts)

@@ -1,0 +1,168 @@
+"""Training on the embedded gym-tiny: learning is asserted, not just that a step ran."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from gym import train
+from gym.errors import ConfigError
+from gym.models import derived
+from gym.train import TrainConfig
+from tests.helpers import tiny, tokenized
+
+SFT = TrainConfig(method="sft", learning_rate=3e-3, max_steps=40, per_device_train_batch_size=16, logging_steps=5)
+
+
+def weights(model_dir: str | Path) -> dict:
+    return load_file(str(Path(model_dir) / "model.safetensors"))
+
+
+def mean(xs):
+    return sum(xs) / len(xs)
+
+
+def test_sft_full_loss_falls_and_all_weights_train():
+    model = tiny()
+    result = train.run(SFT, model, tokenized("demo_sft", model, max_samples=512))
+    losses = [loss for _, loss in result.losses]
+    assert mean(losses[-2:]) < 0.6 * losses[0], losses
+    assert result.trainable_params == result.total_params
+    before, after = weights(model.path), weights(result.model_dir)
+    changed = [k for k in before if not before[k].equal(after[k])]
+    assert len(changed) == len(before), "full fine-tuning should update every tensor"
+    assert result.global_step == 40 and result.resumed_from is None
+
+
+def warmed_up(steps: int = 60):
+    """gym-tiny after a short full SFT: adapters and preference tuning start from a trained model."""
+    base = tiny()
+    warm = train.run(SFT.model_copy(update={"max_steps": steps}), base, tokenized("demo_sft", base, max_samples=512))
+    return derived(base, Path(warm.model_dir), warm.digest)
+
+
+def test_sft_lora_trains_only_the_adapter_and_merges():
+    model = warmed_up()
+    data = tokenized("demo_sft", model, max_samples=512)
+    config = SFT.model_copy(update={"finetuning_type": "lora", "learning_rate": 3e-3})
+    result = train.run(config, model, data)
+    losses = [loss for _, loss in result.losses]
+    assert mean(losses[-2:]) < 0.9 * losses[0], losses
+    assert 0 < result.trainable_params < 0.2 * result.total_params
+    assert (Path(result.adapter_dir) / "adapter_model.safetensors").is_file()
+    before, after = weights(model.path), weights(result.model_dir)
+    assert set(before) == set(after), "the merged model has the base model's tensors, no lora_ leftovers"
+    assert before["model.embed_tokens.weight"].equal(after["model.embed_tokens.weight"])
+    assert not before["model.layers.0.self_attn.q_proj.weight"].equal(after["model.layers.0.self_attn.q_proj.weight"])
+
+
+def test_dpo_raises_reward_accuracy_and_margin_on_held_out_pairs():
+    model = warmed_up()
+    config = TrainConfig(method="dpo", learning_rate=5e-4, max_steps=30, per_device_train_batch_size=16, logging_steps=5)
+    result = train.run(config, model, tokenized("demo_dpo", model), tokenized("demo_dpo_eval", model))
+    assert result.eval_before["eval_rewards/margins"] == pytest.approx(0.0, abs=1e-6)
+    assert result.eval_after["eval_rewards/margins"] > 0.01
+    assert result.eval_after["eval_rewards/accuracies"] > max(0.6, result.eval_before["eval_rewards/accuracies"])
+
+
+def test_finished_stage_is_returned_without_training_again():
+    model = tiny()
+    data = tokenized("demo_sft", model, max_samples=64)
+    config = SFT.model_copy(update={"max_steps": 4})
+    first = train.run(config, model, data)
+    stamp = (Path(first.model_dir) / "model.safetensors").stat().st_mtime_ns
+    second = train.run(config, model, data)
+    assert second == first
+    assert (Path(first.model_dir) / "model.safetensors").stat().st_mtime_ns == stamp
+    other = train.run(config.model_copy(update={"learning_rate": 1e-3}), model, data)
+    assert other.digest != first.digest
+
+
+def test_wrong_data_kind_fails_before_loading_the_model():
+    model = tiny()
+    with pytest.raises(ConfigError, match="preference"):
+        train.run(TrainConfig(method="dpo"), model, tokenized("demo_sft", model, max_samples=8))
+
+
+def test_pretokenized_dpo_ids_equal_trl_conversational_tokenization():
+    """gym hands DPOTrainer its own ids; they must be what TRL would compute from the messages."""
+    from datasets import load_from_disk
+
+    from gym.models import load_tokenizer
+
+    model = tiny()
+    ds = load_from_disk(str(tokenized("demo_dpo", model, max_samples=16)))
+    raw = load_from_disk(str(_ingested("demo_dpo")))
+    tok = load_tokenizer(model)
+    for row, rec in zip(ds, raw, strict=False):
+        prompt = tok.apply_chat_template(rec["prompt"], add_generation_prompt=True, tokenize=True, return_dict=True)
+        full = tok.apply_chat_template(
+            [*rec["prompt"], {"role": "assistant", "content": rec["chosen"]}], tokenize=True, return_dict=True
+        )
+        assert row["prompt_ids"] == list(prompt["input_ids"])
+        trl_chosen = list(full["input_ids"])[len(prompt["input_ids"]) :]
+        # TRL keeps the newline the template prints after the end-of-turn token; gym ends at the token.
+        assert trl_chosen[: len(row["chosen_ids"])] == row["chosen_ids"]
+        assert tok.decode(trl_chosen[len(row["chosen_ids"]) :]).strip() == ""
+
+
+def _ingested(name: str) -> Path:
+    from gym.data.ingest import ingest
+    from gym.data.registry import resolve_dataset
+
+    return Path(ingest(resolve_dataset(name)).path)
+
+
+RESUME_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {repo!r})
+    from gym import train
+    from gym.train import TrainConfig
+    from tests.helpers import tiny, tokenized
+    model = tiny()
+    config = TrainConfig(method="sft", learning_rate=3e-3, max_steps={steps}, per_device_train_batch_size=8,
+                         logging_steps=5, save_steps=10, save_total_limit=3)
+    print(train.run(config, model, tokenized("demo_sft", model, max_samples=256)).model_dump_json())
+    """
+)
+
+
+def test_interrupted_training_resumes_from_its_last_checkpoint(gym_home):
+    repo = str(Path(__file__).resolve().parents[1])
+    script = RESUME_SCRIPT.format(repo=repo, steps=60)
+    env = {**os.environ, "GYM_HOME": str(gym_home), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, cwd=repo, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            ckpts = list((gym_home / "models").glob("sft-*/checkpoints/checkpoint-*/trainer_state.json"))
+            if ckpts:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "training finished before it could be interrupted"
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    stage = next((gym_home / "models").glob("sft-*"))
+    assert not (stage / "result.json").exists() and not (stage / "model").exists(), "no final model after a kill"
+
+    config = TrainConfig(method="sft", learning_rate=3e-3, max_steps=60, per_device_train_batch_size=8,
+                         logging_steps=5, save_steps=10, save_total_limit=3)
+    model = tiny()
+    result = train.run(config, model, tokenized("demo_sft", model, max_samples=256))
+    assert result.resumed_from is not None and "checkpoint-" in result.resumed_from
+    resumed_step = int(result.resumed_from.rsplit("-", 1)[1])
+    assert 10 <= resumed_step < 60
+    assert result.global_step == 60
+    steps = [s for s, _ in result.losses]
+    assert steps[0] == 1 and steps[-1] == 60, "the loss history spans the run before and after the kill"
