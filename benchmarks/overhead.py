@@ -38,28 +38,68 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=1)
     a = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="gym-bench-"))
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "HF_HUB_OFFLINE": "1",
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        "HF_HUB_OFFLINE": "1",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+    }
 
     # Untimed preparation: the model directory and the demo data as a plain file for the TRL script.
     prep = {**env, "GYM_HOME": str(root / "prep")}
+    data_file = root / "sft.jsonl"
     code = (
         "import json;from gym.models import resolve;from gym.data.demo import demo_records;"
-        f"open({str(root / 'sft.jsonl')!r},'w').write(''.join(json.dumps(r)+'\\n' for r in demo_records('demo_sft')));"
-        "print(resolve('gym-tiny').path)"
+        f"rows = demo_records('demo_sft');open({str(data_file)!r}, 'w').write("
+        "''.join(json.dumps(r) + '\\n' for r in rows));print(resolve('gym-tiny').path)"
     )
-    model_dir = subprocess.run([sys.executable, "-c", code], env=prep, capture_output=True, text=True,
-                               check=True, cwd=REPO).stdout.strip().splitlines()[-1]
+    model_dir = (
+        subprocess.run(
+            [sys.executable, "-c", code], env=prep, capture_output=True, text=True, check=True, cwd=REPO
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
 
     results = []
     for r in range(a.repeats):
-        trl = timed([sys.executable, "benchmarks/trl_sft_baseline.py", "--model", model_dir, "--data",
-                     str(root / "sft.jsonl"), "--steps", str(a.steps), "--lr", str(LR), "--batch-size", str(BATCH),
-                     "--out", str(root / f"trl-{r}")], env)
+        trl = timed(
+            [
+                sys.executable,
+                "benchmarks/trl_sft_baseline.py",
+                "--model",
+                model_dir,
+                "--data",
+                str(data_file),
+                "--steps",
+                str(a.steps),
+                "--lr",
+                str(LR),
+                "--batch-size",
+                str(BATCH),
+                "--out",
+                str(root / f"trl-{r}"),
+            ],
+            env,
+        )
         home = {**env, "GYM_HOME": str(root / f"gym-{r}"), "PREFECT_HOME": str(root / f"prefect-{r}")}
-        gym_cmd = [sys.executable, "flows/train.py", "--dataset", "demo_sft", "--eval_dataset", "None",
-                   "--train.max_steps", str(a.steps), "--train.learning_rate", str(LR),
-                   "--train.per_device_train_batch_size", str(BATCH), "--train.save_steps", str(10 * a.steps)]
+        gym_cmd = [
+            sys.executable,
+            "flows/train.py",
+            "--dataset",
+            "demo_sft",
+            "--eval_dataset",
+            "None",
+            "--train.max_steps",
+            str(a.steps),
+            "--train.learning_rate",
+            str(LR),
+            "--train.per_device_train_batch_size",
+            str(BATCH),
+            "--train.save_steps",
+            str(10 * a.steps),
+        ]
         cold = timed(gym_cmd, home)
         cached = timed(gym_cmd, home)
         results.append({"trl_s": trl, "gym_cold_s": cold, "gym_cached_s": cached})

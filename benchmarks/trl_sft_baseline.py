@@ -1,4 +1,6 @@
-"""Baseline for benchmarks/overhead.py: the same SFT run as a plain TRL script (no gym, no Prefect, no MLflow).
+"""Baseline for benchmarks/overhead.py: the same SFT run as a plain TRL script.
+
+No gym, no Prefect, no MLflow:
 
     python benchmarks/trl_sft_baseline.py --model DIR --data FILE.jsonl --steps 300 --out DIR
 
@@ -17,7 +19,9 @@ from trl import SFTConfig, SFTTrainer
 
 def to_messages(rec: dict) -> dict:
     prompt = rec["instruction"] + ("\n" + rec["input"] if rec.get("input") else "")
-    return {"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": rec["output"]}]}
+    return {
+        "messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": rec["output"]}]
+    }
 
 
 def main() -> None:
@@ -34,9 +38,19 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(a.model)
     model = AutoModelForCausalLM.from_pretrained(a.model)
     args = SFTConfig(
-        output_dir=a.out, max_steps=a.steps, learning_rate=a.lr, per_device_train_batch_size=a.batch_size,
-        lr_scheduler_type="cosine", warmup_steps=0.05, logging_steps=5, save_strategy="no", report_to="none",
-        assistant_only_loss=True, disable_tqdm=True, use_cpu=True, seed=42,
+        output_dir=a.out,
+        max_steps=a.steps,
+        learning_rate=a.lr,
+        per_device_train_batch_size=a.batch_size,
+        lr_scheduler_type="cosine",
+        warmup_steps=0.05,
+        logging_steps=5,
+        save_strategy="no",
+        report_to="none",
+        assistant_only_loss=True,
+        disable_tqdm=True,
+        use_cpu=True,
+        seed=42,
     )
     trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok)
     trainer.train()

@@ -128,8 +128,9 @@ def _check_reachable(hub_id: str, revision: str) -> None:
     cached = try_to_load_from_cache(hub_id, "config.json", revision=revision)
     if not isinstance(cached, str):
         raise ConfigError(
-            f"model {hub_id!r} (revision {revision}) is not in the local Hugging Face cache and HF_HUB_OFFLINE=1: "
-            f"download it while online (`hf download {hub_id}`), unset HF_HUB_OFFLINE, or pass a local directory"
+            f"model {hub_id!r} (revision {revision}) is not in the local Hugging Face cache and "
+            f"HF_HUB_OFFLINE=1: download it while online (`hf download {hub_id}`), unset HF_HUB_OFFLINE, "
+            "or pass a local directory"
         )
 
 

@@ -16,4 +16,8 @@ def tiny() -> ModelRef:
 
 def tokenized(name: str, model: ModelRef, max_samples: int | None = None, **settings) -> Path:
     data = ingest(resolve_dataset(name))
-    return Path(tokenize(data.path, model.path, model.template, TokenizeSettings(max_samples=max_samples, **settings)).path)
+    return Path(
+        tokenize(
+            data.path, model.path, model.template, TokenizeSettings(max_samples=max_samples, **settings)
+        ).path
+    )

@@ -19,7 +19,9 @@ from gym.models import derived
 from gym.train import TrainConfig
 from tests.helpers import tiny, tokenized
 
-SFT = TrainConfig(method="sft", learning_rate=3e-3, max_steps=40, per_device_train_batch_size=16, logging_steps=5)
+SFT = TrainConfig(
+    method="sft", learning_rate=3e-3, max_steps=40, per_device_train_batch_size=16, logging_steps=5
+)
 
 
 def weights(model_dir: str | Path) -> dict:
@@ -45,7 +47,9 @@ def test_sft_full_loss_falls_and_all_weights_train():
 def warmed_up(steps: int = 60):
     """gym-tiny after a short full SFT: adapters and preference tuning start from a trained model."""
     base = tiny()
-    warm = train.run(SFT.model_copy(update={"max_steps": steps}), base, tokenized("demo_sft", base, max_samples=512))
+    warm = train.run(
+        SFT.model_copy(update={"max_steps": steps}), base, tokenized("demo_sft", base, max_samples=512)
+    )
     return derived(base, Path(warm.model_dir), warm.digest)
 
 
@@ -61,16 +65,22 @@ def test_sft_lora_trains_only_the_adapter_and_merges():
     before, after = weights(model.path), weights(result.model_dir)
     assert set(before) == set(after), "the merged model has the base model's tensors, no lora_ leftovers"
     assert before["model.embed_tokens.weight"].equal(after["model.embed_tokens.weight"])
-    assert not before["model.layers.0.self_attn.q_proj.weight"].equal(after["model.layers.0.self_attn.q_proj.weight"])
+    assert not before["model.layers.0.self_attn.q_proj.weight"].equal(
+        after["model.layers.0.self_attn.q_proj.weight"]
+    )
 
 
 def test_dpo_raises_reward_accuracy_and_margin_on_held_out_pairs():
     model = warmed_up()
-    config = TrainConfig(method="dpo", learning_rate=5e-4, max_steps=30, per_device_train_batch_size=16, logging_steps=5)
+    config = TrainConfig(
+        method="dpo", learning_rate=5e-4, max_steps=30, per_device_train_batch_size=16, logging_steps=5
+    )
     result = train.run(config, model, tokenized("demo_dpo", model), tokenized("demo_dpo_eval", model))
     assert result.eval_before["eval_rewards/margins"] == pytest.approx(0.0, abs=1e-6)
     assert result.eval_after["eval_rewards/margins"] > 0.01
-    assert result.eval_after["eval_rewards/accuracies"] > max(0.6, result.eval_before["eval_rewards/accuracies"])
+    assert result.eval_after["eval_rewards/accuracies"] > max(
+        0.6, result.eval_before["eval_rewards/accuracies"]
+    )
 
 
 def test_finished_stage_is_returned_without_training_again():
@@ -103,7 +113,9 @@ def test_pretokenized_dpo_ids_equal_trl_conversational_tokenization():
     raw = load_from_disk(str(_ingested("demo_dpo")))
     tok = load_tokenizer(model)
     for row, rec in zip(ds, raw, strict=False):
-        prompt = tok.apply_chat_template(rec["prompt"], add_generation_prompt=True, tokenize=True, return_dict=True)
+        prompt = tok.apply_chat_template(
+            rec["prompt"], add_generation_prompt=True, tokenize=True, return_dict=True
+        )
         full = tok.apply_chat_template(
             [*rec["prompt"], {"role": "assistant", "content": rec["chosen"]}], tokenize=True, return_dict=True
         )
@@ -140,8 +152,14 @@ def test_interrupted_training_resumes_from_its_last_checkpoint(gym_home):
     repo = str(Path(__file__).resolve().parents[1])
     script = RESUME_SCRIPT.format(repo=repo, steps=60)
     env = {**os.environ, "GYM_HOME": str(gym_home), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-c", script], env=env, cwd=repo, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script],
+        env=env,
+        cwd=repo,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 240
     try:
         while time.time() < deadline and proc.poll() is None:
@@ -154,10 +172,19 @@ def test_interrupted_training_resumes_from_its_last_checkpoint(gym_home):
     finally:
         proc.wait(timeout=60)
     stage = next((gym_home / "models").glob("sft-*"))
-    assert not (stage / "result.json").exists() and not (stage / "model").exists(), "no final model after a kill"
+    assert not (stage / "result.json").exists() and not (stage / "model").exists(), (
+        "no final model after a kill"
+    )
 
-    config = TrainConfig(method="sft", learning_rate=3e-3, max_steps=60, per_device_train_batch_size=8,
-                         logging_steps=5, save_steps=10, save_total_limit=3)
+    config = TrainConfig(
+        method="sft",
+        learning_rate=3e-3,
+        max_steps=60,
+        per_device_train_batch_size=8,
+        logging_steps=5,
+        save_steps=10,
+        save_total_limit=3,
+    )
     model = tiny()
     result = train.run(config, model, tokenized("demo_sft", model, max_samples=256))
     assert result.resumed_from is not None and "checkpoint-" in result.resumed_from

@@ -49,14 +49,17 @@ def preview(
 
     ref = resolve(model, template)
     tok = load_tokenizer(ref)
-    tokenized = tokenize(ingested.path, ref.path, ref.template, TokenizeSettings(max_samples=n), revision=ref.revision)
+    tokenized = tokenize(
+        ingested.path, ref.path, ref.template, TokenizeSettings(max_samples=n), revision=ref.revision
+    )
     rows = [dict(r) for r in load_from_disk(str(tokenized.path))]
     if as_json:
         return json.dumps(rows, ensure_ascii=False)
     parts = [header, f"template {ref.template}; ⟦…⟧ marks tokens the loss is computed on"]
     for i, row in enumerate(rows, 1):
         if tokenized.kind == "sft":
-            parts.append(f"--- record {i} ({len(row['input_ids'])} tokens)\n{_marked(tok, row['input_ids'], row['labels'])}")
+            marked = _marked(tok, row["input_ids"], row["labels"])
+            parts.append(f"--- record {i} ({len(row['input_ids'])} tokens)\n{marked}")
         else:
             fields = {k: v for k, v in row.items() if not k.endswith("_ids")}
             parts.append(f"--- record {i}\n" + "\n".join(f"[{k}]\n{v}" for k, v in fields.items()))
