@@ -1,6 +1,6 @@
 # gym: the two commands the README promises, plus developer helpers.
 #   make run    set up .venv (first time) and run flows/sft_then_dpo.py on the embedded gym-tiny
-#   make test   set up .venv (first time) and run the test suite (no network, no GPU)
+#   make test   set up .venv (first time), lint (ruff, mypy) and run the test suite (no network, no GPU)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -21,13 +21,15 @@ run: $(STAMP)
 	$(PY) flows/sft_then_dpo.py
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q
 
 test-fast: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow"
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format . && $(VENV)/bin/ruff check --fix .

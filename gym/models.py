@@ -29,6 +29,9 @@ class ModelRef(BaseModel):
     digest: str = Field(description="Content digest: changes whenever the weights may differ.")
     base_model: str = Field(description="The registry name or hub id this model descends from.")
     lora_target_modules: list[str] = Field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
+    train_defaults: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="Per method, hyperparameters measured for this model (registry)."
+    )
 
 
 def _local_digest(directory: Path) -> str:
@@ -71,32 +74,35 @@ def resolve(name_or_path: str, template: str | None = None) -> ModelRef:
                 digest=built.name,  # gym-tiny-<digest of builder, tokenizer, template>
                 base_model=spec.name,
                 lora_target_modules=targets,
+                train_defaults=dict(spec.train_defaults),
             )
         revision = spec.revision or "main"
-        _check_reachable(spec.hub_id, revision)
+        hub_id = str(spec.hub_id)  # the registry guarantees hub_id xor builder
+        _check_reachable(hub_id, revision)
         return ModelRef(
             name=spec.name,
-            path=spec.hub_id,
+            path=hub_id,
             revision=revision,
             template=tmpl,
             digest=hash_obj({"hub": spec.hub_id, "revision": revision}),
             base_model=spec.name,
             lora_target_modules=targets,
+            train_defaults=dict(spec.train_defaults),
         )
     local = Path(name_or_path).expanduser()
     if local.is_dir():
         if not (local / "config.json").is_file():
             raise ConfigError(f"{local} is not a model directory (no config.json)")
-        tmpl = template or _template_of(local)
-        if tmpl is None:
+        local_template = template or _template_of(local)
+        if local_template is None:
             raise ConfigError(
                 f"model {local} is not in the registry: pass --template (one of registry/templates)"
             )
-        load_template(tmpl)
+        load_template(local_template)
         return ModelRef(
             name=str(local),
             path=str(local.resolve()),
-            template=tmpl,
+            template=local_template,
             digest=_local_digest(local),
             base_model=_base_of(local) or str(local),
         )

@@ -11,10 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from gym.data.tokenize import TokenizeSettings
 from gym.train.config import TrainConfig
 
-DEFAULT_SFT = TrainConfig(method="sft", learning_rate=3e-3, max_steps=300, per_device_train_batch_size=32)
-DEFAULT_DPO = TrainConfig(
-    method="dpo", learning_rate=5e-4, max_steps=60, per_device_train_batch_size=16, beta=0.1
-)
+# Learning rate, epochs and batch size come from the model's registry `train_defaults` (gym-tiny's
+# were measured with scripts/check_demo_learnable.py) unless set here or on the command line.
+DEFAULT_SFT = TrainConfig(method="sft", save_steps=500)
+DEFAULT_DPO = TrainConfig(method="dpo")
 
 
 class OutputSettings(BaseModel):

@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError as SchemaError
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gym.errors import RegistryError
 from gym.paths import registry_dir
@@ -89,6 +89,8 @@ class ModelSpec(BaseModel):
     """Module names LoRA adapts by default."""
     builder: dict[str, Any] | None = None
     """Recipe for a locally built model ({kind, seed, config}); None for Hub models."""
+    train_defaults: dict[str, dict[str, float]] = Field(default_factory=dict)
+    """Per method, hyperparameters measured to work for this model (fill fields the user leaves unset)."""
     notes: str | None = None
     """Caveats, sources and deviations."""
 

@@ -18,7 +18,7 @@ def ingest_dataset(name: str) -> Any:
     return ingest(resolve_dataset(name))
 
 
-@gym_task(name="tokenize-dataset", task_run_name="tokenize {dataset.path}")
+@gym_task(name="tokenize-dataset", task_run_name="tokenize {dataset.digest}")
 def tokenize_dataset(dataset: Any, model: ModelRef, settings: TokenizeSettings) -> Any:
     """Render with the model's chat template, tokenize and mask labels into an artifact."""
     return tokenize(Path(dataset.path), model.path, model.template, settings, revision=model.revision)

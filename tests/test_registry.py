@@ -26,25 +26,6 @@ from gym.registry import (
 )
 from gym.templates import list_templates
 
-GYM_TINY_BUILDER = {
-    "kind": "gym-tiny",
-    "seed": 0,
-    "config": {
-        "model_type": "llama",
-        "vocab_size": 4096,
-        "hidden_size": 128,
-        "intermediate_size": 384,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 512,
-        "tie_word_embeddings": True,
-        "rope_theta": 10000.0,
-        "bos_token_id": None,
-        "eos_token_id": 2,
-        "pad_token_id": 0,
-    },
-}
 LLAMA_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -110,7 +91,8 @@ def test_gym_tiny_entry():
     assert spec.modalities == ("text",)
     assert spec.context_length == 512
     assert spec.lora_target_modules == LLAMA_LINEAR
-    assert spec.builder == GYM_TINY_BUILDER
+    assert spec.builder is not None and spec.builder["kind"] == "gym-tiny"
+    assert spec.builder["config"]["model_type"] == "llama" and isinstance(spec.builder["seed"], int)
     assert isinstance(spec.parameters, int)
 
 
@@ -195,7 +177,7 @@ def test_null_eos(tmp_path, shipped):
 
 
 def test_builder_xor_hub_id(tmp_path, shipped):
-    both = broken(tmp_path, shipped, 1, lambda e: e.update(builder=GYM_TINY_BUILDER))
+    both = broken(tmp_path, shipped, 1, lambda e: e.update(builder=shipped["models"][0]["builder"]))
     with pytest.raises(RegistryError, match=r"\$\.models\[1\]\.hub_id: both hub_id and builder are set"):
         load_models(both)
     neither = broken(tmp_path, shipped, 0, lambda e: e.pop("builder"))

@@ -17,6 +17,7 @@ from gym import train
 from gym.errors import ConfigError
 from gym.models import derived
 from gym.train import TrainConfig
+from gym.train.config import LoraSettings
 from tests.helpers import tiny, tokenized
 
 SFT = TrainConfig(
@@ -48,39 +49,40 @@ def warmed_up(steps: int = 60):
     """gym-tiny after a short full SFT: adapters and preference tuning start from a trained model."""
     base = tiny()
     warm = train.run(
-        SFT.model_copy(update={"max_steps": steps}), base, tokenized("demo_sft", base, max_samples=512)
+        SFT.model_copy(update={"max_steps": steps}), base, tokenized("demo_sft", base, max_samples=1024)
     )
     return derived(base, Path(warm.model_dir), warm.digest)
 
 
 def test_sft_lora_trains_only_the_adapter_and_merges():
     model = warmed_up()
-    data = tokenized("demo_sft", model, max_samples=512)
-    config = SFT.model_copy(update={"finetuning_type": "lora", "learning_rate": 3e-3})
-    result = train.run(config, model, data)
-    losses = [loss for _, loss in result.losses]
-    assert mean(losses[-2:]) < 0.9 * losses[0], losses
-    assert 0 < result.trainable_params < 0.2 * result.total_params
+    lora = LoraSettings(r=32, alpha=64)
+    config = SFT.model_copy(update={"finetuning_type": "lora", "max_steps": 60, "lora": lora})
+    result = train.run(
+        config, model, tokenized("demo_sft", model, max_samples=1024), tokenized("demo_sft_eval", model)
+    )
+    # Held-out loss, measured by the trainer before and after: the adapter learned something general.
+    assert result.eval_after["eval_loss"] < 0.97 * result.eval_before["eval_loss"]
+    assert 0 < result.trainable_params < 0.5 * result.total_params
     assert (Path(result.adapter_dir) / "adapter_model.safetensors").is_file()
     before, after = weights(model.path), weights(result.model_dir)
     assert set(before) == set(after), "the merged model has the base model's tensors, no lora_ leftovers"
     assert before["model.embed_tokens.weight"].equal(after["model.embed_tokens.weight"])
-    assert not before["model.layers.0.self_attn.q_proj.weight"].equal(
-        after["model.layers.0.self_attn.q_proj.weight"]
-    )
+    q_proj = "model.layers.0.self_attn.q_proj.weight"
+    assert not before[q_proj].equal(after[q_proj]), "the adapter was merged into the adapted layers"
 
 
 def test_dpo_raises_reward_accuracy_and_margin_on_held_out_pairs():
-    model = warmed_up()
+    model = warmed_up(300)
     config = TrainConfig(
-        method="dpo", learning_rate=5e-4, max_steps=30, per_device_train_batch_size=16, logging_steps=5
+        method="dpo", learning_rate=1e-3, beta=0.5, max_steps=50, per_device_train_batch_size=16
     )
     result = train.run(config, model, tokenized("demo_dpo", model), tokenized("demo_dpo_eval", model))
+    # Before training the policy is the reference: every reward, hence every margin, is 0.
     assert result.eval_before["eval_rewards/margins"] == pytest.approx(0.0, abs=1e-6)
-    assert result.eval_after["eval_rewards/margins"] > 0.01
-    assert result.eval_after["eval_rewards/accuracies"] > max(
-        0.6, result.eval_before["eval_rewards/accuracies"]
-    )
+    assert result.eval_after["eval_rewards/margins"] > 0.15
+    accuracy_before = result.eval_before["eval_rewards/accuracies"]
+    assert result.eval_after["eval_rewards/accuracies"] > max(0.58, accuracy_before)
 
 
 def test_finished_stage_is_returned_without_training_again():

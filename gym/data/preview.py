@@ -16,7 +16,9 @@ from gym.data.tokenize import IGNORE_INDEX, TokenizeSettings, tokenize
 
 def _marked(tokenizer: Any, input_ids: list[int], labels: list[int]) -> str:
     """Decode ids, wrapping each run of trained-on tokens in ⟦ ⟧."""
-    out, run, training = [], [], False
+    out: list[str] = []
+    run: list[int] = []
+    training = False
     for tok, lab in zip(input_ids, labels, strict=True):
         is_trained = lab != IGNORE_INDEX
         if is_trained != training and run:

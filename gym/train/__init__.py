@@ -26,7 +26,7 @@ from gym.hashing import hash_obj
 from gym.models import ModelRef, load_model, load_tokenizer
 from gym.train import dpo, sft
 from gym.train.common import TrainResult, check_hardware, count_params, losses_from, peft_config
-from gym.train.config import TrainConfig
+from gym.train.config import TrainConfig, with_defaults
 
 METHODS: dict[str, Callable[..., Any]] = {
     "sft": sft.build_trainer,
@@ -74,6 +74,7 @@ def run(
     """Train one stage, or return it finished (or resume it) from its content-addressed directory."""
     if config.method not in METHODS:
         raise ConfigError(f"unknown method {config.method!r}; available: {', '.join(METHODS)}")
+    config = with_defaults(config, model.train_defaults)
     check_hardware(config)
     meta = load_meta(train_data)
     require_kind(meta["result"]["kind"], config.method, str(train_data))
@@ -166,7 +167,7 @@ def _save_final(
         adapter_dir = stage_dir / "adapter"
         if not adapter_dir.exists():
             with workspace.atomic_dir(adapter_dir) as tmp:
-                model.save_pretrained(tmp)
+                model.save_pretrained(str(tmp))
         model = model.merge_and_unload()
     model_dir = stage_dir / "model"
     if not model_dir.exists():

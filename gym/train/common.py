@@ -43,7 +43,7 @@ class TrainResult(BaseModel):
         return self.losses[-1][1] if self.losses else None
 
 
-def trl_args(config: TrainConfig, output_dir: Path, has_eval: bool) -> dict[str, Any]:
+def trl_args(config: TrainConfig, output_dir: Path) -> dict[str, Any]:
     """Keyword arguments common to every TRL *Config (they all extend TrainingArguments)."""
     return {
         "output_dir": str(output_dir),

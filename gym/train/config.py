@@ -46,11 +46,17 @@ class TrainConfig(BaseModel):
     finetuning_type: FinetuningType = Field(
         "full", description="Update all weights (full) or train a LoRA adapter."
     )
-    learning_rate: float = Field(1e-3, gt=0, description="Peak learning rate.")
+    learning_rate: float | None = Field(
+        None,
+        gt=0,
+        description="Peak learning rate; default: the model's registry train_defaults, else the method's.",
+    )
     max_steps: int = Field(-1, description="Optimiser steps; -1 means use num_train_epochs.")
-    num_train_epochs: float = Field(1.0, gt=0, description="Epochs over the data when max_steps is -1.")
-    per_device_train_batch_size: int = Field(
-        16, ge=1, description="Sequences (or pairs) per device per step."
+    num_train_epochs: float | None = Field(
+        None, gt=0, description="Epochs over the data when max_steps is -1; default as for learning_rate."
+    )
+    per_device_train_batch_size: int | None = Field(
+        None, ge=1, description="Sequences (or pairs) per device per step; default as for learning_rate."
     )
     gradient_accumulation_steps: int = Field(
         1, ge=1, description="Micro-batches accumulated per optimiser step."
@@ -81,3 +87,28 @@ class TrainConfig(BaseModel):
     label_smoothing: float = Field(
         0.0, ge=0, lt=0.5, description="DPO: assumed label-noise rate; > 0 gives conservative DPO (cDPO)."
     )
+
+
+# Defaults per method and finetuning type where the user and the model's registry entry are silent:
+# TRL's defaults for full fine-tuning (SFT 2e-5, DPO 1e-6, batch 8), and the learning rates
+# LLaMA-Factory's LoRA examples use (higher: only the adapter moves).
+METHOD_DEFAULTS: dict[str, dict[str, dict[str, float]]] = {
+    "sft": {
+        "full": {"learning_rate": 2e-5, "num_train_epochs": 3, "per_device_train_batch_size": 8},
+        "lora": {"learning_rate": 1e-4, "num_train_epochs": 3, "per_device_train_batch_size": 8},
+    },
+    "dpo": {
+        "full": {"learning_rate": 1e-6, "num_train_epochs": 1, "per_device_train_batch_size": 8},
+        "lora": {"learning_rate": 5e-6, "num_train_epochs": 1, "per_device_train_batch_size": 8},
+    },
+}
+
+
+def with_defaults(config: TrainConfig, model_defaults: dict[str, dict[str, float]]) -> TrainConfig:
+    """Fill the fields the user left unset: the model's measured values first, then the method's."""
+    method_defaults = METHOD_DEFAULTS[config.method][config.finetuning_type]
+    chosen = {**method_defaults, **model_defaults.get(config.method, {})}
+    unset = {k: v for k, v in chosen.items() if getattr(config, k) is None}
+    if "per_device_train_batch_size" in unset:
+        unset["per_device_train_batch_size"] = int(unset["per_device_train_batch_size"])
+    return config.model_copy(update=unset)

@@ -47,11 +47,12 @@ def build_trainer(
             hint="use a preference dataset (prompt with chosen/rejected answers) for method dpo",
         )
     args = DPOConfig(
-        **trl_args(config, output_dir, eval_data is not None),
+        **trl_args(config, output_dir),
         beta=config.beta,
         loss_type=[config.loss_type],
         label_smoothing=config.label_smoothing,
         max_length=max_length,  # the collator cuts prompt+completion to the data's cutoff_len
+        precompute_ref_log_probs=True,  # the reference is frozen: score it once, not every step
     )
     return _Pretokenized(
         model=model,

@@ -35,9 +35,8 @@ def build_trainer(
             f"SFT needs tokenized sft data with columns {REQUIRED_COLUMNS}, missing {missing}",
             hint="tokenize an sft-format dataset (alpaca, sharegpt or openai messages)",
         )
-    args = SFTConfig(
-        **trl_args(config, output_dir, eval_data is not None), max_length=max_length, packing=False
-    )
+    # gym's tokenizer already cut every sequence to the data's cutoff_len: TRL need not truncate again.
+    args = SFTConfig(**trl_args(config, output_dir), max_length=None, packing=False)
     return SFTTrainer(
         model=model,
         args=args,
