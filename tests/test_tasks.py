@@ -1,0 +1,63 @@
+"""Task layer: each task's function (`task.fn`) calls gym and tracks in MLflow, without a Prefect server."""
+
+from __future__ import annotations
+
+from mlflow import MlflowClient
+
+from gym import tracking
+from gym.data.tokenize import TokenizeSettings
+from gym.train import TrainConfig
+from tasks.data import ingest_dataset, tokenize_dataset
+from tasks.evaluate import exact_match
+from tasks.model import resolve_model
+from tasks.register import register_model
+from tasks.train import train_stage
+
+
+def test_tasks_chain_by_reference_and_track_in_nested_runs(gym_home):
+    parent = tracking.start_run("flow")
+    model = resolve_model.fn("gym-tiny")
+    raw = ingest_dataset.fn("demo_sft")
+    data = tokenize_dataset.fn(raw, model, TokenizeSettings(max_samples=256))
+    assert data.kind == "sft" and data.num_records == 256
+
+    config = TrainConfig(method="sft", learning_rate=3e-3, max_steps=20, per_device_train_batch_size=16)
+    result, trained = train_stage.fn(config, model, data, None, parent)
+    assert trained.path == result.model_dir and trained.digest == result.digest != model.digest
+    assert trained.template == model.template and trained.base_model == "gym-tiny"
+
+    held_out = ingest_dataset.fn("demo_sft_eval")
+    em = exact_match.fn(trained, held_out, "after", 16, parent)
+    assert em.n == 16 and 0.0 <= em.exact_match <= 1.0
+
+    lineage = {"dataset": raw.digest}
+    registered = register_model.fn(trained, "tiny-test", "challenger", lineage, parent, "flow-123")
+
+    client = MlflowClient(tracking.tracking_uri())
+    children = client.search_runs(
+        [client.get_run(parent).info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent}'"
+    )
+    by_name = {c.data.tags["mlflow.runName"]: c for c in children}
+    assert {"sft", "eval-after", "register"} <= set(by_name)
+    sft = by_name["sft"]
+    assert sft.data.params["learning_rate"] == "0.003" and sft.data.params["dataset_digest"] == data.digest
+    curve = client.get_metric_history(sft.info.run_id, "train_loss")
+    assert curve[-1].value < curve[0].value
+    assert "loss.png" in [a.path for a in client.list_artifacts(sft.info.run_id)]
+    version = client.get_model_version_by_alias("tiny-test", "challenger")
+    assert str(version.version) == registered["version"] == "1"
+    assert version.tags["dataset"] == raw.digest and version.tags["prefect_flow_run_id"] == "flow-123"
+    assert version.tags["base_model"] == "gym-tiny"
+
+    # The registered version is the trained model: same logits after a round trip through MLflow.
+    import mlflow
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    mlflow.set_registry_uri(tracking.tracking_uri())
+    mlflow.set_tracking_uri(tracking.tracking_uri())
+    loaded = mlflow.transformers.load_model("models:/tiny-test@challenger", return_type="components")
+    ids = torch.tensor([[1, 872, 198, 2]])
+    original = AutoModelForCausalLM.from_pretrained(trained.path)
+    with torch.no_grad():
+        assert torch.allclose(loaded["model"](ids).logits, original(ids).logits, atol=1e-6)
