@@ -31,7 +31,6 @@ import datasets
 import pyarrow.compute as pc
 from datasets import Features, List, Value
 from pydantic import BaseModel, ConfigDict, Field
-from transformers import AutoTokenizer
 
 from gym import templates, workspace
 from gym.data.completions import completion_texts, stats_for
@@ -112,6 +111,8 @@ def tokenizer_identity(tokenizer_dir: str | Path, revision: str | None = None) -
 
 def load_tokenizer(tokenizer_dir: str | Path, revision: str | None = None) -> Any:
     try:
+        from transformers import AutoTokenizer  # imported here: it pulls in torch
+
         return AutoTokenizer.from_pretrained(str(tokenizer_dir), revision=revision)
     except OSError as e:
         raise ConfigError(

@@ -13,20 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trl import DPOConfig, DPOTrainer
-
 from gym.errors import DataError
 from gym.train.common import trl_args
 from gym.train.config import TrainConfig
 
 ID_COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids")
-
-
-class _Pretokenized(DPOTrainer):
-    """DPOTrainer over data gym already tokenized with the model's chat template."""
-
-    def _prepare_dataset(self, dataset: Any, processing_class: Any, args: Any, dataset_name: str) -> Any:
-        return dataset.select_columns(list(ID_COLUMNS))
 
 
 def build_trainer(
@@ -40,6 +31,14 @@ def build_trainer(
     peft_config: Any | None,
     max_length: int | None = None,
 ) -> Any:
+    from trl import DPOConfig, DPOTrainer
+
+    class _Pretokenized(DPOTrainer):
+        """DPOTrainer over data gym already tokenized with the model's chat template."""
+
+        def _prepare_dataset(self, dataset: Any, processing_class: Any, args: Any, dataset_name: str) -> Any:
+            return dataset.select_columns(list(ID_COLUMNS))
+
     missing = [c for c in ID_COLUMNS if c not in train_data.column_names]
     if missing:
         raise DataError(
