@@ -17,6 +17,7 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from gym.pipeline import SftThenDpoConfig
+from gym.summary import summarize
 from tasks.data import ingest_dataset, tokenize_dataset
 from tasks.evaluate import exact_match
 from tasks.model import resolve_model
@@ -32,7 +33,7 @@ def sft_then_dpo(config: SftThenDpoConfig = DEFAULTS) -> dict[str, Any]:
     uri, run_label = config.output.tracking_uri, flow_run.get_id()
     parent = start_tracking("sft-then-dpo", config.model_dump(), run_label, uri)
 
-    model = resolve_model(config.model, config.template)
+    model = resolve_model(config.model, config.template, config.trust_remote_code)
     sft_raw = ingest_dataset(config.sft_dataset)
     dpo_raw = ingest_dataset(config.dpo_dataset)
     sft_data = tokenize_dataset(sft_raw, model, config.data)
@@ -60,23 +61,8 @@ def sft_then_dpo(config: SftThenDpoConfig = DEFAULTS) -> dict[str, Any]:
     if config.output.output_dir:
         export(final_model, config.output.output_dir)
 
-    summary = {
-        "sft_loss_first": sft.loss_first,
-        "sft_loss_last": sft.loss_last,
-        "dpo_loss_first": dpo.loss_first,
-        "dpo_loss_last": dpo.loss_last,
-        "dpo_reward_accuracy_before": dpo.eval_before.get("eval_rewards/accuracies"),
-        "dpo_reward_accuracy": dpo.eval_after.get("eval_rewards/accuracies"),
-        "dpo_reward_margin_before": dpo.eval_before.get("eval_rewards/margins"),
-        "dpo_reward_margin": dpo.eval_after.get("eval_rewards/margins"),
-        "exact_match_before": before.exact_match if before else None,
-        "exact_match_after": after.exact_match if after else None,
-        "mlflow_run_id": parent,
-        "model_name": registered["name"],
-        "model_version": registered["version"],
-        "model_dir": final_model.path,
-        "flow_run_id": run_label,
-    }
+    stages = {"sft": sft, "dpo": dpo}
+    summary = summarize(stages, before, after, registered, parent, final_model.path, run_label)
     finish_tracking(parent, summary, uri)
     return summary
 

@@ -15,6 +15,7 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from gym.pipeline import TrainFlowConfig
+from gym.summary import summarize
 from tasks.data import ingest_dataset, tokenize_dataset
 from tasks.evaluate import exact_match
 from tasks.model import resolve_model
@@ -30,7 +31,7 @@ def train(config: TrainFlowConfig = DEFAULTS) -> dict[str, Any]:
     uri, run_label, method = config.output.tracking_uri, flow_run.get_id(), config.train.method
     parent = start_tracking(f"train-{method}", config.model_dump(), run_label, uri)
 
-    model = resolve_model(config.model, config.template)
+    model = resolve_model(config.model, config.template, config.trust_remote_code)
     raw = ingest_dataset(config.dataset)
     data = tokenize_dataset(raw, model, config.data)
     method_eval = (
@@ -50,21 +51,7 @@ def train(config: TrainFlowConfig = DEFAULTS) -> dict[str, Any]:
     if config.output.output_dir:
         export(final_model, config.output.output_dir)
 
-    summary = {
-        "method": method,
-        "sft_loss_first": result.loss_first if method == "sft" else None,
-        "sft_loss_last": result.loss_last if method == "sft" else None,
-        "loss_first": result.loss_first,
-        "loss_last": result.loss_last,
-        "dpo_reward_accuracy": result.eval_after.get("eval_rewards/accuracies") if method == "dpo" else None,
-        "exact_match_before": before.exact_match if before else None,
-        "exact_match_after": after.exact_match if after else None,
-        "mlflow_run_id": parent,
-        "model_name": registered["name"],
-        "model_version": registered["version"],
-        "model_dir": final_model.path,
-        "flow_run_id": run_label,
-    }
+    summary = summarize({method: result}, before, after, registered, parent, final_model.path, run_label)
     finish_tracking(parent, summary, uri)
     return summary
 

@@ -29,6 +29,9 @@ class ModelRef(BaseModel):
     digest: str = Field(description="Content digest: changes whenever the weights may differ.")
     base_model: str = Field(description="The registry name or hub id this model descends from.")
     lora_target_modules: list[str] = Field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
+    trust_remote_code: bool = Field(
+        False, description="Run the model repo's own Python code (only if asked)."
+    )
     train_defaults: dict[str, dict[str, float]] = Field(
         default_factory=dict, description="Per method, hyperparameters measured for this model (registry)."
     )
@@ -48,12 +51,18 @@ def _local_digest(directory: Path) -> str:
     return hash_obj({"config": config, "files": files})
 
 
-def resolve(name_or_path: str, template: str | None = None) -> ModelRef:
+def resolve(name_or_path: str, template: str | None = None, trust_remote_code: bool = False) -> ModelRef:
     """Resolve a registry name, local model dir or hub id into a `ModelRef`.
 
     Registry entries bring their template and LoRA targets; the embedded gym-tiny is built
-    into the workspace on first use. Anything else needs `template`.
+    into the workspace on first use. Anything else needs `template`. `trust_remote_code`
+    lets transformers run the model repository's own Python code: off unless asked for.
     """
+    ref = _resolve(name_or_path, template)
+    return ref.model_copy(update={"trust_remote_code": trust_remote_code}) if trust_remote_code else ref
+
+
+def _resolve(name_or_path: str, template: str | None) -> ModelRef:
     from gym import registry
 
     models = registry.load_models()
@@ -169,14 +178,16 @@ def load_tokenizer(ref: ModelRef) -> Any:
     """The tokenizer, with gym's chat template for this model set on it."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(ref.path, revision=ref.revision, trust_remote_code=False)
+    tok = AutoTokenizer.from_pretrained(
+        ref.path, revision=ref.revision, trust_remote_code=ref.trust_remote_code
+    )
     tok.chat_template = load_template(ref.template)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
 
 
-def load_model(ref: ModelRef, dtype: str = "auto", trust_remote_code: bool = False) -> Any:
+def load_model(ref: ModelRef, dtype: str = "auto") -> Any:
     """AutoModelForCausalLM.from_pretrained with safetensors only and remote code off unless asked."""
     from transformers import AutoModelForCausalLM
 
@@ -184,6 +195,6 @@ def load_model(ref: ModelRef, dtype: str = "auto", trust_remote_code: bool = Fal
         ref.path,
         revision=ref.revision,
         dtype=dtype,
-        trust_remote_code=trust_remote_code,
+        trust_remote_code=ref.trust_remote_code,
         use_safetensors=True,
     )

@@ -35,49 +35,42 @@ class OutputSettings(BaseModel):
     )
 
 
-class SftThenDpoConfig(BaseModel):
-    """SFT on instruction data, then DPO on preference pairs, evaluated before and after."""
+class FlowConfig(BaseModel):
+    """What every training flow shares: the model, held-out evaluation, tokenization and output."""
 
     model_config = ConfigDict(extra="forbid")
 
     model: str = Field("gym-tiny", description="Registry name, local model directory or hub id.")
     template: str | None = Field(None, description="Chat template; default: the registry entry's.")
-    sft_dataset: str = Field("demo_sft", description="Dataset registry name or path for SFT.")
-    dpo_dataset: str = Field("demo_dpo", description="Preference dataset (registry name or path) for DPO.")
+    trust_remote_code: bool = Field(
+        False,
+        description="Let transformers run Python code from the model repository (off by default).",
+    )
     eval_dataset: str | None = Field(
         "demo_sft_eval", description="Held-out instruction data for exact match before/after (None to skip)."
     )
-    dpo_eval_dataset: str | None = Field(
-        "demo_dpo_eval", description="Held-out preference pairs for DPO reward accuracy (None to skip)."
-    )
     eval_limit: int | None = Field(None, description="Evaluate on the first N held-out records only.")
-    data: TokenizeSettings = Field(
-        default_factory=TokenizeSettings, description="Templating and tokenization."
-    )
-    sft: TrainConfig = Field(default_factory=lambda: DEFAULT_SFT.model_copy(), description="SFT stage.")
-    dpo: TrainConfig = Field(default_factory=lambda: DEFAULT_DPO.model_copy(), description="DPO stage.")
+    data: TokenizeSettings = Field(default_factory=TokenizeSettings, description="Templating, tokenization.")
     output: OutputSettings = Field(default_factory=OutputSettings, description="Registration and export.")
 
 
-class TrainFlowConfig(BaseModel):
+class SftThenDpoConfig(FlowConfig):
+    """SFT on instruction data, then DPO on preference pairs, evaluated before and after."""
+
+    sft_dataset: str = Field("demo_sft", description="Dataset registry name or path for SFT.")
+    dpo_dataset: str = Field("demo_dpo", description="Preference dataset (registry name or path) for DPO.")
+    dpo_eval_dataset: str | None = Field(
+        "demo_dpo_eval", description="Held-out preference pairs for DPO reward accuracy (None to skip)."
+    )
+    sft: TrainConfig = Field(default_factory=lambda: DEFAULT_SFT.model_copy(), description="SFT stage.")
+    dpo: TrainConfig = Field(default_factory=lambda: DEFAULT_DPO.model_copy(), description="DPO stage.")
+
+
+class TrainFlowConfig(FlowConfig):
     """One training method on one dataset, evaluated before and after."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    model: str = Field("gym-tiny", description="Registry name, local model directory or hub id.")
-    template: str | None = Field(None, description="Chat template; default: the registry entry's.")
     dataset: str = Field("demo_sft", description="Training dataset: registry name or path.")
     method_eval_dataset: str | None = Field(
         None, description="Held-out data in the training format (e.g. preference pairs for DPO)."
     )
-    eval_dataset: str | None = Field(
-        "demo_sft_eval", description="Held-out instruction data for exact match before/after (None to skip)."
-    )
-    eval_limit: int | None = Field(None, description="Evaluate on the first N held-out records only.")
-    data: TokenizeSettings = Field(
-        default_factory=TokenizeSettings, description="Templating and tokenization."
-    )
-    train: TrainConfig = Field(
-        default_factory=lambda: DEFAULT_SFT.model_copy(), description="The training stage."
-    )
-    output: OutputSettings = Field(default_factory=OutputSettings, description="Registration and export.")
+    train: TrainConfig = Field(default_factory=lambda: DEFAULT_SFT.model_copy(), description="The stage.")

@@ -9,9 +9,10 @@ secrets never reach MLflow.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +141,27 @@ def run_url(run_id: str, uri: str | None = None) -> str:
     return f"{tracking_uri(uri)}#/runs/{run_id}"
 
 
+@contextlib.contextmanager
+def using_uri(uri: str) -> Iterator[None]:
+    """Point mlflow's process-wide ("fluent") tracking and registry URIs at `uri` for a block.
+
+    Flavor APIs such as `mlflow.transformers.log_model` only use the fluent URIs; setting them
+    also sets MLFLOW_TRACKING_URI / MLFLOW_REGISTRY_URI, so restore what was there afterwards.
+    """
+    import mlflow
+
+    saved = {key: os.environ.get(key) for key in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(saved["MLFLOW_TRACKING_URI"])  # type: ignore[arg-type]  # None unsets
+        mlflow.set_registry_uri(saved["MLFLOW_REGISTRY_URI"])  # type: ignore[arg-type]
+        if saved["MLFLOW_REGISTRY_URI"] is None:
+            os.environ.pop("MLFLOW_REGISTRY_URI", None)
+
+
 def register_model(
     run_id: str,
     model_dir: Path,
@@ -155,10 +177,7 @@ def register_model(
     """
     import mlflow
 
-    u = tracking_uri(uri)
-    mlflow.set_tracking_uri(u)
-    mlflow.set_registry_uri(u)
-    with mlflow.start_run(run_id=run_id):
+    with using_uri(tracking_uri(uri)), mlflow.start_run(run_id=run_id):
         info = mlflow.transformers.log_model(
             transformers_model=str(model_dir),
             name="model",

@@ -7,5 +7,5 @@ from tasks._common import gym_task
 
 
 @gym_task(name="resolve-model", task_run_name="resolve {name}")
-def resolve_model(name: str, template: str | None = None) -> ModelRef:
-    return resolve(name, template)
+def resolve_model(name: str, template: str | None = None, trust_remote_code: bool = False) -> ModelRef:
+    return resolve(name, template, trust_remote_code)

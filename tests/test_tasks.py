@@ -54,9 +54,8 @@ def test_tasks_chain_by_reference_and_track_in_nested_runs(gym_home):
     import torch
     from transformers import AutoModelForCausalLM
 
-    mlflow.set_registry_uri(tracking.tracking_uri())
-    mlflow.set_tracking_uri(tracking.tracking_uri())
-    loaded = mlflow.transformers.load_model("models:/tiny-test@challenger", return_type="components")
+    with tracking.using_uri(tracking.tracking_uri()):
+        loaded = mlflow.transformers.load_model("models:/tiny-test@challenger", return_type="components")
     ids = torch.tensor([[1, 872, 198, 2]])
     original = AutoModelForCausalLM.from_pretrained(trained.path)
     with torch.no_grad():

@@ -47,3 +47,14 @@ def test_nested_runs_params_and_curve(gym_home):
     history = client.get_metric_history(child, "train_loss")
     assert [(m.step, m.value) for m in history] == [(1, 3.0), (2, 2.5), (3, 2.0)]
     assert p.info.status == "FINISHED"
+
+
+def test_using_uri_leaves_no_process_wide_setting_behind(gym_home, monkeypatch, tmp_path):
+    import os
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
+    with tracking.using_uri(f"sqlite:///{tmp_path / 'other.db'}"):
+        assert "other.db" in os.environ["MLFLOW_TRACKING_URI"]
+    assert "MLFLOW_TRACKING_URI" not in os.environ and "MLFLOW_REGISTRY_URI" not in os.environ
+    assert str(gym_home) in tracking.tracking_uri()

@@ -1,0 +1,50 @@
+"""The summary a flow run prints and returns: one flat dict of numbers and references.
+
+Keys every flow provides (None where they don't apply): sft_loss_first, sft_loss_last,
+dpo_reward_accuracy, exact_match_before, exact_match_after, mlflow_run_id, model_name,
+model_version, flow_run_id. Each stage adds `<method>_loss_first/last`, and stages evaluated on
+preference pairs add `<method>_reward_accuracy[_before]` and `<method>_reward_margin[_before]`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gym.eval.exact_match import ExactMatch
+from gym.train.common import TrainResult
+
+REQUIRED = (
+    "sft_loss_first", "sft_loss_last", "dpo_reward_accuracy", "exact_match_before", "exact_match_after",
+    "mlflow_run_id", "model_name", "model_version", "flow_run_id",
+)  # fmt: skip
+REWARD_METRICS = {"reward_accuracy": "eval_rewards/accuracies", "reward_margin": "eval_rewards/margins"}
+
+
+def summarize(
+    stages: Mapping[str, TrainResult],
+    before: ExactMatch | None,
+    after: ExactMatch | None,
+    registered: Mapping[str, str],
+    mlflow_run_id: str,
+    model_dir: str,
+    flow_run_id: str | None,
+) -> dict[str, Any]:
+    out: dict[str, Any] = dict.fromkeys(REQUIRED)
+    for name, result in stages.items():
+        out[f"{name}_loss_first"] = result.loss_first
+        out[f"{name}_loss_last"] = result.loss_last
+        for key, metric in REWARD_METRICS.items():
+            if metric in result.eval_after:
+                out[f"{name}_{key}"] = result.eval_after[metric]
+                out[f"{name}_{key}_before"] = result.eval_before.get(metric)
+    out.update(
+        exact_match_before=before.exact_match if before else None,
+        exact_match_after=after.exact_match if after else None,
+        mlflow_run_id=mlflow_run_id,
+        model_name=registered["name"],
+        model_version=registered["version"],
+        model_dir=model_dir,
+        flow_run_id=flow_run_id,
+    )
+    return out

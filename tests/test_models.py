@@ -1,0 +1,69 @@
+"""Model resolution and loading: registry names, hub ids offline, local dirs, remote code off by default."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gym.errors import ConfigError
+from gym.models import load_model, load_tokenizer, resolve
+
+
+def test_registry_name_and_its_hub_id_resolve_to_the_same_entry_offline():
+    for name in ("qwen2.5-0.5b-instruct", "Qwen/Qwen2.5-0.5B-Instruct"):
+        with pytest.raises(ConfigError, match="not in the local Hugging Face cache"):
+            resolve(name)
+
+
+def test_unknown_name_suggests_and_asks_for_a_template():
+    with pytest.raises(ConfigError, match="gym-tiny") as err:
+        resolve("gym-tinny")
+    assert "--template" in str(err.value)
+
+
+def test_gym_tiny_loads_like_a_downloaded_model():
+    ref = resolve("gym-tiny")
+    assert Path(ref.path).is_dir() and ref.template == "chatml" and ref.revision is None
+    tok, model = load_tokenizer(ref), load_model(ref)
+    assert tok.eos_token == "<|im_end|>" and model.config.eos_token_id == tok.eos_token_id
+    assert ref.train_defaults["sft"]["learning_rate"] > 0
+
+
+CUSTOM_CONFIG = """
+from transformers import LlamaConfig
+
+
+class GymCustomConfig(LlamaConfig):
+    model_type = "gym_custom"
+"""
+CUSTOM_MODEL = """
+from transformers import LlamaForCausalLM
+
+from .configuration_custom import GymCustomConfig
+
+
+class GymCustomModel(LlamaForCausalLM):
+    config_class = GymCustomConfig
+"""
+
+
+def test_remote_code_runs_only_when_asked(tmp_path):
+    local = tmp_path / "custom"
+    shutil.copytree(resolve("gym-tiny").path, local)
+    (local / "configuration_custom.py").write_text(CUSTOM_CONFIG)
+    (local / "modeling_custom.py").write_text(CUSTOM_MODEL)
+    config = json.loads((local / "config.json").read_text())
+    config["model_type"] = "gym_custom"
+    config["auto_map"] = {
+        "AutoConfig": "configuration_custom.GymCustomConfig",
+        "AutoModelForCausalLM": "modeling_custom.GymCustomModel",
+    }
+    (local / "config.json").write_text(json.dumps(config))
+
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        load_model(resolve(str(local), template="chatml"))
+    model = load_model(resolve(str(local), template="chatml", trust_remote_code=True))
+    assert type(model).__name__ == "GymCustomModel"
