@@ -51,6 +51,8 @@ def main() -> None:
         disable_tqdm=True,
         use_cpu=True,
         seed=42,
+        bf16=False,  # TRL 1.12 turns bf16 and gradient checkpointing on by default;
+        gradient_checkpointing=False,  # gym trains gym-tiny in fp32 without them, so must the baseline
     )
     trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok)
     trainer.train()

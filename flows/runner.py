@@ -8,8 +8,12 @@ runs the flow with results persisted in the workspace, then prints a summary and
 from __future__ import annotations
 
 import argparse
+import contextvars
+import functools
 import json
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -109,11 +113,38 @@ def main(
     return 0
 
 
+def _start_temporary_api() -> threading.Thread | None:
+    """With no Prefect server configured, Prefect starts a temporary API in a subprocess (~8 s).
+
+    Start it now from a background thread, so it comes up while this process imports MLflow
+    (which every run needs first) instead of after. Join the thread before the flow runs.
+    """
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        return None
+    from prefect.server.api.server import SubprocessASGIServer
+
+    # Run in a copy of this context, so the server sees the same (workspace) settings.
+    start = functools.partial(contextvars.copy_context().run, SubprocessASGIServer().start)
+    thread = threading.Thread(target=start, name="prefect-temporary-api", daemon=True)
+    thread.start()
+    return thread
+
+
+def _import_tracking() -> None:
+    import mlflow  # noqa: F401  # every run opens an MLflow run first; cached runs need nothing heavier
+
+
 def run_flow(flow_fn: Any, config: BaseModel) -> dict[str, Any]:
     """Run the flow with workspace-bound results; add the flow run id and how many tasks were cached."""
     from tasks._common import workspace_settings
 
     with workspace_settings():
+        starting = _start_temporary_api()
+        if starting is not None:
+            _import_tracking()
+            starting.join()
         state = flow_fn(config=config, return_state=True)
         summary = dict(state.result())
         flow_run_id = str(state.state_details.flow_run_id)
@@ -122,13 +153,30 @@ def run_flow(flow_fn: Any, config: BaseModel) -> dict[str, Any]:
     return summary
 
 
-def cached_task_count(flow_run_id: str) -> int:
+def cached_task_count(flow_run_id: str, settle_s: float = 0.3, timeout_s: float = 15.0) -> int:
+    """How many of the flow run's tasks the API records as Cached.
+
+    Task-run states reach the API as events that the server records asynchronously, so a read
+    right after the flow can miss the last few. Send every pending event first, then read until
+    all task runs are final and two reads `settle_s` apart agree (at most `timeout_s`).
+    """
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.events.worker import EventsWorker
 
+    EventsWorker.drain_all(timeout=timeout_s)
+    flow_filter = FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+    deadline = time.monotonic() + timeout_s
+    previous: list[tuple[str, str]] | None = None
     with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-    return sum(1 for r in runs if r.state is not None and r.state.name == "Cached")
+        while True:
+            runs = client.read_task_runs(flow_run_filter=flow_filter)
+            seen = sorted((str(r.id), r.state.name if r.state else "") for r in runs)
+            final = all(r.state is not None and r.state.is_final() for r in runs)
+            if (final and seen == previous) or time.monotonic() > deadline:
+                return sum(1 for _, name in seen if name == "Cached")
+            previous = seen if final else None
+            time.sleep(settle_s)
 
 
 def print_summary(summary: dict[str, Any]) -> None:
