@@ -8,6 +8,7 @@ runs the flow with results persisted in the workspace, then prints a summary and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import contextvars
 import functools
 import json
@@ -36,6 +37,11 @@ def stage_fields(config_cls: type[BaseModel]) -> list[str]:
 def build_parser(config_cls: type[BaseModel], prog: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=config_cls.__doc__)
     parser.add_argument("--json", action="store_true", help="End the output with one line of JSON.")
+    parser.add_argument(
+        "--refresh-cache",
+        action="store_true",
+        help="Run every task instead of reading Prefect's task cache (gym still reuses artifacts it finds).",
+    )
     paper = parser.add_argument_group("Gym paper flag names")
     paper.add_argument("--model_name_or_path", dest="alias_model", help="Same as --model.")
     paper.add_argument(
@@ -103,7 +109,7 @@ def main(
     args = parser.parse_args(argv)
     try:
         config = parse_config(config_cls, args)
-        summary = run_flow(flow_fn, config)
+        summary = run_flow(flow_fn, config, refresh_cache=args.refresh_cache)
     except (GymError, ValidationError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -114,9 +120,9 @@ def main(
 
 
 def _start_temporary_api() -> threading.Thread | None:
-    """With no Prefect server configured, Prefect starts a temporary API in a subprocess (~8 s).
+    """With no Prefect server configured, Prefect starts a temporary API in a subprocess (~3 s here).
 
-    Start it now from a background thread, so it comes up while this process imports MLflow
+    Start it now from a background thread, so it comes up while this process connects to MLflow
     (which every run needs first) instead of after. Join the thread before the flow runs.
     """
     from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
@@ -132,18 +138,26 @@ def _start_temporary_api() -> threading.Thread | None:
     return thread
 
 
-def _import_tracking() -> None:
-    import mlflow  # noqa: F401  # every run opens an MLflow run first; cached runs need nothing heavier
+def _open_tracking(config: BaseModel) -> None:
+    """Every run opens an MLflow run first: connect to the store (and make the experiment) now.
+
+    Best effort: a store that can't be reached fails again, with its error, in the flow's first task.
+    """
+    from gym import tracking
+
+    output = getattr(config, "output", None)
+    with contextlib.suppress(Exception):
+        tracking.experiment_id(uri=getattr(output, "tracking_uri", None))
 
 
-def run_flow(flow_fn: Any, config: BaseModel) -> dict[str, Any]:
+def run_flow(flow_fn: Any, config: BaseModel, refresh_cache: bool = False) -> dict[str, Any]:
     """Run the flow with workspace-bound results; add the flow run id and how many tasks were cached."""
     from tasks._common import workspace_settings
 
-    with workspace_settings():
+    with workspace_settings(refresh_cache=refresh_cache):
         starting = _start_temporary_api()
         if starting is not None:
-            _import_tracking()
+            _open_tracking(config)
             starting.join()
         state = flow_fn(config=config, return_state=True)
         summary = dict(state.result())
@@ -153,7 +167,7 @@ def run_flow(flow_fn: Any, config: BaseModel) -> dict[str, Any]:
     return summary
 
 
-def cached_task_count(flow_run_id: str, settle_s: float = 0.3, timeout_s: float = 15.0) -> int:
+def cached_task_count(flow_run_id: str, settle_s: float = 0.2, timeout_s: float = 15.0) -> int:
     """How many of the flow run's tasks the API records as Cached.
 
     Task-run states reach the API as events that the server records asynchronously, so a read

@@ -41,5 +41,9 @@ class DataError(GymError, ValueError):
         super().__init__(text)
 
 
+# For a task served from Prefect's cache whose artifact was since deleted from the workspace.
+REFRESH_HINT = "deleted from the workspace after its task was cached? re-run with --refresh-cache"
+
+
 class MissingExtraError(GymError, RuntimeError):
     """An optional feature was asked for where its extra (or hardware) is missing."""

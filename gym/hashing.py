@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -42,3 +43,40 @@ def hash_dir(path: Path, length: int = 16) -> str:
         h.update(str(f.relative_to(root)).encode())
         h.update(hash_file(f, 64).encode())
     return h.hexdigest()[:length]
+
+
+def stamp(path: Path) -> Any:
+    """Cheap identity of a file or folder: relative names, sizes and modification times.
+
+    Not a content hash (that would read every byte): rewriting or touching any file changes it.
+    A missing path has an identity too, so callers never fail on it.
+    """
+    p = Path(path).expanduser()
+    if p.is_file():
+        st = p.stat()
+        return {"path": str(p.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    if p.is_dir():
+        files = sorted(f for f in p.rglob("*") if f.is_file() and not f.name.startswith("."))
+        return {
+            "path": str(p.resolve()),
+            "files": [(f.relative_to(p).as_posix(), f.stat().st_size, f.stat().st_mtime_ns) for f in files],
+        }
+    return {"missing": str(p)}
+
+
+@functools.cache
+def library_digest() -> str:
+    """Digest of gym's own code and shipped data (package sources, assets, registry/).
+
+    Part of every cached task's key, so upgrading gym or editing a template or registry entry
+    never serves a result computed by other code or data.
+    """
+    from gym.paths import registry_dir
+
+    h = hashlib.sha256()
+    for root in (Path(__file__).resolve().parent, registry_dir()):
+        for f in sorted(root.rglob("*")):
+            if f.is_file() and "__pycache__" not in f.parts and f.suffix not in (".pyc", ".pyo"):
+                h.update(f"{root.name}/{f.relative_to(root).as_posix()}".encode())
+                h.update(hash_file(f, 64).encode())
+    return h.hexdigest()[:16]

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from gym.errors import ConfigError
+from gym.errors import REFRESH_HINT, ConfigError
 from gym.hashing import hash_obj
 from gym.templates import load_template
 
@@ -174,9 +174,17 @@ def derived(ref: ModelRef, directory: Path, digest: str) -> ModelRef:
     )
 
 
+def _require_local(ref: ModelRef) -> None:
+    """A model that lives in a folder (a local or trained model) must still be there."""
+    if Path(ref.path).is_absolute() and not Path(ref.path).is_dir():
+        raise ConfigError(f"model folder {ref.path} does not exist ({REFRESH_HINT})")
+
+
 def load_tokenizer(ref: ModelRef) -> Any:
     """The tokenizer, with gym's chat template for this model set on it."""
     from transformers import AutoTokenizer
+
+    _require_local(ref)
 
     tok = AutoTokenizer.from_pretrained(
         ref.path, revision=ref.revision, trust_remote_code=ref.trust_remote_code
@@ -191,6 +199,7 @@ def load_model(ref: ModelRef, dtype: str = "auto") -> Any:
     """AutoModelForCausalLM.from_pretrained with safetensors only and remote code off unless asked."""
     from transformers import AutoModelForCausalLM
 
+    _require_local(ref)
     return AutoModelForCausalLM.from_pretrained(
         ref.path,
         revision=ref.revision,

@@ -17,8 +17,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any, cast
 
-from transformers.utils.chat_template_utils import render_jinja_template
-
 from gym.errors import ConfigError
 from gym.paths import registry_dir
 
@@ -111,6 +109,8 @@ def render_with_spans(
     for key, value in (("bos_token", bos_token), ("eos_token", eos_token)):
         if value is not None:  # like a tokenizer without that token: the variable stays undefined
             variables[key] = value
+    from transformers.utils.chat_template_utils import render_jinja_template  # lazy: ~0.5 s
+
     # render_jinja_template returns (texts, generation index lists), one per conversation.
     texts, spans = cast(
         "tuple[list[str], list[list[tuple[int, int]]]]",

@@ -67,3 +67,12 @@ def test_remote_code_runs_only_when_asked(tmp_path):
         load_model(resolve(str(local), template="chatml"))
     model = load_model(resolve(str(local), template="chatml", trust_remote_code=True))
     assert type(model).__name__ == "GymCustomModel"
+
+
+def test_a_trained_model_folder_deleted_from_the_workspace_says_how_to_rebuild(tmp_path):
+    from gym.models import derived
+
+    gone = derived(resolve("gym-tiny"), tmp_path / "models" / "sft-0123", "0123")
+    for load in (load_model, load_tokenizer):
+        with pytest.raises(ConfigError, match="--refresh-cache"):
+            load(gone)

@@ -9,13 +9,15 @@ generation prompt is not a prefix of the rendered conversation cannot be split t
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import datasets
 import pyarrow.compute as pc
 
 from gym import templates
 from gym.errors import DataError
+
+if TYPE_CHECKING:
+    import datasets
 
 
 def special_tokens(tokenizer: Any) -> list[str]:

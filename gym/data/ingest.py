@@ -13,28 +13,38 @@ reading anything. Artifacts are written through `workspace.atomic_dir`: a bad re
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import datasets
 import pyarrow as pa
-from datasets import Features, List, Value
 from pydantic import BaseModel, ConfigDict
 
 from gym import workspace
 from gym.data import demo, formats, readers
 from gym.data.formats import FORMAT_KIND, Where, apply_columns, normalize
-from gym.data.registry import DatasetSpec, detect_source_format
-from gym.errors import ConfigError, DataError
-from gym.hashing import hash_dir, hash_file, hash_obj
+from gym.data.registry import DatasetSpec, detect_source_format, resolve_dataset
+from gym.errors import REFRESH_HINT, ConfigError, DataError, GymError
+from gym.hashing import hash_dir, hash_file, hash_obj, stamp
 
-MESSAGES = List({"role": Value("string"), "content": Value("string")})
-FEATURES = {
-    "sft": Features({"messages": MESSAGES}),
-    "preference": Features({"prompt": MESSAGES, "chosen": Value("string"), "rejected": Value("string")}),
-    "kto": Features({"prompt": MESSAGES, "completion": Value("string"), "label": Value("bool")}),
-}
+if TYPE_CHECKING:
+    import datasets
+
+
+@functools.cache
+def features(kind: str) -> datasets.Features:
+    """The canonical columns of an ingested dataset of record kind `kind`."""
+    from datasets import Features, List, Value  # lazy: a fully cached run never needs datasets
+
+    messages = List({"role": Value("string"), "content": Value("string")})
+    return {
+        "sft": Features({"messages": messages}),
+        "preference": Features({"prompt": messages, "chosen": Value("string"), "rejected": Value("string")}),
+        "kto": Features({"prompt": messages, "completion": Value("string"), "label": Value("bool")}),
+    }[kind]
+
+
 _BATCH = 1000
 # The code that decides what a record becomes: editing it gives new digests, never stale artifacts.
 _CODE = (Path(formats.__file__), Path(readers.__file__), Path(__file__))
@@ -69,6 +79,19 @@ def source_identity(spec: DatasetSpec) -> dict[str, Any]:
     raise DataError("no such file or folder", file=str(path), hint="check `file` in the dataset registry")
 
 
+def source_stamp(name: str) -> dict[str, Any]:
+    """What dataset `name` resolves to right now, with a cheap stamp (sizes, mtimes) of its files.
+
+    For cache keys: it changes when the registry entry, the working directory's file or the file
+    itself changes, without reading any record. Never raises (ingest reports what is wrong).
+    """
+    try:
+        spec = resolve_dataset(name)
+    except GymError as e:
+        return {"unresolved": str(e)}
+    return {"spec": spec.model_dump(mode="json"), "files": stamp(Path(spec.file)) if spec.file else None}
+
+
 def dataset_digest(spec: DatasetSpec) -> str:
     return hash_obj(
         {
@@ -94,7 +117,9 @@ def demo_file(name: str) -> Path:
 
 def read_records(spec: DatasetSpec, source: str, fmt: str) -> tuple[datasets.Dataset, int]:
     """Read and normalize up to `num_samples` records into an in-memory Arrow dataset."""
-    schema = FEATURES[FORMAT_KIND[fmt]].arrow_schema
+    import datasets
+
+    schema = features(FORMAT_KIND[fmt]).arrow_schema
     tables, batch, count = [], [], 0
     for file, no, raw in readers.read_source(source, split=spec.split, revision=spec.revision):
         if spec.num_samples is not None and count >= spec.num_samples:
@@ -138,6 +163,8 @@ def ingest(spec: DatasetSpec) -> IngestResult:
 def load_meta(dataset_dir: str | Path) -> dict[str, Any]:
     """The meta.json of an ingested dataset folder."""
     meta_file = Path(dataset_dir) / "meta.json"
+    if not Path(dataset_dir).exists():
+        raise DataError("no such dataset folder", file=str(dataset_dir), hint=REFRESH_HINT)
     if not meta_file.is_file():
         raise DataError(
             "not an ingested dataset (meta.json missing)",

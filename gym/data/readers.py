@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -138,6 +137,8 @@ def read_arrow(path: Path) -> Records:
 
 def read_saved(path: Path, split: str) -> Records:
     """A `Dataset.save_to_disk` / `DatasetDict.save_to_disk` folder."""
+    import datasets  # lazy here and below: importing datasets costs ~1 s
+
     loaded = datasets.load_from_disk(str(path))
     if isinstance(loaded, datasets.DatasetDict):
         if split not in loaded:
@@ -203,6 +204,8 @@ def looks_like_hub_id(name: str) -> bool:
 
 def read_hub(hub_id: str, split: str, revision: str | None) -> Records:
     """Records of a hub dataset through `datasets.load_dataset` (uses the local HF cache offline)."""
+    import datasets
+
     try:
         loaded = datasets.load_dataset(hub_id, split=split, revision=revision)
     except Exception as e:  # datasets raises many types (ConnectionError, FileNotFoundError, ...)

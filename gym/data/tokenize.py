@@ -22,14 +22,13 @@ revision), the settings and this code.
 
 from __future__ import annotations
 
+import functools
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import datasets
 import pyarrow.compute as pc
-from datasets import Features, List, Value
 from pydantic import BaseModel, ConfigDict, Field
 
 from gym import templates, workspace
@@ -41,18 +40,29 @@ from gym.hashing import hash_file, hash_obj
 
 IGNORE_INDEX = -100
 BatchFn = Callable[[dict[str, list], list[int]], dict[str, list]]
-_IDS = List(Value("int64"))
-FEATURES = {
-    "sft": Features({"input_ids": _IDS, "labels": _IDS, "truncated": Value("bool")}),
-    "preference": Features(
-        {n: Value("string") for n in ("prompt", "chosen", "rejected")}
-        | {f"{n}_ids": _IDS for n in ("prompt", "chosen", "rejected")}
-    ),
-    "kto": Features(
-        {"prompt": Value("string"), "completion": Value("string"), "label": Value("bool")}
-        | {"prompt_ids": _IDS, "completion_ids": _IDS}
-    ),
-}
+if TYPE_CHECKING:
+    import datasets
+
+
+@functools.cache
+def features(kind: str) -> datasets.Features:
+    """The columns of a tokenized dataset of record kind `kind`."""
+    from datasets import Features, List, Value  # lazy: a fully cached run never needs datasets
+
+    ids = List(Value("int64"))
+    return {
+        "sft": Features({"input_ids": ids, "labels": ids, "truncated": Value("bool")}),
+        "preference": Features(
+            {n: Value("string") for n in ("prompt", "chosen", "rejected")}
+            | {f"{n}_ids": ids for n in ("prompt", "chosen", "rejected")}
+        ),
+        "kto": Features(
+            {"prompt": Value("string"), "completion": Value("string"), "label": Value("bool")}
+            | {"prompt_ids": ids, "completion_ids": ids}
+        ),
+    }[kind]
+
+
 # Weights are not part of a tokenizer: skip them when hashing a model folder's tokenizer files.
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".ckpt", ".onnx")
 _CODE = (Path(__file__), Path(templates.__file__), Path(__file__).with_name("completions.py"))
@@ -204,6 +214,8 @@ def tokenize(
     final = workspace.path("tokenized", digest)
     if (final / "meta.json").is_file():
         return TokenizeResult.model_validate({**load_meta(final)["result"], "path": final})
+    import datasets
+
     tokenizer = load_tokenizer(tokenizer_dir, revision)
     ds = datasets.load_from_disk(str(dataset_dir))
     if settings.max_samples is not None:
@@ -219,7 +231,7 @@ def tokenize(
             batched=True,
             with_indices=True,
             remove_columns=ds.column_names,
-            features=FEATURES[kind],
+            features=features(kind),
             cache_file_name=str(Path(work) / "map.arrow"),
             desc=f"tokenize {kind}",
         )

@@ -1,0 +1,108 @@
+"""Prefect's task cache never serves a stale result: a changed file, registry or gym code re-runs the task."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prefect import flow
+
+import tasks._common
+from gym.data.ingest import load_meta
+from gym.errors import DataError
+from tasks._common import workspace_settings
+from tasks.data import ingest_dataset
+from tasks.model import resolve_model
+
+
+@flow(name="test-ingest")
+def ingest_flow(name: str) -> tuple[str, Any]:
+    state = ingest_dataset(name, return_state=True)
+    return state.name, state.result()
+
+
+def run(name: str, refresh_cache: bool = False) -> tuple[str, Any]:
+    with workspace_settings(refresh_cache=refresh_cache):
+        return ingest_flow(name)
+
+
+def write_records(path: Path, n: int) -> None:
+    rows = [{"instruction": f"say {i}", "input": "", "output": str(i)} for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+
+@pytest.fixture
+def data_file(tmp_path: Path) -> Path:
+    path = tmp_path / "mine.jsonl"
+    write_records(path, 3)
+    return path
+
+
+def test_editing_a_dataset_file_reruns_ingest(prefect_server, data_file):
+    state, first = run(str(data_file))
+    assert state == "Completed" and first.num_records == 3
+    state, again = run(str(data_file))
+    assert state == "Cached" and again.digest == first.digest
+
+    write_records(data_file, 4)  # same name, new content: the cached artifact would be stale
+    state, edited = run(str(data_file))
+    assert state == "Completed" and edited.num_records == 4 and edited.digest != first.digest
+
+
+def test_same_relative_name_in_another_directory_is_another_dataset(prefect_server, tmp_path, monkeypatch):
+    for sub, n in (("a", 2), ("b", 5)):
+        (tmp_path / sub).mkdir()
+        write_records(tmp_path / sub / "data.jsonl", n)
+    monkeypatch.chdir(tmp_path / "a")
+    assert run("data.jsonl")[1].num_records == 2
+    monkeypatch.chdir(tmp_path / "b")
+    state, other = run("data.jsonl")
+    assert state == "Completed" and other.num_records == 5
+
+
+def test_a_change_to_gyms_code_or_registry_reruns_tasks(prefect_server, data_file, monkeypatch):
+    run(str(data_file))
+    assert run(str(data_file))[0] == "Cached"
+    monkeypatch.setattr(tasks._common, "library_digest", lambda: "another-gym-version")
+    assert run(str(data_file))[0] == "Completed"
+
+
+def test_refresh_cache_reruns_and_rebuilds_a_deleted_artifact(prefect_server, data_file):
+    import shutil
+
+    _, first = run(str(data_file))
+    shutil.rmtree(first.path)  # deleted from the workspace; Prefect's cache still points at it
+    state, cached = run(str(data_file))
+    assert state == "Cached"
+    with pytest.raises(DataError, match="--refresh-cache"):
+        load_meta(cached.path)
+
+    state, rebuilt = run(str(data_file), refresh_cache=True)
+    assert state == "Completed" and rebuilt.digest == first.digest
+    assert load_meta(rebuilt.path)["num_records"] == 3
+
+
+def test_model_resolution_is_never_served_from_cache(prefect_server):
+    @flow
+    def resolve_twice() -> list[str]:
+        return [resolve_model("gym-tiny", return_state=True).name for _ in range(2)]
+
+    with workspace_settings():
+        assert resolve_twice() == ["Completed", "Completed"]
+
+
+def test_stamp_sees_edits_without_reading_content_and_library_digest_is_stable(tmp_path):
+    import os
+
+    from gym.hashing import library_digest, stamp
+
+    f = tmp_path / "d" / "x.jsonl"
+    assert stamp(f) == {"missing": str(f)}
+    f.parent.mkdir()
+    f.write_text("a")
+    before_file, before_dir = stamp(f), stamp(f.parent)
+    os.utime(f, ns=(1, 1))  # same bytes, touched: treated as changed
+    assert stamp(f) != before_file and stamp(f.parent) != before_dir
+    assert library_digest() == library_digest.__wrapped__()  # computed the same way every time
