@@ -35,7 +35,7 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format . && $(VENV)/bin/ruff check --fix .
 
 bench: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) benchmarks/overhead.py
+	OMP_NUM_THREADS=1 $(PY) benchmarks/overhead.py --repeats 3
 
 clean-venv:
 	rm -rf $(VENV)
