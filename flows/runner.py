@@ -11,13 +11,12 @@ import argparse
 import contextlib
 import contextvars
 import functools
-import gc
 import json
 import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from pydantic import BaseModel, ValidationError
 
@@ -114,15 +113,17 @@ def main(
     except (GymError, ValidationError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    finally:
-        # The run is over. Exempt what is in memory (Prefect's server modules, torch...) from the
-        # garbage collection at interpreter exit: it only frees memory the OS takes back anyway,
-        # and took 1-2.5 s. Exit handlers (Prefect's, MLflow's) still run.
-        gc.freeze()
     print_summary(summary)
     if args.json:
         print(json.dumps(summary, sort_keys=True, default=str))
     return 0
+
+
+def run_script(flow_fn: Any, config_cls: type[BaseModel]) -> NoReturn:
+    """`python flows/<name>.py`: run `main` on the command line's flags, then end the process."""
+    from gym.cli import exit_process
+
+    exit_process(main(flow_fn, config_cls))
 
 
 def _start_temporary_api() -> threading.Thread | None:

@@ -68,6 +68,6 @@ def sft_then_dpo(config: SftThenDpoConfig = DEFAULTS) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    from flows.runner import main
+    from flows.runner import run_script
 
-    raise SystemExit(main(sft_then_dpo, SftThenDpoConfig))
+    run_script(sft_then_dpo, SftThenDpoConfig)

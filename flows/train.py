@@ -57,6 +57,6 @@ def train(config: TrainFlowConfig = DEFAULTS) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    from flows.runner import main
+    from flows.runner import run_script
 
-    raise SystemExit(main(train, TrainFlowConfig))
+    run_script(train, TrainFlowConfig)

@@ -12,12 +12,13 @@ users never import Prefect.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from gym.errors import GymError
 
@@ -138,5 +139,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+def exit_process(code: int) -> NoReturn:
+    """End a command-line process with `code`, skipping the garbage collection over what is in memory.
+
+    The run is over: collecting Prefect's server modules, torch and the rest at interpreter exit
+    only frees memory the OS takes back anyway, and took 1-2.5 s. Exit handlers (Prefect's,
+    MLflow's) still run. For processes about to end only, never inside a library call.
+    """
+    gc.freeze()
+    raise SystemExit(code)
+
+
+def console() -> NoReturn:
+    """The `gym` console script."""
+    exit_process(main())
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    console()

@@ -8,10 +8,13 @@ from typing import Any
 
 import pytest
 from prefect import flow
+from prefect.settings import PREFECT_TASKS_REFRESH_CACHE
 
 import tasks._common
+from flows.runner import main
 from gym.data.ingest import load_meta
 from gym.errors import DataError
+from gym.pipeline import TrainFlowConfig
 from tasks._common import workspace_settings
 from tasks.data import ingest_dataset
 from tasks.model import resolve_model
@@ -106,3 +109,15 @@ def test_stamp_sees_edits_without_reading_content_and_library_digest_is_stable(t
     os.utime(f, ns=(1, 1))  # same bytes, touched: treated as changed
     assert stamp(f) != before_file and stamp(f.parent) != before_dir
     assert library_digest() == library_digest.__wrapped__()  # computed the same way every time
+
+
+@flow(name="probe")
+def probe(config: TrainFlowConfig) -> dict[str, Any]:
+    return {"refresh": PREFECT_TASKS_REFRESH_CACHE.value()}
+
+
+def test_refresh_cache_flag_reaches_prefect(prefect_server, capsys):
+    for argv, expected in (([], False), (["--refresh-cache"], True)):
+        assert main(probe, TrainFlowConfig, [*argv, "--json"]) == 0
+        summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert summary["refresh"] is expected and summary["cached_tasks"] == 0
