@@ -36,13 +36,18 @@ def hash_file(path: Path, length: int = 16, chunk: int = 1 << 20) -> str:
 
 
 def hash_dir(path: Path, length: int = 16) -> str:
-    """Digest of every file's relative path and content under `path` (sorted, hidden files skipped)."""
+    """Digest of every file's relative path and content under `path` (sorted; hidden files and
+    Python bytecode skipped)."""
     h = hashlib.sha256()
     root = Path(path)
-    for f in sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")):
+    for f in sorted(p for p in root.rglob("*") if p.is_file() and not _skipped(p)):
         h.update(str(f.relative_to(root)).encode())
         h.update(hash_file(f, 64).encode())
     return h.hexdigest()[:length]
+
+
+def _skipped(p: Path) -> bool:
+    return p.name.startswith(".") or "__pycache__" in p.parts or p.suffix in (".pyc", ".pyo")
 
 
 def stamp(path: Path) -> Any:
@@ -56,7 +61,7 @@ def stamp(path: Path) -> Any:
         st = p.stat()
         return {"path": str(p.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
     if p.is_dir():
-        files = sorted(f for f in p.rglob("*") if f.is_file() and not f.name.startswith("."))
+        files = sorted(f for f in p.rglob("*") if f.is_file() and not _skipped(f))
         return {
             "path": str(p.resolve()),
             "files": [(f.relative_to(p).as_posix(), f.stat().st_size, f.stat().st_mtime_ns) for f in files],
@@ -73,10 +78,4 @@ def library_digest() -> str:
     """
     from gym.paths import registry_dir
 
-    h = hashlib.sha256()
-    for root in (Path(__file__).resolve().parent, registry_dir()):
-        for f in sorted(root.rglob("*")):
-            if f.is_file() and "__pycache__" not in f.parts and f.suffix not in (".pyc", ".pyo"):
-                h.update(f"{root.name}/{f.relative_to(root).as_posix()}".encode())
-                h.update(hash_file(f, 64).encode())
-    return h.hexdigest()[:16]
+    return hash_obj([hash_dir(Path(__file__).resolve().parent), hash_dir(registry_dir())])

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from gym.errors import REFRESH_HINT, ConfigError
-from gym.hashing import hash_obj
+from gym.hashing import hash_obj, stamp
 from gym.templates import load_template
 
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -42,13 +42,8 @@ def _local_digest(directory: Path) -> str:
 
     Not a content hash (that would read gigabytes); rewriting any file changes it.
     """
-    files = sorted(
-        (p.relative_to(directory).as_posix(), p.stat().st_size, p.stat().st_mtime_ns)
-        for p in directory.rglob("*")
-        if p.is_file()
-    )
     config = (directory / "config.json").read_text() if (directory / "config.json").is_file() else ""
-    return hash_obj({"config": config, "files": files})
+    return hash_obj({"config": config, "files": stamp(directory)["files"]})
 
 
 def resolve(name_or_path: str, template: str | None = None, trust_remote_code: bool = False) -> ModelRef:
