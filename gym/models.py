@@ -60,6 +60,9 @@ def resolve(name_or_path: str, template: str | None = None, trust_remote_code: b
 def _resolve(name_or_path: str, template: str | None) -> ModelRef:
     from gym import registry
 
+    if name_or_path.startswith("models:/"):
+        return _resolve_mlflow(name_or_path, template)
+
     models = registry.load_models()
     by_hub_id = {m.hub_id.lower(): m for m in models.values() if m.hub_id}
     spec = models.get(name_or_path) or by_hub_id.get(name_or_path.lower())
@@ -126,6 +129,28 @@ def _resolve(name_or_path: str, template: str | None) -> ModelRef:
         template=template,
         digest=hash_obj({"hub": name_or_path, "revision": "main"}),
         base_model=name_or_path,
+    )
+
+
+def _resolve_mlflow(model_uri: str, template: str | None) -> ModelRef:
+    """A registered MLflow model version (`models:/name@alias`, `models:/name/3`), downloaded once
+    into the workspace. Its template and base model come from the version's lineage tags."""
+    from gym import tracking, workspace
+
+    name, version, run_id, tags = tracking.resolve_model_uri(model_uri)
+    pinned = f"models:/{name}/{version}"  # an alias can move; the version can't
+    digest = hash_obj({"mlflow": pinned, "run": run_id, "uri": tracking.tracking_uri()})
+    local = tracking.download_model_version(pinned, workspace.path("models", f"mlflow-{digest}"))
+    tmpl = template or tags.get("template")
+    if tmpl is None:
+        raise ConfigError(f"{model_uri} has no `template` tag: pass --template (one of registry/templates)")
+    load_template(tmpl)
+    return ModelRef(
+        name=model_uri,
+        path=str(local),
+        template=tmpl,
+        digest=digest,
+        base_model=tags.get("base_model", pinned),
     )
 
 

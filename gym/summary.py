@@ -2,8 +2,10 @@
 
 Keys every flow provides (None where they don't apply): sft_loss_first, sft_loss_last,
 dpo_reward_accuracy, exact_match_before, exact_match_after, mlflow_run_id, model_name,
-model_version, flow_run_id. Each stage adds `<method>_loss_first/last`, and stages evaluated on
-preference pairs add `<method>_reward_accuracy[_before]` and `<method>_reward_margin[_before]`.
+model_version, flow_run_id, and the last stage's main signal: metric_name, metric_first,
+metric_last (the training loss unless the method reports another). Each stage adds
+`<method>_loss_first/last`, and stages evaluated on preference pairs add
+`<method>_reward_accuracy[_before]` and `<method>_reward_margin[_before]`.
 """
 
 from __future__ import annotations
@@ -38,7 +40,11 @@ def summarize(
             if metric in result.eval_after:
                 out[f"{name}_{key}"] = result.eval_after[metric]
                 out[f"{name}_{key}_before"] = result.eval_before.get(metric)
+    last = list(stages.values())[-1]
     out.update(
+        metric_name=last.metric_name,
+        metric_first=last.metric_first if last.metric_first is not None else last.loss_first,
+        metric_last=last.metric_last if last.metric_last is not None else last.loss_last,
         exact_match_before=before.exact_match if before else None,
         exact_match_after=after.exact_match if after else None,
         mlflow_run_id=mlflow_run_id,

@@ -191,3 +191,37 @@ def register_model(
         client.set_model_version_tag(name, version, k, str(v))
     client.set_registered_model_alias(name, alias, version)
     return version
+
+
+def resolve_model_uri(model_uri: str, uri: str | None = None) -> tuple[str, str, str, dict[str, str]]:
+    """`models:/name@alias` or `models:/name/version` -> (name, version, its run id, its tags)."""
+    from mlflow.exceptions import MlflowException
+
+    from gym.errors import ConfigError
+
+    client = _client(uri)
+    body = model_uri.removeprefix("models:/")
+    try:
+        if "@" in body:
+            name, alias = body.split("@", 1)
+            mv = client.get_model_version_by_alias(name, alias)
+        else:
+            name, _, number = body.partition("/")
+            mv = client.get_model_version(name, number)
+    except MlflowException as exc:
+        raise ConfigError(
+            f"MLflow model {model_uri!r} not found in {tracking_uri(uri)} "
+            "(name@alias or name/version; `mlflow ui` lists the registered models)"
+        ) from exc
+    return str(mv.name), str(mv.version), str(mv.run_id), dict(mv.tags)
+
+
+def download_model_version(model_uri: str, target: Path, uri: str | None = None) -> Path:
+    """Download a registered version's logged files into `target` (atomically); return the folder
+    holding its from_pretrained weights and tokenizer (`<target>/model`)."""
+    import mlflow
+
+    if not (target / "model" / "config.json").is_file():
+        with workspace.atomic_dir(target) as tmp, using_uri(tracking_uri(uri)):
+            mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(tmp))
+    return target / "model"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 from mlflow import MlflowClient
 
 from gym import tracking
@@ -60,3 +63,25 @@ def test_tasks_chain_by_reference_and_track_in_nested_runs(gym_home):
     original = AutoModelForCausalLM.from_pretrained(trained.path)
     with torch.no_grad():
         assert torch.allclose(loaded["model"](ids).logits, original(ids).logits, atol=1e-6)
+
+
+def test_a_registered_version_resolves_by_alias_and_loads_the_same_weights(gym_home):
+    import torch
+
+    from gym import tracking
+    from gym.errors import ConfigError
+    from gym.models import load_model, resolve
+
+    base = resolve("gym-tiny")
+    run_id = tracking.start_run("register")
+    tracking.register_model(
+        run_id, Path(base.path), "tiny-uri", {"template": "chatml", "base_model": "gym-tiny"}
+    )
+    ref = resolve("models:/tiny-uri@challenger")
+    assert ref.template == "chatml" and ref.base_model == "gym-tiny"
+    assert resolve("models:/tiny-uri/1").digest == ref.digest
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        assert torch.equal(load_model(base)(ids).logits, load_model(ref)(ids).logits)
+    with pytest.raises(ConfigError, match="not found"):
+        resolve("models:/tiny-uri@champion")

@@ -33,6 +33,11 @@ class TrainResult(BaseModel):
     total_params: int
     resumed_from: str | None = None
     train_seconds: float = 0.0
+    metric_name: str = Field(
+        "loss", description="The method's main training signal (loss, reward_accuracy, mean_reward...)."
+    )
+    metric_first: float | None = Field(None, description="The signal at the start (held-out where possible).")
+    metric_last: float | None = Field(None, description="The signal at the end.")
 
     @property
     def loss_first(self) -> float | None:

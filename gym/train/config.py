@@ -12,8 +12,23 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Method = Literal["sft", "dpo"]
-FinetuningType = Literal["full", "lora"]
+# Every method gym knows by name; `gym.train.METHODS` holds the ones implemented (one file each).
+Method = Literal[
+    "sft",
+    "dpo",
+    "ipo",
+    "cdpo",
+    "hinge",
+    "kto",
+    "orpo",
+    "simpo",
+    "ppo",
+    "grpo",
+    "gspo",
+    "tf_grpo",
+]
+# How the weights are adapted; the LoRA family are PEFT adapters.
+FinetuningType = Literal["full", "freeze", "lora", "rslora", "dora", "pissa", "loraplus", "longlora", "qlora"]
 
 
 class LoraSettings(BaseModel):

@@ -1,0 +1,72 @@
+"""The `gym` console script: one table of subcommands, each a function `argv -> exit status`.
+
+    gym train [--method M] [any flow parameter as --flag] [--json]     runs a Prefect flow
+    gym registry list|show NAME        gym data preview DATASET          library commands
+
+It lives above the library (flows/ may import gym/, never the reverse), so `import gym` never
+pulls in Prefect. Commands that run flows are defined here; commands that only use the
+library live in gym/ and are only referenced by name. A subcommand's module is imported when
+it runs, so `gym registry list` never imports Prefect or torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+from gym.errors import GymError
+
+# subcommand -> ("module:function", one-line help). The function takes the arguments after the
+# subcommand and returns the exit status.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("flows.commands:cmd_train", "Run a training flow (`gym train --method M --help`)."),
+    "registry": ("gym.cli:cmd_registry", "List or show models in the registry."),
+    "data": ("gym.cli:cmd_data", "Look at a dataset the way gym reads it."),
+}
+
+
+def _offline_defaults() -> None:
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _command(name: str) -> Callable[[Sequence[str]], int]:
+    module, function = COMMANDS[name][0].split(":")
+    return getattr(importlib.import_module(module), function)  # type: ignore[no-any-return]
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    rows = "\n".join(f"  {name:{width}s}  {help_}" for name, (_, help_) in COMMANDS.items())
+    return f"usage: gym COMMAND [ARGS...]\n\nFine-tune LLMs as a Prefect pipeline.\n\ncommands:\n{rows}\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    _offline_defaults()
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(usage(), end="")
+        return 0 if args else 2
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        print(f"error: unknown command {name!r}; choose from {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    try:
+        return _command(name)(rest)
+    except GymError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def console() -> NoReturn:
+    """The `gym` console script."""
+    from gym.cli import exit_process
+
+    exit_process(main())
+
+
+if __name__ == "__main__":
+    console()

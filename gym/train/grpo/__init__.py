@@ -1,0 +1,8 @@
+"""GRPO in gym: online GRPO/GSPO (weights trained through TRL) and Training-Free GRPO (an
+experience library learned in context), under the module names the Gym papers document:
+
+    gym.train.grpo.trainer              GRPOTrainer(..., experience_manager=..., training_free=True)
+    gym.train.grpo.experience_manager   ExperienceManager(library_path=..., max_size=...)
+    gym.train.grpo.semantic_extractor   the three LLM stages (summarize, extract, consolidate)
+    gym.train.grpo.api_model_adapter    black-box API models as policy / optimizer
+"""
