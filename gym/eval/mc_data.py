@@ -184,6 +184,8 @@ def _layout(spec: BenchmarkSpec, tree: _Tree, table: dict[str, SubjectInfo]) -> 
         if found:
             prefix = max(found, key=lambda p: len(found[p]))  # the folder holding most of them
             files = found[prefix]
+            if not {s for s, _ in files} & set(table):
+                continue  # file names of another layout (e.g. C-Eval's given as CMMLU)
             stray = sorted({s for s, _ in files} - set(table) - {"all", "auxiliary_train"})
             if stray:
                 raise DataError(
