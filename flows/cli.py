@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("flows.commands:cmd_train", "Run a training flow (`gym train --method M --help`)."),
     "registry": ("gym.cli:cmd_registry", "List or show models in the registry."),
     "data": ("gym.cli:cmd_data", "Look at a dataset the way gym reads it."),
+    "eval": ("gym.eval.cli:cmd_eval", "Score a model on MMLU / C-Eval / CMMLU or any lm-eval task."),
 }
 
 

@@ -13,10 +13,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gym.eval.benchmarks import LETTERS, BenchmarkSpec
 from gym.eval.mc_data import BenchmarkData, SubjectData
+from gym.eval.results import EvalResult
+from gym.models import ModelRef
+
+if TYPE_CHECKING:
+    from gym.eval.multiple_choice import MCSettings
 
 YAML_DIRS = {"mmlu": "mmlu/default", "ceval": "ceval", "cmmlu": "cmmlu"}
 
@@ -94,3 +99,49 @@ def _write_hub_schema(spec: BenchmarkSpec, subject: SubjectData, work_dir: Path)
                 fh.write(json.dumps(row, ensure_ascii=False) + "\n")
         out[split] = str(path)
     return out
+
+
+def run_on_local_files(model: ModelRef, settings: MCSettings) -> EvalResult:
+    """lm-eval itself on the benchmark files gym reads (`gym eval --engine lm-eval`): the same
+    `MCSettings`, the same result format, subjects and categories keyed as gym keys them."""
+    import tempfile
+
+    from gym.eval.lm_eval_bridge import LmEvalSettings, run_lm_eval
+    from gym.eval.mc_data import load_benchmark
+    from gym.eval.results import weighted
+
+    data = load_benchmark(
+        settings.benchmark,
+        settings.data_dir,
+        subjects=settings.subjects,
+        limit=settings.limit,
+        shots=settings.shots,
+        mapping=settings.mapping,
+    )
+    with tempfile.TemporaryDirectory(prefix="gym-lm-eval-") as work:
+        configs = local_task_configs(data, Path(work))
+        bridge = LmEvalSettings(
+            tasks=[c["task"] for c in configs],
+            shots=settings.shots,
+            limit=settings.limit,
+            batch_size=settings.batch_size,
+            chat=settings.style == "chat",
+            max_length=settings.max_length,
+            device=settings.device,
+        )
+        result = run_lm_eval(model, bridge, task_configs=configs, benchmark=data.spec.name)
+    prefix = data.spec.lm_eval_prefix
+    rekey = {data.spec.lm_eval_task(s.info.key): s.info.key for s in data.subjects}
+    sizes = {rekey[t]: n for t, n in result.sizes.items()}
+    correct = {rekey[t]: round(acc * result.sizes[t]) for t, acc in result.subjects.items()}
+    categories = {s.info.key: s.info.category for s in data.subjects}
+    return result.model_copy(
+        update={
+            "subjects": {rekey[t]: v for t, v in result.subjects.items()},
+            "sizes": sizes,
+            "predictions": {t.removeprefix(prefix): p for t, p in result.predictions.items()},
+            "categories": weighted(correct, sizes, categories),
+            "subject_categories": categories,
+            "overall": sum(correct.values()) / sum(sizes.values()),
+        }
+    )

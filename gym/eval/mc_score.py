@@ -72,6 +72,18 @@ def requests_for(
     return out
 
 
+def resolve_device(device: str) -> str:
+    import torch
+
+    from gym.errors import ConfigError
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r} asked for, but torch sees no CUDA GPU here")
+    return device
+
+
 def exact_margin(dtype: Any) -> float:
     import torch
 

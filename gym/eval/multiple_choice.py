@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gym.eval.mc_data import BenchmarkData, load_benchmark
 from gym.eval.mc_prompt import Encoder, max_length
-from gym.eval.mc_score import Request, Scorer, requests_for
+from gym.eval.mc_score import Request, Scorer, requests_for, resolve_device
 from gym.eval.results import EvalResult, weighted
 from gym.models import ModelRef, load_model, load_tokenizer
 
@@ -45,6 +45,7 @@ class MCSettings(BaseModel):
         None, description="Context window in tokens (default: the model's, as lm-eval reads it)."
     )
     prefix_cache: bool = Field(True, description="Run a subject's shared prompt prefix once (same scores).")
+    device: str = Field("auto", description="cpu, cuda, cuda:1 ... (auto: cuda when there is one).")
     mapping: str | None = Field(None, description="mapping.json with subject names and categories.")
     progress: bool = Field(True, description="Show a progress bar.")
 
@@ -61,7 +62,7 @@ def evaluate_benchmark(model: ModelRef, settings: MCSettings) -> EvalResult:
     )
     tokenizer = load_tokenizer(model)
     requests, notes = build_requests(data, tokenizer, model, settings)
-    lm = load_model(model).eval()
+    lm = load_model(model).to(resolve_device(settings.device)).eval()
     scorer = Scorer(lm, batch_size=settings.batch_size, prefix_cache=settings.prefix_cache)
     from tqdm.auto import tqdm
 
