@@ -117,8 +117,10 @@ def main() -> None:
         print(f"{s:40s} {gym_acc[s]:7.4f} {lm_acc[s]:7.4f}{mark}")
     ratio = times["lm-eval"] / times["gym"]
     print(f"\ngym {times['gym']:.1f}s  lm-eval {times['lm-eval']:.1f}s  speed-up {ratio:.2f}x")
-    print(f"subjects with identical accuracy: {len(same)}/{len(keys)}; questions answered differently: "
-          f"{len(differing)}/{compared}")
+    print(
+        f"subjects with identical accuracy: {len(same)}/{len(keys)}; questions answered differently: "
+        f"{len(differing)}/{compared}"
+    )
     print(
         json.dumps(
             {
