@@ -14,10 +14,11 @@ from typing import Any
 from prefect import flow
 from prefect.runtime import flow_run
 
+from gym.eval.suite import benchmark_summary
 from gym.pipeline import TrainFlowConfig
 from gym.summary import summarize
 from tasks.data import ingest_dataset, tokenize_dataset
-from tasks.evaluate import exact_match
+from tasks.evaluate import benchmark_eval, check_benchmarks_task, exact_match
 from tasks.model import resolve_model
 from tasks.register import export, register_model
 from tasks.tracking import finish_tracking, start_tracking
@@ -29,6 +30,8 @@ DEFAULTS = TrainFlowConfig()
 @flow(name="train")
 def train(config: TrainFlowConfig = DEFAULTS) -> dict[str, Any]:
     uri, run_label, method = config.output.tracking_uri, flow_run.get_id(), config.train.method
+    options = config.benchmark_options  # benchmarks: data and names checked before anything runs
+    benchmarks = check_benchmarks_task(config.benchmarks, options) if config.benchmarks else []
     parent = start_tracking(f"train-{method}", config.model_dump(), run_label, uri)
 
     model = resolve_model(config.model, config.template, config.trust_remote_code)
@@ -41,9 +44,15 @@ def train(config: TrainFlowConfig = DEFAULTS) -> dict[str, Any]:
     )
     held_out = ingest_dataset(config.eval_dataset) if config.eval_dataset else None
 
-    before = exact_match(model, held_out, "before", config.eval_limit, parent, uri) if held_out else None
+    limit, metrics = config.eval_limit, config.eval_metrics
+    before = exact_match(model, held_out, "before", limit, parent, uri, metrics) if held_out else None
+    scores_before = [benchmark_eval(model, b.entry, options, "before", parent, uri) for b in benchmarks]
     result, final_model = train_stage(config.train, model, data, method_eval, parent, uri)
-    after = exact_match(final_model, held_out, "after", config.eval_limit, parent, uri) if held_out else None
+    after = exact_match(final_model, held_out, "after", limit, parent, uri, metrics) if held_out else None
+    scores_after = [
+        benchmark_eval(final_model, b.entry, options, "after", parent, uri, baseline=score)
+        for b, score in zip(benchmarks, scores_before, strict=True)
+    ]
 
     name = config.output.register_as or f"{config.model.rsplit('/', 1)[-1]}-{method}"
     lineage = {"dataset": raw.digest, f"{method}_stage": result.digest}
@@ -52,6 +61,7 @@ def train(config: TrainFlowConfig = DEFAULTS) -> dict[str, Any]:
         export(final_model, config.output.output_dir)
 
     summary = summarize({method: result}, before, after, registered, parent, final_model.path, run_label)
+    summary |= benchmark_summary(scores_before, scores_after, config.benchmarks)
     finish_tracking(parent, summary, uri)
     return summary
 
