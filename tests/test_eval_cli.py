@@ -108,3 +108,22 @@ def test_user_errors_end_with_error_and_status_2(tmp_path, capsys, extra, messag
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and "Traceback" not in err
     assert not (tmp_path / "gym_home" / "models").exists()  # failed before resolving (building) the model
+
+
+def test_an_mlflow_model_version_scores_like_the_model_it_registered(tmp_path, capsys):
+    from gym import tracking
+    from gym.models import resolve
+
+    base = resolve("gym-tiny")
+    run_id = tracking.start_run("register")
+    tracking.register_model(
+        run_id, Path(base.path), "tiny-eval", {"template": "chatml", "base_model": "gym-tiny"}
+    )
+    data = write_benchmark("mmlu", tmp_path / "mmlu")
+    argv = ["eval", "--benchmark", "mmlu", "--data-dir", str(data), "--shots", "1", "--no-progress", "--json"]
+    assert main([*argv, "--model", "models:/tiny-eval@challenger"]) == 0
+    registered = last_json(capsys.readouterr().out)
+    assert main([*argv, "--model", "gym-tiny"]) == 0
+    local = last_json(capsys.readouterr().out)
+    assert registered["model"] == "models:/tiny-eval@challenger"
+    assert registered["subjects"] == local["subjects"] and registered["n_questions"] == 12

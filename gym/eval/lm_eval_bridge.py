@@ -15,6 +15,7 @@ tasks over local files, which is how `gym eval --engine lm-eval --benchmark mmlu
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 from typing import Any
@@ -56,12 +57,12 @@ def task_manager(settings: LmEvalSettings, with_defaults: bool = True) -> Any:
     if settings.include_path:
         if not Path(settings.include_path).is_dir():
             raise ConfigError(f"--include-path {settings.include_path} is not a folder")
-        own = TaskManager(include_path=settings.include_path, include_defaults=False)
+        own = _index(str(Path(settings.include_path).resolve()), False)
         if not with_defaults or all(t in own.all_tasks for t in settings.tasks):
             return own
     if not with_defaults:
         return TaskManager(include_defaults=False)
-    manager = TaskManager(include_path=settings.include_path)
+    manager = _index(settings.include_path and str(Path(settings.include_path).resolve()), True)
     unknown = [t for t in settings.tasks if t not in manager.all_tasks]
     if unknown:
         raise ConfigError(
@@ -69,6 +70,14 @@ def task_manager(settings: LmEvalSettings, with_defaults: bool = True) -> Any:
             "your own YAMLs go in --include-path)"
         )
     return manager
+
+
+@functools.lru_cache(maxsize=4)
+def _index(include_path: str | None, include_defaults: bool) -> Any:
+    """Built once per process: a flow checks the names, then runs the tasks with the same index."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=include_path, include_defaults=include_defaults)
 
 
 def run_lm_eval(

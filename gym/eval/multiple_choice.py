@@ -24,6 +24,8 @@ from gym.eval.mc_score import Request, Scorer, requests_for, resolve_device
 from gym.eval.results import EvalResult, weighted
 from gym.models import ModelRef, load_model, load_tokenizer
 
+TIE = 1e-5  # log-likelihood gap below which float rounding decides
+
 
 class MCSettings(BaseModel):
     """One multiple-choice benchmark run."""
@@ -70,7 +72,18 @@ def evaluate_benchmark(model: ModelRef, settings: MCSettings) -> EvalResult:
         scores = scorer.run(requests, progress=bar)
     if scorer.rescored:
         notes.append(f"{scorer.rescored} close calls re-scored without the prefix cache")
+    ties = sum(1 for lls in scores.values() if _gap(lls) < TIE)
+    if ties:
+        notes.append(
+            f"{ties} questions have their two best choices within {TIE:g} in log-likelihood: float rounding "
+            "(batch shapes, devices) can flip them between tools, lm-eval with another batch size included"
+        )
     return _result(model, data, settings, scores, notes, time.perf_counter() - start)
+
+
+def _gap(lls: dict[int, float]) -> float:
+    ranked = sorted(lls.values(), reverse=True)
+    return ranked[0] - ranked[1] if len(ranked) > 1 else float("inf")
 
 
 def build_requests(
@@ -98,6 +111,11 @@ def build_requests(
         notes.append(
             f"{truncated} of {key} prompts exceed the {window}-token window and lose tokens on the left "
             "(as in lm-eval)"
+        )
+    if encoder.whole_encodes:
+        notes.append(
+            f"{encoder.whole_encodes} choices needed their whole prompt tokenized (this tokenizer's window "
+            "check failed): same token ids as lm-eval, slower"
         )
     if split:
         notes.append(
