@@ -88,7 +88,7 @@ class Encoder:
         with_special = list(tokenizer.encode(probe))
         plain = list(tokenizer.encode(probe, add_special_tokens=False))
         self._n_prefix = len(with_special) - len(plain)
-        self.windowed = bool(getattr(tokenizer, "is_fast", False)) and with_special[self._n_prefix :] == plain
+        self.windowed = bool(tokenizer.is_fast) and with_special[self._n_prefix :] == plain
         self.whole_encodes = 0  # continuations that needed the whole text encoded
         self._checked: tuple[str, bool] = ("", False)  # last window, and whether it starts cleanly
 
