@@ -183,11 +183,19 @@ class Scorer:
         column = {pos: i for i, pos in enumerate(wanted)}
         keep = torch.tensor(wanted, dtype=torch.long, device=ids.device)
         logits = self.model(input_ids=ids, logits_to_keep=keep, **kwargs).logits
-        logprobs = F.log_softmax(logits, dim=-1)
-        out = []
-        for row, (r, end) in enumerate(zip(batch, ends, strict=True)):
-            cols = torch.tensor([column[end - r.n_scored + j] for j in range(r.n_scored)], device=ids.device)
-            rows = logprobs[row].index_select(0, cols).unsqueeze(0)  # [1, n, vocab] as lm-eval slices it
+        # Each row's own scored positions only, then lm-eval's log-softmax over the vocabulary.
+        rows_at = [row for row, r in enumerate(batch) for _ in range(r.n_scored)]
+        cols_at = [
+            column[end - r.n_scored + j]
+            for r, end in zip(batch, ends, strict=True)
+            for j in range(r.n_scored)
+        ]
+        picked = logits[torch.tensor(rows_at, device=ids.device), torch.tensor(cols_at, device=ids.device)]
+        logprobs = F.log_softmax(picked, dim=-1)
+        out, start = [], 0
+        for r in batch:
+            rows = logprobs[start : start + r.n_scored].unsqueeze(0)  # [1, n, vocab] as lm-eval slices it
+            start += r.n_scored
             values = []
             for _, cont in r.choices:
                 target = torch.tensor([cont], dtype=torch.long, device=ids.device)
