@@ -3,6 +3,7 @@ and a custom metric named by dotted path, checked before any model loads."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,16 @@ from gym.errors import ConfigError
 from gym.eval.exact_match import evaluate
 from gym.eval.generation import score
 from gym.models import ModelRef, resolve
+
+
+@pytest.fixture(autouse=True, scope="module")
+def absl_leaves_pytest_streams_alone():
+    """rouge-score imports absl, whose log handler keeps the stderr of that moment (here a pytest
+    capture file) and closes it when logging is reconfigured, as Prefect does in later tests."""
+    yield
+    absl_logging = sys.modules.get("absl.logging")
+    if absl_logging is not None:
+        absl_logging.get_absl_handler().python_handler.stream = sys.__stderr__
 
 
 def first_words(predictions, references):
