@@ -64,8 +64,11 @@ class EvaluateConfig(BaseModel):
     output: EvalOutput = Field(default_factory=EvalOutput, description="Where results are tracked.")
 
 
+DEFAULTS = EvaluateConfig()
+
+
 @flow(name="evaluate")
-def evaluate(config: EvaluateConfig = EvaluateConfig()) -> dict[str, Any]:  # noqa: B008 - Prefect form default
+def evaluate(config: EvaluateConfig = DEFAULTS) -> dict[str, Any]:
     uri, run_label, options = config.output.tracking_uri, flow_run.get_id(), config.benchmark_options
     benchmarks = check_benchmarks_task(config.benchmarks, options)
     parent = start_tracking("evaluate", config.model_dump(), run_label, uri)
