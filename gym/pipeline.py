@@ -53,6 +53,13 @@ class FlowConfig(BaseModel):
     data: TokenizeSettings = Field(default_factory=TokenizeSettings, description="Templating, tokenization.")
     output: OutputSettings = Field(default_factory=OutputSettings, description="Registration and export.")
 
+    def dataset_uses(self) -> dict[str, tuple[str, str]]:
+        """Each dataset field that is set -> (dataset name, what reads it: a method or `exact_match`).
+
+        gym.preflight checks, before any work, that each holds the record kind its reader needs.
+        """
+        return {"eval_dataset": (self.eval_dataset, "exact_match")} if self.eval_dataset else {}
+
 
 class SftThenDpoConfig(FlowConfig):
     """SFT on instruction data, then DPO on preference pairs, evaluated before and after."""
@@ -65,6 +72,15 @@ class SftThenDpoConfig(FlowConfig):
     sft: TrainConfig = Field(default_factory=lambda: DEFAULT_SFT.model_copy(), description="SFT stage.")
     dpo: TrainConfig = Field(default_factory=lambda: DEFAULT_DPO.model_copy(), description="DPO stage.")
 
+    def dataset_uses(self) -> dict[str, tuple[str, str]]:
+        uses = {
+            "sft_dataset": (self.sft_dataset, self.sft.method),
+            "dpo_dataset": (self.dpo_dataset, self.dpo.method),
+        }
+        if self.dpo_eval_dataset:
+            uses["dpo_eval_dataset"] = (self.dpo_eval_dataset, self.dpo.method)
+        return {**uses, **super().dataset_uses()}
+
 
 class TrainFlowConfig(FlowConfig):
     """One training method on one dataset, evaluated before and after."""
@@ -74,3 +90,9 @@ class TrainFlowConfig(FlowConfig):
         None, description="Held-out data in the training format (e.g. preference pairs for DPO)."
     )
     train: TrainConfig = Field(default_factory=lambda: DEFAULT_SFT.model_copy(), description="The stage.")
+
+    def dataset_uses(self) -> dict[str, tuple[str, str]]:
+        uses = {"dataset": (self.dataset, self.train.method)}
+        if self.method_eval_dataset:
+            uses["method_eval_dataset"] = (self.method_eval_dataset, self.train.method)
+        return {**uses, **super().dataset_uses()}

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-KINDS = ("datasets", "tokenized", "models", "runs", "mlflow", "prefect")
+KINDS = ("datasets", "tokenized", "models", "runs", "mlflow", "prefect", "services")
 
 
 def home() -> Path:
