@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 from collections.abc import Sequence
 
 from gym import services, workspace
@@ -27,8 +28,9 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def prepare_server(api_url: str) -> dict[str, int | str]:
-    """Create gym's work pool and the tag concurrency limit that keeps training tasks one per GPU."""
+def prepare_server(api_url: str, pool: str = services.WORK_POOL) -> dict[str, int | str]:
+    """Create gym's work pool (a process pool) and the tag concurrency limit that keeps training tasks
+    one per GPU (as many slots as this machine has GPUs, at least one)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectAlreadyExists
@@ -42,14 +44,14 @@ def prepare_server(api_url: str) -> dict[str, int | str]:
         with contextlib.suppress(ObjectAlreadyExists):
             client.create_work_pool(
                 WorkPoolCreate(
-                    name=services.WORK_POOL,
+                    name=pool,
                     type="process",
                     base_job_template=ProcessWorker.get_default_base_job_template(),
                     description="gym's deployments: flow runs as local processes",
                 )
             )
         client.create_concurrency_limit(tag=GPU_TAG, concurrency_limit=slots)
-    return {"work_pool": services.WORK_POOL, "gpu_tag": GPU_TAG, "gpu_slots": slots}
+    return {"work_pool": pool, "gpu_tag": GPU_TAG, "gpu_slots": slots}
 
 
 def cmd_up(argv: Sequence[str]) -> int:
@@ -73,7 +75,7 @@ def cmd_up(argv: Sequence[str]) -> int:
     if args.json:
         print(json.dumps({"prefect": prefect_url, "mlflow": mlflow_url, **prepared, "worker": args.worker}))
         return 0
-    print(f"Prefect UI  {prefect_url}   (API {prefect_url}/api)")
+    print(f"Prefect UI  {prefect_url}   (prefect CLI: export PREFECT_API_URL={prefect_url}/api)")
     print(f"MLflow UI   {mlflow_url}")
     worker = (
         "running"
@@ -101,8 +103,20 @@ def cmd_status(argv: Sequence[str]) -> int:
         prog="gym status", description="Say what `gym up` started and whether it answers."
     )
     parser.add_argument("--json", action="store_true", help="Print JSON.")
+    parser.add_argument(
+        "--env",
+        action="store_true",
+        help='Print `export PREFECT_API_URL=...` (for `eval "$(gym status --env)"`).',
+    )
     args = parser.parse_args(argv)
     state = services.status()
+    if args.env:
+        prefect = state.get("prefect")
+        if not prefect or not prefect["answering"]:
+            print("error: the Prefect server is not running: `gym up` first", file=sys.stderr)
+            return 3
+        print(f"export PREFECT_API_URL={prefect['url']}/api")
+        return 0
     if args.json:
         print(json.dumps(state, indent=2))
     elif not state:
