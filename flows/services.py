@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -54,15 +55,26 @@ def prepare_server(api_url: str, pool: str = services.WORK_POOL) -> dict[str, in
     return {"work_pool": pool, "gpu_tag": GPU_TAG, "gpu_slots": slots}
 
 
+def _port(env: str) -> int | None:
+    value = os.environ.get(env)
+    return int(value) if value else None
+
+
 def cmd_up(argv: Sequence[str]) -> int:
     parser = ArgumentParser(
         prog="gym up", description="Start the Prefect and MLflow servers for this workspace."
     )
     parser.add_argument(
-        "--prefect-port", type=int, default=None, help="Default: 4200 if free, else any (0: any)."
+        "--prefect-port",
+        type=int,
+        default=_port("GYM_PREFECT_PORT"),
+        help="Default: $GYM_PREFECT_PORT, else 4200 if free, else any (0: any).",
     )
     parser.add_argument(
-        "--mlflow-port", type=int, default=None, help="Default: 5000 if free, else any (0: any)."
+        "--mlflow-port",
+        type=int,
+        default=_port("GYM_MLFLOW_PORT"),
+        help="Default: $GYM_MLFLOW_PORT, else 5000 if free, else any (0: any).",
     )
     parser.add_argument("--worker", action="store_true", help="Also start a worker on the gym-process pool.")
     parser.add_argument("--json", action="store_true", help="Print JSON.")
