@@ -72,13 +72,21 @@ def flow_in(path: Path) -> str:
     return f"{path.relative_to(REPO)}:{names[0]}"
 
 
-def deployments(cron: str = WEEKLY_CRON, timezone: str = WEEKLY_TZ, paused: bool = False) -> list[Any]:
+def deployments(
+    cron: str = WEEKLY_CRON, timezone: str = WEEKLY_TZ, paused: bool = False, image: str | None = None
+) -> list[Any]:
+    """The deployments: from this clone (pull step: its path; env: this workspace), or with `image`, from
+    the image's copy of the repository (entrypoints relative to its working directory; the pool's job
+    template gives the environment, see deployments/work-pools/)."""
     from prefect import Flow
+    from prefect.flows import load_flow_from_entrypoint
     from prefect.schedules import Cron
 
-    env = {"env": job_env()}
+    env = {} if image else {"env": job_env()}
 
     def load(entrypoint: str) -> Any:
+        if image:
+            return load_flow_from_entrypoint(entrypoint)  # run from REPO: entrypoints stay repo-relative
         return Flow.from_source(source=str(REPO), entrypoint=entrypoint)
 
     found = [
@@ -117,7 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cron", default=WEEKLY_CRON, help="Retraining schedule (cron).")
     parser.add_argument("--timezone", default=WEEKLY_TZ, help="Time zone of the cron schedule (IANA name).")
     parser.add_argument("--paused", action="store_true", help="Register the schedule inactive.")
+    parser.add_argument(
+        "--image",
+        help="Run from this image (Docker, Kubernetes pools: deployments/work-pools/), not this clone.",
+    )
     args = parser.parse_args(argv)
+    os.chdir(REPO)
     from prefect import deploy
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -130,10 +143,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     with temporary_settings({PREFECT_API_URL: api}):
-        prepare_server(api, args.pool)
+        if not args.image:
+            prepare_server(api, args.pool)  # a process pool; image pools are created with their job template
         ids = deploy(
-            *deployments(args.cron, args.timezone, args.paused),
+            *deployments(args.cron, args.timezone, args.paused, args.image),
             work_pool_name=args.pool,
+            image=args.image,
             build=False,
             push=False,
             print_next_steps_message=False,
