@@ -17,6 +17,7 @@ import contextlib
 import contextvars
 import functools
 import json
+import logging
 import os
 import sys
 import threading
@@ -157,6 +158,7 @@ def console_defaults(verbose: bool = False) -> None:
         return
     for key, value in QUIET.items():
         os.environ.setdefault(key, value)
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # its CPU-kernel notice on every import
 
 
 def user_error(message: str) -> int:

@@ -125,10 +125,15 @@ def test_weekly_schedule_has_the_right_next_run(deployed: Stack):
 
 
 def test_each_deployment_run_completes_and_registers_in_mlflow(runs: dict[str, str], deployed: Stack):
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
     with deployed.client() as client:
         states = {name: client.read_flow_run(run_id).state for name, run_id in runs.items()}
         artifacts = client.read_artifacts()
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[runs["weekly"]])))
     assert all(s is not None and s.is_completed() for s in states.values()), states
+    step_logs = [log.message for log in logs if log.message.startswith(("sft step", "dpo step"))]
+    assert len(step_logs) >= 3, "the per-step training log is in the run's logs"
     mlflow = deployed.mlflow_client()
     version = mlflow.get_model_version_by_alias("gym-tiny-sft-dpo", "challenger")
     assert version.tags["prefect_flow_run_id"] == runs["weekly"]

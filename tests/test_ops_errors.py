@@ -131,6 +131,17 @@ def test_prefect_run_logs_carry_the_message_not_a_traceback(gym_home, tmp_path, 
     assert "line 2 is not valid JSON" in text
     assert "Traceback" not in text
     assert not (gym_home / "models").exists()
+    # the flow's failure hook closed the MLflow run it had opened
+    from mlflow import MlflowClient
+
+    from gym import tracking
+
+    client = MlflowClient(tracking.tracking_uri())
+    flow_run_id = str(state.state_details.flow_run_id)
+    (parent,) = client.search_runs(
+        [tracking.experiment_id()], filter_string=f"tags.prefect_flow_run_id = '{flow_run_id}'"
+    )
+    assert parent.info.status == "FAILED"
 
 
 def test_only_user_errors_lose_their_traceback():
