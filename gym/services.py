@@ -96,7 +96,7 @@ def running(name: str) -> str | None:
     service = read_state().get(name)
     if service is None or service.url is None or not alive(service):
         return None
-    return service.url if healthy(service.url, name, timeout=1.0) else None
+    return service.url if healthy(service.url, name, timeout=5.0) else None
 
 
 def free_port(preferred: int | None = None) -> int:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ops_servers import REPO, Stack, gym_up
+from tests.ops_servers import REPO, Stack, gym_up, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("servers")]
 
@@ -113,15 +113,18 @@ def test_weekly_schedule_has_the_right_next_run(deployed: Stack):
     with deployed.client() as client:
         weekly = client.read_deployment_by_name("sft-then-dpo/retrain-weekly")
         (schedule,) = weekly.schedules
-        scheduled = client.read_flow_runs(
-            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[weekly.id]))
-        )
+        only_weekly = DeploymentFilter(id=DeploymentFilterId(any_=[weekly.id]))
+
+        def upcoming() -> list[datetime]:  # the server's scheduler creates them within a minute or so
+            runs = client.read_flow_runs(deployment_filter=only_weekly)
+            return sorted(r.expected_start_time for r in runs if r.auto_scheduled)
+
+        scheduled = wait_for(upcoming, timeout=120, every=2)
     assert schedule.schedule.cron == "0 3 * * 1" and schedule.schedule.timezone == "UTC" and schedule.active
     now = datetime.now(UTC)
     monday = (now + timedelta(days=(-now.weekday()) % 7)).replace(hour=3, minute=0, second=0, microsecond=0)
     expected = monday if monday > now else monday + timedelta(days=7)
-    upcoming = sorted(r.expected_start_time for r in scheduled if r.auto_scheduled)
-    assert upcoming and upcoming[0] == expected
+    assert scheduled and scheduled[0] == expected
 
 
 def test_each_deployment_run_completes_and_registers_in_mlflow(runs: dict[str, str], deployed: Stack):
