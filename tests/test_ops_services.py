@@ -24,12 +24,15 @@ def test_up_status_down_and_runs_find_the_servers(tmp_path: Path, monkeypatch: p
         assert services_state(home) == before, "a second `gym up` finds the running servers, starts nothing"
 
         # A run in this workspace uses these servers: no temporary API, and the run shows in the UI.
-        from prefect.settings import PREFECT_API_URL
+        from prefect.settings import PREFECT_API_URL, temporary_settings
 
         from flows.runner import workspace_servers
 
         monkeypatch.setenv("GYM_HOME", str(home))
-        with workspace_servers():
+        with (
+            temporary_settings(restore_defaults={PREFECT_API_URL}),
+            workspace_servers(),
+        ):  # as a fresh process
             assert PREFECT_API_URL.value() == stack.api
         from gym import tracking
 
@@ -52,7 +55,7 @@ def test_up_status_down_and_runs_find_the_servers(tmp_path: Path, monkeypatch: p
         assert not any(left.values()), left
         assert not (home / "services" / "services.json").exists()
         assert stack.sh("gym status", check=False).returncode == 3
-        with workspace_servers():
+        with temporary_settings(restore_defaults={PREFECT_API_URL}), workspace_servers():
             assert PREFECT_API_URL.value() is None, "with the servers gone, runs start their own API again"
 
 
