@@ -4,8 +4,8 @@
     python deployments/serve.py         # serves retrain-weekly (cron) and train until Ctrl-C
 
 Flow runs start as subprocesses of this one, in this workspace (GYM_HOME, Prefect's results in it).
-Stopping the process pauses the schedules; `python deployments/deploy.py` with a worker is the way to
-run them from a machine that is not always on.
+Stopping the process (Ctrl-C) pauses the schedules through the API: stop it before `gym down`.
+`python deployments/deploy.py` with a worker is the way to keep schedules without a serving process.
 """
 
 from __future__ import annotations
