@@ -23,10 +23,12 @@ from prefect.runtime import flow_run
 from pydantic import BaseModel, ConfigDict, Field
 
 from gym.eval.suite import BenchmarkOptions
+from gym.pipeline import registry_choices
 from tasks.data import ingest_dataset
 from tasks.evaluate import benchmark_eval, check_benchmarks_task, exact_match
 from tasks.model import resolve_model
-from tasks.tracking import finish_tracking, start_tracking
+from tasks.preflight import check_inputs
+from tasks.tracking import end_failed_tracking, finish_tracking, start_tracking
 
 
 class EvalOutput(BaseModel):
@@ -43,7 +45,11 @@ class EvaluateConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str = Field("gym-tiny", description="Registry name, model folder or models:/name@alias.")
+    model: str = Field(
+        "gym-tiny",
+        description="Registry name, model folder, hub id or MLflow version (models:/name@alias).",
+        json_schema_extra=registry_choices("model", "folder, hub id or models:/name@alias"),
+    )
     template: str | None = Field(None, description="Chat template; default: the model's.")
     trust_remote_code: bool = Field(False, description="Let transformers run the model repo's code.")
     benchmarks: list[str] = Field(
@@ -63,12 +69,20 @@ class EvaluateConfig(BaseModel):
     )
     output: EvalOutput = Field(default_factory=EvalOutput, description="Where results are tracked.")
 
+    def dataset_uses(self) -> dict[str, tuple[str, str]]:
+        """For gym.preflight: the held-out data is read as instruction records."""
+        return {"eval_dataset": (self.eval_dataset, "exact_match")} if self.eval_dataset else {}
+
 
 DEFAULTS = EvaluateConfig()
 
 
-@flow(name="evaluate")
+# As the training flows: results persisted, a failed or crashed run closes its MLflow runs as FAILED.
+@flow(
+    name="evaluate", persist_result=True, on_failure=[end_failed_tracking], on_crashed=[end_failed_tracking]
+)
 def evaluate(config: EvaluateConfig = DEFAULTS) -> dict[str, Any]:
+    check_inputs(config)  # model, template, held-out data: fails in a second, before any model
     uri, run_label, options = config.output.tracking_uri, flow_run.get_id(), config.benchmark_options
     benchmarks = check_benchmarks_task(config.benchmarks, options)
     parent = start_tracking("evaluate", config.model_dump(), run_label, uri)

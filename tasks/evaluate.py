@@ -22,10 +22,13 @@ from gym.eval.suite import BenchmarkEntry, BenchmarkOptions, check_benchmarks, p
 from gym.hashing import stamp
 from gym.models import ModelRef
 from gym.plots import category_bars
-from tasks._common import gym_task
+from tasks._common import EVAL_TIMEOUT_S, GPU_TAG, gym_task
+from tasks.tracking import cell, in_run, publish, stage_run, table
 
 
-@gym_task(name="exact-match", task_run_name="exact match {label}")
+@gym_task(
+    name="exact-match", task_run_name="exact match {label}", tags=[GPU_TAG], timeout_seconds=EVAL_TIMEOUT_S
+)
 def exact_match(
     model: ModelRef,
     dataset: Any,
@@ -35,23 +38,24 @@ def exact_match(
     tracking_uri: str | None = None,
     metrics: Sequence[str] = ("exact_match",),
 ) -> ExactMatch:
-    result = evaluate(model, Path(dataset.path), limit=limit, metrics=metrics)
-    if parent_run_id:
-        run_id = tracking.start_run(
-            f"eval-{label}",
-            params={
-                "model": model.path,
-                "dataset_digest": dataset.digest,
-                "limit": limit,
-                "metrics": list(metrics),
-            },
-            parent_run_id=parent_run_id,
-            uri=tracking_uri,
-        )
-        tracking.log_metrics(
-            run_id, {**result.scores, "exact_match": result.exact_match, "n": result.n}, uri=tracking_uri
-        )
-        tracking.end_run(run_id, uri=tracking_uri)
+    params = {"model": model.path, "dataset_digest": dataset.digest, "limit": limit, "metrics": list(metrics)}
+    with stage_run(f"eval-{label}", params, parent_run_id, tracking_uri) as run_id:
+        result = evaluate(model, Path(dataset.path), limit=limit, metrics=metrics)
+        if run_id:
+            numbers = {**result.scores, "exact_match": result.exact_match, "n": result.n}
+            tracking.log_metrics(run_id, numbers, uri=tracking_uri)
+    samples = "\n".join(
+        f"| {cell(s['prompt'])} | {cell(s['reference'])} | {cell(s['prediction'])} |"
+        for s in result.samples[:5]
+    )
+    scores = {"exact match": result.exact_match, **result.scores, "records": result.n}
+    scores.pop("exact_match", None)
+    publish(
+        f"exact-match-{label}",
+        f"## exact match {label}\n\n{table(scores)}\n"
+        f"| prompt (end) | reference | prediction |\n|---|---|---|\n{samples}\n",
+        f"Held-out exact match {label} training",
+    )
     return result
 
 
@@ -71,6 +75,8 @@ def _data_identity(entry: str) -> Any:
     identity=lambda entry, **_: _data_identity(entry),
     name="benchmark",
     task_run_name="{entry} {label}",
+    tags=[GPU_TAG],
+    timeout_seconds=EVAL_TIMEOUT_S,
 )
 def benchmark_eval(
     model: ModelRef,
@@ -81,20 +87,21 @@ def benchmark_eval(
     tracking_uri: str | None = None,
     baseline: EvalResult | None = None,
 ) -> EvalResult:
-    """Score `model` on one benchmark; log it only once it is complete (nothing partial in MLflow).
+    """Score `model` on one benchmark; its MLflow run opens once the score is complete (a failed
+    evaluation leaves nothing in MLflow).
 
     `baseline` (e.g. the score before training) joins the bar chart as a second series.
     """
     result = run_benchmark(model, parse(entry), options)
     if parent_run_id:
         _track(result, entry, options, label, model, parent_run_id, tracking_uri, baseline)
-    rows = [{"label": label, **row} for row in result.rows()]
-    headline = f"{result.metric} {result.overall:.4f} over {result.n_questions} questions"
-    create_table_artifact(
-        key=_artifact_key(f"{result.benchmark}-{label}"),
-        table=rows,
-        description=f"{result.benchmark} {label} ({model.name}): {headline}",
-    )
+    if in_run():  # not under `task.fn()`
+        headline = f"{result.metric} {result.overall:.4f} over {result.n_questions} questions"
+        create_table_artifact(
+            key=_artifact_key(f"{result.benchmark}-{label}"),
+            table=[{"label": label, **row} for row in result.rows()],
+            description=f"{result.benchmark} {label} ({model.name}): {headline}",
+        )
     return result
 
 
@@ -109,7 +116,12 @@ def _track(
     baseline: EvalResult | None,
 ) -> None:
     params = {"benchmark": entry, "model": model.name, "model_digest": model.digest, **options.model_dump()}
-    run_id = tracking.start_run(f"{parse(entry).label}-{label}", params=params, parent_run_id=parent, uri=uri)
+    with stage_run(f"{parse(entry).label}-{label}", params, parent, uri) as run_id:
+        if run_id:
+            _log(run_id, result, label, uri, baseline)
+
+
+def _log(run_id: str, result: EvalResult, label: str, uri: str | None, baseline: EvalResult | None) -> None:
     tracking.log_metrics(
         run_id, {**result.metrics(), "n_questions": result.n_questions, "seconds": result.seconds}, uri=uri
     )
@@ -117,12 +129,12 @@ def _track(
         folder = Path(tmp)
         full = folder / f"{result.benchmark}-{label}.json"
         full.write_text(json.dumps({**result.summary(), "rows": result.rows()}, indent=1, ensure_ascii=False))
-        table = folder / f"{result.benchmark}-{label}.csv"
-        with table.open("w", newline="", encoding="utf-8") as fh:
+        rows = folder / f"{result.benchmark}-{label}.csv"
+        with rows.open("w", newline="", encoding="utf-8") as fh:
             writer = csv.DictWriter(fh, fieldnames=["subject", "category", "questions", result.metric])
             writer.writeheader()
             writer.writerows(result.rows())
-        for path in (full, table):
+        for path in (full, rows):
             tracking.log_artifact(run_id, path, uri=uri)
         series = {label: result.categories or {"overall": result.overall}}
         if baseline is not None:
@@ -131,7 +143,6 @@ def _track(
             series, folder / f"{result.benchmark}-{label}-categories.png", f"{result.benchmark}"
         )
         tracking.log_artifact(run_id, plot, uri=uri)
-    tracking.end_run(run_id, uri=uri)
 
 
 def _artifact_key(text: str) -> str:
