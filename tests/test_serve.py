@@ -244,8 +244,11 @@ def test_requests_beyond_the_concurrency_cap_get_429(engine):
     with serve_in_thread(app) as base:
         body = {"model": NAME, "prompt": "x", "max_tokens": 400, "temperature": 0, "ignore_eos": True}
         first: dict[str, int] = {}
-        thread = threading.Thread(target=lambda: first.update(status=httpx.post(f"{base}/v1/completions",
-                                  json=body, timeout=120).status_code))  # fmt: skip
+
+        def long_request() -> None:
+            first["status"] = httpx.post(f"{base}/v1/completions", json=body, timeout=120).status_code
+
+        thread = threading.Thread(target=long_request)
         thread.start()
         deadline = time.monotonic() + 30
         while app.state.gate.active == 0 and time.monotonic() < deadline:

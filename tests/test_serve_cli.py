@@ -17,8 +17,8 @@ KEY = "serve-cli-secret-4242"
 
 def test_gym_serve_answers_then_exits_cleanly_on_sigterm(gym_home):
     env = {**os.environ, "GYM_TEST_KEY": KEY, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "flows.cli", "serve", "--model", "gym-tiny", "--port", "0",
-           "--api-key-env", "GYM_TEST_KEY", "--served-model-name", "tiny"]  # fmt: skip
+    cmd = [sys.executable, "-m", "flows.cli", "serve", "--model", "gym-tiny", "--port", "0"]
+    cmd += ["--api-key-env", "GYM_TEST_KEY", "--served-model-name", "tiny"]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()  # printed once the socket listens

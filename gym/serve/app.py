@@ -81,8 +81,8 @@ def build_app(engine: Engine, limits: Limits | None = None, api_key: str | None 
         if api_key is not None and request.url.path.startswith("/v1/"):
             scheme, _, token = request.headers.get("authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not secrets.compare_digest(token.encode(), api_key.encode()):
-                body = error_body("invalid or missing API key (send it as a bearer token)",
-                                  "invalid_request_error", code="invalid_api_key")  # fmt: skip
+                message = "invalid or missing API key (send it as a bearer token)"
+                body = error_body(message, "invalid_request_error", code="invalid_api_key")
                 return JSONResponse(body, 401, headers={"WWW-Authenticate": "Bearer"})
         return await call_next(request)
 

@@ -37,11 +37,10 @@ def command(settings: ServeSettings, template_file: str, model_path: str) -> lis
     name = settings.served_model_name or settings.model
     common = ["--host", settings.host, "--port", str(settings.port)]
     if settings.backend == "vllm":
-        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
-                "--served-model-name", name, "--chat-template", template_file,
-                "--max-num-seqs", str(settings.max_batch_size), *common]  # fmt: skip
-    return [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path,
-            "--served-model-name", name, "--chat-template", template_file, *common]  # fmt: skip
+        server = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path]
+        return [*server, "--served-model-name", name, "--chat-template", template_file, *common]
+    server = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path]
+    return [*server, "--served-model-name", name, "--chat-template", template_file, *common]
 
 
 def exec_backend(settings: ServeSettings, api_key: str | None) -> int:
