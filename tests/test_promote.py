@@ -122,3 +122,46 @@ def test_gym_promote_command_prints_the_decision(gym_home, capsys):
     assert decision["promoted"] and decision["champion"] == "1"
     assert main(["promote", "--name", "tiny-cli", "--metric", "exact_match_after", "--margin", "-1"]) == 2
     assert "--margin must be >= 0" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_training_flow_registers_promotes_and_reuses_its_version_on_rerun(prefect_server, gym_home):
+    from prefect.client.orchestration import get_client
+
+    from flows.train import train
+    from gym.pipeline import OutputSettings, TrainFlowConfig
+    from gym.train import TrainConfig
+    from tasks._common import workspace_settings
+
+    config = TrainFlowConfig(
+        train=TrainConfig(method="sft", max_steps=3),
+        eval_limit=8,
+        output=OutputSettings(register_as="tiny-flow", promote_metric="exact_match_after"),
+    )
+    with workspace_settings():
+        first = train(config)
+        second = train(config)
+    assert first["model_version"] == "1" and first["model_reused"] is False
+    assert first["promoted"] is True and first["champion_version"] == "1"
+    assert second["model_version"] == "1" and second["model_reused"] is True  # nothing new to register
+    assert second["promoted"] is False and "already the champion" in second["promotion_reason"]
+
+    tags = MlflowClient(tracking.tracking_uri()).get_model_version("tiny-flow", "1").tags
+    assert float(tags["score.exact_match_after"]) == first["exact_match_after"]
+    assert tags["method"] == "sft" and tags["prefect_flow_run_id"] == first["flow_run_id"]
+    assert json.loads(tags[LINEAGE_TAG])["datasets"]["dataset"]["name"] == "demo_sft"
+
+    # The champion is the model the flow evaluated.
+    ids = torch.tensor([[5, 17, 300, 42, 7]])
+    with torch.no_grad():
+        evaluated = load_model(resolve(first["model_dir"], template="chatml"))(ids).logits
+        assert torch.equal(load_model(resolve("models:/tiny-flow@champion"))(ids).logits, evaluated)
+
+    async def artifacts() -> list:
+        async with get_client() as client:
+            return await client.read_artifacts()
+
+    import asyncio
+
+    promotion_notes = [a for a in asyncio.run(artifacts()) if a.key == "promotion-tiny-flow"]
+    assert promotion_notes and "Promotion of `tiny-flow`" in promotion_notes[0].data
