@@ -79,7 +79,7 @@ def sft_then_dpo(config: SftThenDpoConfig = DEFAULTS) -> dict[str, Any]:
         else None
     )
     if config.output.output_dir:
-        export(final_model, config.output.output_dir)
+        export(final_model, config.output.output_dir, registered, uri)
 
     summary = summarize(stages, before, after, registered, parent, final_model.path, run_label, promotion)
     finish_tracking(parent, summary, uri)

@@ -68,7 +68,7 @@ def train(config: TrainFlowConfig = DEFAULTS) -> dict[str, Any]:
         else None
     )
     if config.output.output_dir:
-        export(final_model, config.output.output_dir)
+        export(final_model, config.output.output_dir, registered, uri)
 
     summary = summarize(
         {method: result}, before, after, registered, parent, final_model.path, run_label, promotion

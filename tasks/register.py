@@ -1,6 +1,7 @@
 """Registration tasks: register the final model in MLflow's registry (lineage tags, model card, alias)
-and export it. Never cached: the registry, not Prefect's cache, knows which version an alias points
-to now; registering unchanged content reuses its version instead of adding one."""
+and export it as a hub-style directory. Never cached: the registry, not Prefect's cache, knows which
+version an alias points to now (registering unchanged content reuses its version instead of adding
+one), and an export must exist on disk after the run whatever happened to it before."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from prefect.cache_policies import NO_CACHE
 
 from gym import tracking
 from gym.export import export_model
-from gym.lineage import describe
+from gym.lineage import Lineage, describe
 from gym.models import ModelRef
 from gym.registration import register
 from tasks._common import gym_task
@@ -52,6 +53,19 @@ def register_model(
     return {"name": name, "version": done.version, "alias": alias, "run_id": run_id, "reused": done.reused}
 
 
-@gym_task(name="export-model", task_run_name="export to {output_dir}")
-def export(model: ModelRef, output_dir: str) -> str:
-    return str(export_model(Path(model.path), Path(output_dir)))
+@gym_task(
+    name="export-model", task_run_name="export to {output_dir}", cache_policy=NO_CACHE, persist_result=False
+)
+def export(
+    model: ModelRef,
+    output_dir: str,
+    registered: dict[str, Any] | None = None,
+    tracking_uri: str | None = None,
+) -> str:
+    """Write the hub-style directory; with `registered`, its card is the registered version's card."""
+    lineage, name = None, None
+    if registered is not None:
+        name = registered["name"]
+        tags = tracking.resolve_model_uri(f"models:/{name}/{registered['version']}", uri=tracking_uri)[3]
+        lineage = Lineage.from_tags(tags)
+    return str(export_model(model.path, Path(output_dir), lineage=lineage, name=name))
