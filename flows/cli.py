@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "data": ("gym.cli:cmd_data", "Look at a dataset the way gym reads it."),
     "serve": ("gym.serve.cli:cmd_serve", "Serve a model over an OpenAI-compatible HTTP API."),
     "export": ("gym.export:cmd_export", "Write a hub-style model directory (merged, sharded, with card)."),
+    "chat": ("gym.chat:cmd_chat", "Chat with a model in the terminal, or a Gradio page with --ui."),
     "promote": ("gym.promotion:cmd_promote", "Move `champion` to the challenger if it wins on a score."),
 }
 

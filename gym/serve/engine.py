@@ -22,7 +22,7 @@ import copy
 import queue
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -302,6 +302,18 @@ class Engine:
     def chat(self, messages: Sequence[dict[str, str]], **params: Any) -> Result:
         """`generate` for a conversation; keyword arguments are SamplingParams fields."""
         return self.generate(self.encode_chat(messages), SamplingParams(**params))
+
+    def stream_chat(self, messages: Sequence[dict[str, str]], **params: Any) -> Iterator[str]:
+        """The reply to a conversation, piece by piece as it is generated (blocking iterator)."""
+        events: queue.Queue[Event] = queue.Queue()
+        request = self.submit(self.encode_chat(messages), SamplingParams(**params), events.put, stream=True)
+        try:
+            while not isinstance(event := events.get(), Finished):
+                if isinstance(event, Failed):
+                    raise event.error
+                yield event.text
+        finally:
+            request.cancel()  # a no-op once finished; stops generating if the reader left early
 
     async def agenerate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Result:
         events = [e async for e in self.astream(prompt_ids, params, stream=False)]
