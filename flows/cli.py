@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("gym.serve.cli:cmd_serve", "Serve a model over an OpenAI-compatible HTTP API."),
     "export": ("gym.export:cmd_export", "Write a hub-style model directory (merged, sharded, with card)."),
     "chat": ("gym.chat:cmd_chat", "Chat with a model in the terminal, or a Gradio page with --ui."),
+    "deploy": ("gym.deploy:cmd_deploy", "Push a model (and a chat Space) to the hub, or write the bundle."),
     "promote": ("gym.promotion:cmd_promote", "Move `champion` to the challenger if it wins on a score."),
 }
 

@@ -15,9 +15,10 @@ place; an existing DIR is replaced only if gym wrote it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -152,13 +153,9 @@ def export_model(
         raise ConfigError(f"{model} has no adapter to export alone (--adapter-only needs a PEFT adapter)")
     if source.adapter is not None and source.weights is None and not settings.adapter_only:
         check_mergeable(source.adapter, str(source.base))
-    output_dir = _writable(Path(output_dir))
-    staged = output_dir.with_name(f".{output_dir.name}.export")
-    shutil.rmtree(staged, ignore_errors=True)
-    with workspace.atomic_dir(staged) as tmp:
+    with replace_dir(Path(output_dir), MARKER) as tmp:
         _write(source, tmp, settings, name or source.name)
-    _swap(staged, output_dir)
-    return output_dir
+    return Path(output_dir).expanduser().resolve()
 
 
 def _write(source: Source, out: Path, settings: ExportSettings, name: str) -> None:
@@ -218,16 +215,20 @@ def _ids(value: Any) -> list[int]:
     return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
 
-def _writable(output_dir: Path) -> Path:
+@contextlib.contextmanager
+def replace_dir(output_dir: Path, marker: str) -> Iterator[Path]:
+    """Yield a staging directory that replaces `output_dir` if the block succeeds.
+
+    An existing, non-empty `output_dir` is replaced only if it holds `marker` (gym wrote it);
+    a failure leaves it as it was.
+    """
     output_dir = output_dir.expanduser().resolve()
-    if output_dir.exists() and any(output_dir.iterdir()) and not (output_dir / MARKER).is_file():
-        raise ConfigError(
-            f"output_dir {output_dir} exists and was not written by gym; choose an empty or new directory"
-        )
-    return output_dir
-
-
-def _swap(staged: Path, output_dir: Path) -> None:
+    if output_dir.exists() and any(output_dir.iterdir()) and not (output_dir / marker).is_file():
+        raise ConfigError(f"{output_dir} exists and was not written by gym; choose an empty or new directory")
+    staged = output_dir.with_name(f".{output_dir.name}.staged")
+    shutil.rmtree(staged, ignore_errors=True)
+    with workspace.atomic_dir(staged) as tmp:
+        yield tmp
     if output_dir.exists():
         old = output_dir.with_name(f".{output_dir.name}.old")
         shutil.rmtree(old, ignore_errors=True)
