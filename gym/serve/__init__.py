@@ -4,7 +4,8 @@ can also use in-process.
     gym serve --model gym-tiny --port 8000 [--api-key-env GYM_API_KEY]      # the command
     from gym.serve import Engine; Engine.load("gym-tiny").chat(messages, max_tokens=32)
 
-engine.py (batching scheduler), sampling.py (per-row sampling), params.py (SamplingParams),
+engine.py (batching scheduler), requests.py (events, per-row stops and streaming),
+sampling.py (per-row sampling), params.py (SamplingParams),
 loading.py (model + chat template), protocol.py (OpenAI bodies), app.py (routes, auth, caps),
 server.py (uvicorn runner), cli.py (`gym serve`), backends.py (vLLM / SGLang when installed).
 """

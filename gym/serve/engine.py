@@ -7,10 +7,10 @@
 
 Every request (HTTP or in-process) goes through `submit`: its prompt ids and `SamplingParams` join a
 queue; the scheduler takes everything waiting (up to `max_batch_size` rows, one row per choice),
-left-pads it into one batch and runs `generate` once. `RowSampler` (gym/serve/sampling.py) samples
-each row with its own parameters; `RowTracker`, a stopping criterion called after every step, ends
-each row on its own end-of-sequence token, stop string or budget and publishes its text to the
-request as it grows. The engine stays usable as a library: `generate`/`chat` block, `agenerate`/
+left-pads it into one batch and runs `generate` once. `RowSampler` (sampling.py) samples each
+row with its own parameters; `RowTracker` (requests.py), a stopping criterion called after every
+step, ends each row on its own end-of-sequence token, stop string or budget and publishes its
+text to the request as it grows. The engine stays usable as a library: `generate`/`chat` block, `agenerate`/
 `astream` await, and `submit` takes any callback. A TF-GRPO model's shipped experience library is
 injected into every chat prompt (gym.tfgrpo.injection).
 """
@@ -23,138 +23,18 @@ import queue
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
 from gym.errors import GymError
 from gym.serve.params import SamplingParams
+from gym.serve.requests import Delta, Event, Failed, Finished, Request, RequestError, Result, Row, RowTracker
 from gym.serve.sampling import RowSampler, row_generator
 from gym.tfgrpo.injection import inject
 
-
-class RequestError(GymError, ValueError):
-    """A request the engine cannot serve as asked (a 400 over HTTP); `param` names the field."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
-
-
-@dataclass(frozen=True)
-class Delta:
-    """New text of choice `index` (streaming requests only)."""
-
-    index: int
-    text: str
-
-
-@dataclass(frozen=True)
-class Finished:
-    """Choice `index` is complete: its whole text, why it ended and how many tokens it took."""
-
-    index: int
-    text: str
-    finish_reason: str  # "stop" (end of turn or a stop string) or "length" (budget reached)
-    completion_tokens: int
-
-
-@dataclass(frozen=True)
-class Failed:
-    """Generation raised: the request ends with this error."""
-
-    error: BaseException
-
-
-Event = Delta | Finished | Failed
-
-
-@dataclass(frozen=True)
-class Result:
-    """A finished request: its choices in order and the token counts OpenAI's `usage` reports."""
-
-    choices: list[Finished]
-    prompt_tokens: int
-
-    @property
-    def completion_tokens(self) -> int:
-        return sum(c.completion_tokens for c in self.choices)
-
-
-@dataclass
-class Request:
-    """A submitted request; `emit` receives its events from the scheduler thread."""
-
-    prompt_ids: list[int]
-    params: SamplingParams
-    emit: Callable[[Event], None]
-    stream: bool = False
-    cancelled: threading.Event = field(default_factory=threading.Event)
-
-    def cancel(self) -> None:
-        """Stop generating for this request (its rows finish at the next step)."""
-        self.cancelled.set()
-
-
-class _Row:
-    """One choice of one request while its batch runs."""
-
-    def __init__(self, request: Request, index: int, eos: frozenset[int], decode: Callable[..., str]) -> None:
-        self.request, self.index, self.decode = request, index, decode
-        self.eos = frozenset() if request.params.ignore_eos else eos
-        self.stops = request.params.stop
-        self.hold = max((len(s) for s in self.stops), default=1) - 1  # a stop may still be forming
-        self.ids: list[int] = []
-        self.emitted = 0
-        self.done = False
-
-    def step(self, token: int) -> None:
-        if self.request.cancelled.is_set():
-            self.done = True
-            return
-        if token in self.eos:
-            self.finish("stop")
-            return
-        self.ids.append(token)
-        text = None
-        if self.stops or self.request.stream:
-            text = self.decode(self.ids)
-            hits = [i for i in (text.find(s, max(self.emitted - self.hold, 0)) for s in self.stops) if i >= 0]
-            if hits:
-                self.finish("stop", text[: min(hits)])
-                return
-        if len(self.ids) >= self.request.params.max_tokens:
-            self.finish("length", text)
-        elif self.request.stream and text is not None:
-            end = len(text) - self.hold
-            while end > self.emitted and text[end - 1] == "\ufffd":  # a multi-byte character in progress
-                end -= 1
-            if end > self.emitted:
-                self.request.emit(Delta(self.index, text[self.emitted : end]))
-                self.emitted = end
-
-    def finish(self, reason: str, text: str | None = None) -> None:
-        text = self.decode(self.ids) if text is None else text
-        if self.request.stream and len(text) > self.emitted:
-            self.request.emit(Delta(self.index, text[self.emitted :]))
-        self.request.emit(Finished(self.index, text, reason, len(self.ids)))
-        self.done = True
-
-
-class RowTracker(StoppingCriteria):
-    """Stopping criterion that ends each row on its own terms and publishes its text (module docstring)."""
-
-    def __init__(self, rows: list[_Row]) -> None:
-        self.rows = rows
-
-    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-        newest = input_ids[:, -1].tolist()
-        for row, token in zip(self.rows, newest, strict=True):
-            if not row.done:
-                row.step(token)
-        return torch.tensor([row.done for row in self.rows], device=input_ids.device)
+__all__ = ["Delta", "Engine", "Event", "Failed", "Finished", "Request", "RequestError", "Result"]
 
 
 class Engine:
@@ -386,7 +266,7 @@ class Engine:
         return [r for r in batch if not r.cancelled.is_set()], False
 
     def _run(self, batch: list[Request]) -> None:
-        rows = [_Row(req, j, self.eos, self._decode) for req in batch for j in range(req.params.n)]
+        rows = [Row(req, j, self.eos, self._decode) for req in batch for j in range(req.params.n)]
         self.stats["batches"] += 1
         self.stats["rows"] += len(rows)
         self.stats["largest_batch"] = max(self.stats["largest_batch"], len(rows))
@@ -397,7 +277,7 @@ class Engine:
         processors = LogitsProcessorList()
         if not all(p.greedy for p in params):
             gens = [
-                None if p.greedy else row_generator(p.seed, row.index)
+                None if p.greedy else row_generator(p.seed, row.index, self.model.device)
                 for p, row in zip(params, rows, strict=True)
             ]
             processors.append(RowSampler(params, gens))

@@ -21,10 +21,11 @@ from gym.serve.params import SamplingParams
 SEED_STRIDE = 1_000_003  # choice j of a seeded request draws from seed * SEED_STRIDE + j
 
 
-def row_generator(seed: int | None, choice: int) -> Any:
-    """The random generator of one choice: derived from the request's seed, else fresh entropy."""
+def row_generator(seed: int | None, choice: int, device: Any = "cpu") -> Any:
+    """The random generator of one choice (on the model's device): derived from the request's seed,
+    else fresh entropy."""
     base = secrets.randbits(62) if seed is None else (seed * SEED_STRIDE + choice) % (1 << 62)
-    return torch.Generator().manual_seed(base)
+    return torch.Generator(device=device).manual_seed(base)
 
 
 def nucleus(probs: Any, top_p: Any) -> Any:
@@ -57,7 +58,7 @@ class RowSampler(LogitsProcessor):
             torch.multinomial(row.cpu(), 1, generator=gen)
             for row, gen in zip(probs, self.generators, strict=True)
         ]
-        picked = torch.stack(chosen).to(scores.device)
+        picked = torch.stack(chosen)
         forced = torch.full((len(self.rows), scores.shape[-1]), float("-inf"), device=scores.device)
         forced.scatter_(1, picked, 0.0)
         out = scores.clone()
