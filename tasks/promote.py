@@ -7,10 +7,10 @@ import re
 from typing import Any
 
 from prefect import task
-from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from gym.promotion import Mode, promote
+from tasks.tracking import publish
 
 
 @task(name="promote-model", task_run_name="promote {name}", cache_policy=NO_CACHE)
@@ -18,9 +18,9 @@ def promote_model(
     name: str, metric: str, margin: float = 0.0, mode: Mode = "max", tracking_uri: str | None = None
 ) -> dict[str, Any]:
     decision = promote(name, metric, margin, mode, uri=tracking_uri)
-    create_markdown_artifact(
-        key=f"promotion-{re.sub(r'[^a-z0-9-]+', '-', name.lower()).strip('-')}",
-        markdown=decision.markdown(),
-        description=f"Champion decision for {name} on {metric}",
+    publish(
+        f"promotion-{re.sub(r'[^a-z0-9-]+', '-', name.lower()).strip('-')}",
+        decision.markdown(),
+        f"Champion decision for {name} on {metric}",
     )
     return decision.model_dump()

@@ -16,6 +16,7 @@ from gym.lineage import Lineage, describe
 from gym.models import ModelRef
 from gym.registration import register
 from tasks._common import gym_task
+from tasks.tracking import link, publish, table
 
 
 @gym_task(name="register-model", task_run_name="register {name}", cache_policy=NO_CACHE, persist_result=False)
@@ -39,17 +40,22 @@ def register_model(
     `before`/`after` evaluations add dataset names, hyperparameters, the config digest and scores.
     """
     facts = describe(model.base_model, model.template, lineage, config, stages, before, after, flow_run_id)
-    run_id = tracking.start_run(
-        "register",
-        params={"registered_model": name, "alias": alias},
-        parent_run_id=parent_run_id,
-        uri=tracking_uri,
+    params = {"registered_model": name, "alias": alias}
+    # Registration logs the model into a run: a nested one under the flow's run, or its own.
+    with tracking.span("register", params=params, parent_run_id=parent_run_id, uri=tracking_uri) as run_id:
+        done = register(Path(model.path), name, facts, run_id, alias=alias, uri=tracking_uri)
+        tags = {"gym.model_version": done.version, "gym.reused_version": done.reused}
+        tracking.set_tags(run_id, tags, uri=tracking_uri)
+    url = tracking.model_version_url(name, done.version, tracking_uri)
+    note = (
+        "identical content was already registered: that version is reused" if done.reused else "new version"
     )
-    done = register(Path(model.path), name, facts, run_id, alias=alias, uri=tracking_uri)
-    tracking.set_tags(
-        run_id, {"gym.model_version": done.version, "gym.reused_version": done.reused}, uri=tracking_uri
+    publish(
+        "registered-version",
+        f"## {link(url, f'{name} version {done.version}')} ({note})\n\n"
+        f"{table({'alias': alias, 'content digest': done.content_digest, **facts.scores})}",
+        f"Registration of {name}",
     )
-    tracking.end_run(run_id, uri=tracking_uri)
     return {"name": name, "version": done.version, "alias": alias, "run_id": run_id, "reused": done.reused}
 
 

@@ -25,6 +25,9 @@ from gym.serve.server import serve_in_thread
 from gym.serve.settings import Limits
 from tests.serve_fixtures import noisy_tiny
 
+# One worker runs this module under pytest-xdist, so its engine and server are built once.
+pytestmark = pytest.mark.xdist_group("serve-http")
+
 KEY = "test-key-0123456789"
 NAME = "tiny"
 LIMITS = Limits(max_tokens=64, max_prompt_tokens=128, max_concurrent=64)
