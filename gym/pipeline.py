@@ -6,7 +6,7 @@ Defaults run the embedded gym-tiny on the demo data in a few minutes on a CPU.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -55,6 +55,13 @@ class OutputSettings(BaseModel):
         "challenger", description="Alias set on the new model version (promotion is a later step)."
     )
     output_dir: str | None = Field(None, description="Also copy the final model directory here.")
+    promote_metric: str | None = Field(
+        None,
+        description="Then promote the new version to `champion` if it beats the current one on this score "
+        "(exact_match_after, <method>_reward_accuracy, <method>_loss_last...); None: never promote.",
+    )
+    promote_margin: float = Field(0.0, ge=0, description="Promotion needs a win by more than this margin.")
+    promote_mode: Literal["max", "min"] = Field("max", description="max: higher scores win; min: lower win.")
     experiment: str = Field("gym", description="MLflow experiment name.")
     tracking_uri: str | None = Field(
         None, description="MLflow tracking URI; default: $MLFLOW_TRACKING_URI or SQLite in the workspace."
