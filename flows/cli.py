@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("flows.commands:cmd_train", "Run a training flow (`gym train --method M --help`)."),
     "registry": ("gym.cli:cmd_registry", "List or show models in the registry."),
     "data": ("gym.cli:cmd_data", "Look at a dataset the way gym reads it."),
+    "tfgrpo": ("gym.tfgrpo.cli:cmd_tfgrpo", "Training-Free GRPO tools (`gym tfgrpo simulate --json`)."),
 }
 
 

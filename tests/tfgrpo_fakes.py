@@ -25,6 +25,7 @@ class FakeEndpoint:
         self.answer, self.latency_s, self.jitter_s = answer, latency_s, jitter_s
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
+        self.completed: list[dict[str, Any]] = []  # in the order the answers went out
         self.in_flight = 0
         self.max_in_flight = 0
         self._lock = threading.Lock()
@@ -51,6 +52,7 @@ class FakeEndpoint:
                 finally:
                     with endpoint._lock:
                         endpoint.in_flight -= 1
+                        endpoint.completed.append(body)
                 data = json.dumps(payload).encode()
                 self.send_response(status)
                 for k, v in {"Content-Type": "application/json", **headers}.items():

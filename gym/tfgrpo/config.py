@@ -14,7 +14,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gym.errors import ConfigError
-from gym.hashing import hash_obj
 
 Reward = Literal["auto", "exact", "numeric", "judge", "majority"]
 ROLES = ("policy", "optimizer", "judge")
@@ -164,21 +163,11 @@ class TfGrpoSettings(BaseModel):
             price_completion=float(shared("price_completion") or 0.0),
         )
 
-    def learning_hash(self, model: str | None, dataset: str) -> str:
-        """Digest of everything that decides what the run learns (not budgets, timeouts, concurrency).
-
-        Names the run directory, so a changed setting never resumes into another run's steps.
-        """
-        roles = {
-            name: self.role(name, model).model_dump(
-                include={"endpoint", "model", "temperature", "max_tokens", "max_n"}
-            )
-            for name in ROLES
-        }
-        learning = self.model_dump(
+    def learning_fields(self) -> dict[str, Any]:
+        """The settings that decide what a run learns (not budgets, timeouts, limits or evaluation)."""
+        return self.model_dump(
             exclude={
                 "policy", "optimizer", "judge", "budget_tokens", "budget_usd", "retry_degraded",
                 "experience_lib_path", "eval_samples", "max_eval_questions", "api_key_env", "endpoint",
             }
         )  # fmt: skip
-        return hash_obj({"settings": learning, "roles": roles, "dataset": dataset})
