@@ -123,11 +123,13 @@ class OpenAIClient:
 class LocalClient:
     """A registry model or checkpoint run in-process with transformers (loaded once, on first use)."""
 
-    def __init__(self, model: Any, *, trust_remote_code: bool = False, max_n: int = 64) -> None:
+    def __init__(
+        self, model: Any, *, template: str | None = None, trust_remote_code: bool = False, max_n: int = 64
+    ) -> None:
         from gym.models import ModelRef, resolve
 
         self.ref: ModelRef = (
-            model if isinstance(model, ModelRef) else resolve(str(model), None, trust_remote_code)
+            model if isinstance(model, ModelRef) else resolve(str(model), template, trust_remote_code)
         )
         self.identity = f"local:{self.ref.base_model}@{self.ref.digest}"
         self.max_n = max_n

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -72,31 +73,45 @@ def plan_steps(n_questions: int, batch_size: int, epochs: int, seed: int) -> lis
     return steps
 
 
-def load_questions(dataset: str | Path, limit: int | None = None) -> tuple[list[Question], str]:
-    """The dataset's questions (the first `limit`) and the ingested dataset's digest."""
-    from datasets import load_from_disk
-
-    from gym.data.ingest import ingest
+def dataset_spec(dataset: str | Path) -> Any:
+    """The DatasetSpec for `dataset`; files with `question`/`answer` columns read as alpaca."""
     from gym.data.registry import resolve_dataset
 
     try:
-        spec = resolve_dataset(dataset)
+        return resolve_dataset(dataset)
     except DataError:  # no format recognised: try question/answer columns before giving up
         try:
-            spec = resolve_dataset(dataset, format="alpaca", columns=QA_COLUMNS)
+            return resolve_dataset(dataset, format="alpaca", columns=QA_COLUMNS)
         except DataError:
-            spec = resolve_dataset(dataset)  # raises the first, more helpful error again
-    result = ingest(spec)
-    if result.kind != "sft":
+            return resolve_dataset(dataset)  # raises the first, more helpful error again
+
+
+def questions_from(
+    dataset_dir: str | Path, limit: int | None = None, name: str | None = None
+) -> list[Question]:
+    """The questions of an ingested dataset folder (the first `limit`)."""
+    from datasets import load_from_disk
+
+    from gym.data.ingest import load_meta
+
+    kind = load_meta(dataset_dir)["kind"]
+    if kind != "sft":
         raise ConfigError(
             f"Training-Free GRPO needs questions with answers (an sft dataset: alpaca, sharegpt, openai, or "
-            f"question/answer columns), but {dataset!r} is {result.kind}"
+            f"question/answer columns), but {name or dataset_dir!r} is {kind}"
         )
-    records = load_from_disk(str(result.path))
+    records = load_from_disk(str(dataset_dir))
     n = len(records) if limit is None else min(limit, len(records))
     questions = []
     for i in range(n):
         messages = records[i]["messages"]
-        last = messages[-1]
-        questions.append(Question(id=f"{i}", prompt=messages[:-1], answer=last["content"]))
-    return questions, result.digest
+        questions.append(Question(id=f"{i}", prompt=messages[:-1], answer=messages[-1]["content"]))
+    return questions
+
+
+def load_questions(dataset: str | Path, limit: int | None = None) -> tuple[list[Question], str]:
+    """Ingest `dataset` (registry name, file, folder or hub id); its questions and its digest."""
+    from gym.data.ingest import ingest
+
+    result = ingest(dataset_spec(dataset))
+    return questions_from(result.path, limit, name=str(dataset)), result.digest

@@ -59,36 +59,47 @@ class RunResult(BaseModel):
     seconds: float
 
 
-def run_group(
-    rt: Runtime, step: StepPlan, question: Question, library: Library, pool: ThreadPoolExecutor
+def group_record(
+    question: Question,
+    chunks: list[stages.RolloutChunk],
+    rewarded: stages.Rewarded,
+    summaries: list[stages.Summary] | None = None,
+    extraction: stages.StageOutput | None = None,
 ) -> GroupRecord:
-    """rollout -> reward -> (informative only) summarize -> extract, for one question."""
-    n_chunks = len(stages.chunk_sizes(rt.settings.group_size, rt.policy.max_n))
-    chunks = [pool.submit(stages.rollout, rt, step, question, library, c) for c in range(n_chunks)]
-    done = [f.result() for f in chunks]
-    rollouts = [r for chunk in done for r in chunk.rollouts]
-    calls = [c for chunk in done for c in chunk.calls]
-    rewarded = stages.reward(rt, question, rollouts)
-    record = GroupRecord(
+    """One group's outcome, as the step manifest records it."""
+    summaries = summaries or []
+    return GroupRecord(
         question=question.id,
-        rollouts=rollouts,
+        rollouts=[r for chunk in chunks for r in chunk.rollouts],
         rewards=rewarded.rewards,
         informative=rewarded.informative,
         reason=rewarded.reason,
-        calls=calls,
+        summaries=[s.text for s in summaries],
+        extraction=extraction,
+        calls=[c for chunk in chunks for c in chunk.calls]
+        + [s.call for s in summaries if s.call is not None],
     )
+
+
+def run_group(
+    rt: Runtime, step: StepPlan, question: Question, library: Library, pool: ThreadPoolExecutor
+) -> GroupRecord:
+    """rollout -> reward -> (informative groups only) summarize -> extract, for one question."""
+    n_chunks = len(stages.chunk_sizes(rt.settings.group_size, rt.policy.max_n))
+    futures = [pool.submit(stages.rollout, rt, step, question, library, c) for c in range(n_chunks)]
+    chunks = [f.result() for f in futures]
+    rollouts = [r for chunk in chunks for r in chunk.rollouts]
+    rewarded = stages.reward(rt, question, rollouts)
     if not rewarded.informative:
-        return record
+        return group_record(question, chunks, rewarded)
     values = [float(r or 0.0) for r in rewarded.rewards]
-    futures = [
+    summary_futures = [
         pool.submit(stages.summarize, rt, step, question, ro, v, library)
         for ro, v in zip(rollouts, values, strict=True)
     ]
-    summaries = [f.result() for f in futures]
-    record.summaries = [s.text for s in summaries]
-    record.calls += [s.call for s in summaries if s.call is not None]
-    record.extraction = stages.extract(rt, step, question, values, summaries, library)
-    return record
+    summaries = [f.result() for f in summary_futures]
+    extraction = stages.extract(rt, step, question, values, summaries, library)
+    return group_record(question, chunks, rewarded, summaries, extraction)
 
 
 def run_step(
@@ -154,6 +165,19 @@ def evaluate(
     return record
 
 
+def evaluate_alone(rt: Runtime, questions: list[Question], library: Library, tag: str) -> EvalRecord:
+    """`evaluate` with its own thread pool (for callers that have none, like a Prefect task)."""
+    with ThreadPoolExecutor(max_workers=CALL_THREADS, thread_name_prefix="tfgrpo-eval") as pool:
+        return evaluate(rt, questions, library, tag, pool)
+
+
+def start_library(rt: Runtime, initial: Library | None = None) -> tuple[Library, Path]:
+    """The run's version 0 (empty with the settings' caps, or `initial`), saved."""
+    s = rt.settings
+    library = initial or Library(max_items=s.max_items, max_words=s.max_words)
+    return library, library.save(library_path(rt.run_dir, library.version, library.content_hash()))
+
+
 def train(
     rt: Runtime,
     questions: list[Question],
@@ -164,8 +188,7 @@ def train(
     """Learn a library over `questions` (epochs x batches); evaluate before and after each epoch."""
     start = time.perf_counter()
     s = rt.settings
-    library = initial or Library(max_items=s.max_items, max_words=s.max_words)
-    library.save(library_path(rt.run_dir, library.version, library.content_hash()))
+    library, _ = start_library(rt, initial)
     plan = plan_steps(len(questions), s.batch_size, s.epochs, s.seed)
     manifests: list[StepManifest] = []
     evals: list[EvalRecord] = []

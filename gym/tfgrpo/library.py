@@ -12,6 +12,7 @@ counts the changes applied (a batch of operations that changes nothing keeps the
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,34 @@ class Library(BaseModel):
         if not p.is_file():
             raise DataError("no such experience library file", file=str(p))
         return cls.from_json(p.read_text(encoding="utf-8"), source=str(p))
+
+
+class LibraryRef(BaseModel):
+    """A library version by reference (what Prefect tasks pass): its file, hash and version."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    hash: str
+    version: int
+    size: int
+
+    @classmethod
+    def of(cls, library: Library, path: Path) -> LibraryRef:
+        return cls(
+            path=str(path), hash=library.content_hash(), version=library.version, size=len(library.items)
+        )
+
+    def load(self) -> Library:
+        return _load_cached(self.path, self.hash)
+
+
+@functools.lru_cache(maxsize=64)
+def _load_cached(path: str, content_hash: str) -> Library:
+    library = Library.load(path)
+    if library.content_hash() != content_hash:
+        raise DataError(f"library changed on disk (expected hash {content_hash})", file=path)
+    return library
 
 
 def word_count(text: str) -> int:

@@ -27,7 +27,7 @@ from gym.tfgrpo.data import Question
 from gym.tfgrpo.library import Library
 from gym.tfgrpo.retrieval import Retriever
 
-_LOCAL: dict[tuple[str, bool], LocalClient] = {}
+_LOCAL: dict[tuple[str, str | None, bool], LocalClient] = {}
 _LOCAL_LOCK = threading.Lock()
 
 
@@ -36,7 +36,7 @@ def default_cache_dir() -> Path:
     return workspace.path("runs", "tfgrpo", "calls")
 
 
-def client_for(role: ResolvedRole, trust_remote_code: bool = False) -> LLMClient:
+def client_for(role: ResolvedRole, template: str | None = None, trust_remote_code: bool = False) -> LLMClient:
     if role.endpoint:
         return OpenAIClient(
             role.endpoint,
@@ -48,9 +48,9 @@ def client_for(role: ResolvedRole, trust_remote_code: bool = False) -> LLMClient
             max_n=role.max_n,
         )
     with _LOCAL_LOCK:
-        key = (role.model, trust_remote_code)
+        key = (role.model, template, trust_remote_code)
         if key not in _LOCAL:
-            _LOCAL[key] = LocalClient(role.model, trust_remote_code=trust_remote_code)
+            _LOCAL[key] = LocalClient(role.model, template=template, trust_remote_code=trust_remote_code)
         return _LOCAL[key]
 
 
@@ -64,6 +64,7 @@ class Runtime:
         dataset: str = "",
         clients: Mapping[str, LLMClient] | None = None,
         cache_dir: Path | None = None,
+        template: str | None = None,
         trust_remote_code: bool = False,
     ) -> None:
         self.settings, self.model = settings, model
@@ -74,9 +75,8 @@ class Runtime:
         for name in ROLES:
             role = settings.role(name, model or _identity_of(given.get(name) or given.get("policy")))
             client = given.get(name) or (given.get("policy") if not _configured(settings, name) else None)
-            callers[name] = Caller(
-                client or client_for(role, trust_remote_code), role, self.cache, self.ledger
-            )
+            client = client or client_for(role, template, trust_remote_code)
+            callers[name] = Caller(client, role, self.cache, self.ledger)
         self.policy, self.optimizer, self.judge = callers["policy"], callers["optimizer"], callers["judge"]
         self.config_hash = hash_obj(
             {

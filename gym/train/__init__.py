@@ -72,6 +72,12 @@ def run(
     eval_data: Path | None = None,
 ) -> TrainResult:
     """Train one stage, or return it finished (or resume it) from its content-addressed directory."""
+    if (
+        config.method == "tf_grpo"
+    ):  # learns an experience library, no weights; reads ingested (untokenized) data
+        from gym.train import tf_grpo
+
+        return tf_grpo.run(config, model, Path(train_data), Path(eval_data) if eval_data else None)
     if config.method not in METHODS:
         raise ConfigError(f"unknown method {config.method!r}; available: {', '.join(METHODS)}")
     config = with_defaults(config, model.train_defaults)
