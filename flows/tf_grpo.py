@@ -60,13 +60,7 @@ def run_step(
     batch = [questions[i] for i in step.questions]
     chunks = {q.id: [rollout.submit(run, step, q, library, c) for c in range(len(run.chunks))] for q in batch}
     rewards = {q.id: reward.submit(run, step, q, chunks[q.id]) for q in batch}
-    summaries = {
-        q.id: [
-            summarize.submit(run, step, q, chunks[q.id], rewards[q.id], g, library)
-            for g in range(sum(run.chunks))
-        ]
-        for q in batch
-    }
+    summaries = {q.id: summarize.submit(run, step, q, chunks[q.id], rewards[q.id], library) for q in batch}
     extractions = {q.id: extract.submit(run, step, q, rewards[q.id], summaries[q.id], library) for q in batch}
     consolidation = consolidate.submit(run, step, library, [extractions[q.id] for q in batch])
     manifest, new_library = apply_step(

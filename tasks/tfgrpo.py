@@ -72,23 +72,18 @@ def reward(
     return stages.reward(runtime(run), question, [r for c in chunks for r in c.rollouts])
 
 
-@task(name="tfgrpo-summarize", task_run_name="summarize s{step.index} q{question.id} g{g}", **LLM_TASK)
+@task(name="tfgrpo-summarize", task_run_name="summarize s{step.index} q{question.id}", **LLM_TASK)
 def summarize(
     run: TfGrpoRun,
     step: StepPlan,
     question: Question,
     chunks: list[stages.RolloutChunk],
     rewarded: stages.Rewarded,
-    g: int,
     library: LibraryRef,
-) -> stages.Summary | None:
-    """Stage 1 for rollout g, if its group is informative (else no call: None)."""
-    if not rewarded.informative:
-        return None
-    attempt = [r for c in chunks for r in c.rollouts][g]
-    return stages.summarize(
-        runtime(run), step, question, attempt, float(rewarded.rewards[g] or 0.0), library.load()
-    )
+) -> list[stages.Summary]:
+    """Stage 1 for each rollout of an informative group, concurrently (no call for another group)."""
+    rollouts = [r for c in chunks for r in c.rollouts]
+    return stages.summarize_group(runtime(run), step, question, rollouts, rewarded, library.load())
 
 
 @task(name="tfgrpo-extract", task_run_name="extract s{step.index} q{question.id}", **LLM_TASK)
@@ -97,15 +92,14 @@ def extract(
     step: StepPlan,
     question: Question,
     rewarded: stages.Rewarded,
-    summaries: list[stages.Summary | None],
+    summaries: list[stages.Summary],
     library: LibraryRef,
 ) -> stages.StageOutput | None:
     """Stage 2 for an informative group (else None)."""
     if not rewarded.informative:
         return None
     values = [float(r or 0.0) for r in rewarded.rewards]
-    done = [s for s in summaries if s is not None]
-    return stages.extract(runtime(run), step, question, values, done, library.load())
+    return stages.extract(runtime(run), step, question, values, summaries, library.load())
 
 
 @task(name="tfgrpo-consolidate", task_run_name="consolidate s{step.index}", **LLM_TASK)
@@ -125,16 +119,13 @@ def apply_step(
     batch: list[Question],
     chunks: dict[str, list[stages.RolloutChunk]],
     rewards: dict[str, stages.Rewarded],
-    summaries: dict[str, list[stages.Summary | None]],
+    summaries: dict[str, list[stages.Summary]],
     extractions: dict[str, stages.StageOutput | None],
     consolidation: stages.StageOutput | None,
 ) -> tuple[StepManifest, LibraryRef]:
     """Apply the final operations, save the new version, write the step manifest (atomically)."""
     groups = [
-        engine.group_record(
-            q, chunks[q.id], rewards[q.id], [s for s in summaries[q.id] if s is not None], extractions[q.id]
-        )
-        for q in batch
+        engine.group_record(q, chunks[q.id], rewards[q.id], summaries[q.id], extractions[q.id]) for q in batch
     ]
     rt = runtime(run)
     manifest, new = commit(rt.run_dir, step, rt.config_hash, library.load(), groups, consolidation)

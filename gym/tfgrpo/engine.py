@@ -92,12 +92,8 @@ def run_group(
     rewarded = stages.reward(rt, question, rollouts)
     if not rewarded.informative:
         return group_record(question, chunks, rewarded)
+    summaries = stages.summarize_group(rt, step, question, rollouts, rewarded, library)
     values = [float(r or 0.0) for r in rewarded.rewards]
-    summary_futures = [
-        pool.submit(stages.summarize, rt, step, question, ro, v, library)
-        for ro, v in zip(rollouts, values, strict=True)
-    ]
-    summaries = [f.result() for f in summary_futures]
     extraction = stages.extract(rt, step, question, values, summaries, library)
     return group_record(question, chunks, rewarded, summaries, extraction)
 

@@ -16,6 +16,7 @@ assembles a step from these; the Prefect flow runs each as a task.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
@@ -167,6 +168,26 @@ def summarize(
     record = rt.optimizer("summarize", messages, seed=seed)
     text = record.text.strip() if record.text and record.text.strip() else None
     return Summary(text=text, call=CallInfo.of(record))
+
+
+def summarize_group(
+    rt: Runtime,
+    step: StepPlan,
+    question: Question,
+    rollouts: list[Rollout],
+    rewarded: Rewarded,
+    library: Library,
+) -> list[Summary]:
+    """Stage 1 for every rollout of an informative group, concurrently; none for another group."""
+    if not rewarded.informative:
+        return []
+    values = [float(r or 0.0) for r in rewarded.rewards]
+    with ThreadPoolExecutor(max_workers=len(rollouts), thread_name_prefix="tfgrpo-summarize") as pool:
+        futures = [
+            pool.submit(summarize, rt, step, question, ro, v, library)
+            for ro, v in zip(rollouts, values, strict=True)
+        ]
+        return [f.result() for f in futures]
 
 
 def _ask_for_ops(

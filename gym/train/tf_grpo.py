@@ -117,8 +117,8 @@ def prepare(
     workspace.atomic_write_json(run.questions_file, [q.model_dump(mode="json") for q in questions])
     if eval_questions:
         workspace.atomic_write_json(run.eval_file, [q.model_dump(mode="json") for q in eval_questions])
-    with _RUNTIMES_LOCK:
-        _RUNTIMES.setdefault(run.run_dir, rt)
+    with _RUNTIMES_LOCK:  # a new run (or a resume) starts a new ledger
+        _RUNTIMES[run.run_dir] = rt
     return run
 
 
