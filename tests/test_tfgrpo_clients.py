@@ -1,5 +1,5 @@
 """LLM clients over real loopback HTTP (retries, timeouts, key from the environment, per-endpoint
-concurrency), the local transformers client, the call cache, the cost ledger, and rewards."""
+concurrency), the call cache, the cost ledger, and rewards. The local client: test_tfgrpo_http.py."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from gym.tfgrpo.calls import BudgetExceeded, CallCache, Caller, Ledger
-from gym.tfgrpo.clients import LLMError, LocalClient, OpenAIClient
+from gym.tfgrpo.clients import LLMError, OpenAIClient
 from gym.tfgrpo.config import TfGrpoSettings
 from gym.tfgrpo.rewards import final_answer, majority_rewards, parse_verdict, verify
 from tests.tfgrpo_fakes import FakeEndpoint, completion
@@ -93,14 +93,6 @@ def test_ledger_prices_per_stage_and_the_budget_stops_paid_calls(tmp_path):
         with pytest.raises(BudgetExceeded, match="token budget"):
             caller("extract", MSG, seed=3)
         assert caller("extract", MSG, seed=2).text == "one two three"  # cached calls stay free
-
-
-def test_local_client_is_seeded_and_batched():
-    client = LocalClient("gym-tiny")
-    a = client.complete(MSG, temperature=1.0, max_tokens=6, seed=3, n=3)
-    b = client.complete(MSG, temperature=1.0, max_tokens=6, seed=3, n=3)
-    assert a == b and len(a.texts) == 3 and a.usage.completion_tokens > 0
-    assert client.identity.startswith("local:gym-tiny@")
 
 
 def test_rewards():

@@ -264,7 +264,8 @@ def run(
     questions = questions_from(train_data, s.max_train_questions)
     held_out = questions_from(eval_data, s.max_eval_questions) if eval_data else None
     digest = load_meta(train_data)["digest"]
-    prepared = prepare(s, model.name, questions, digest, held_out, model.template, model.trust_remote_code)
+    where = model.path if Path(model.path).is_dir() else model.name  # a built or trained model: its folder
+    prepared = prepare(s, where, questions, digest, held_out, model.template, model.trust_remote_code)
     result = train(runtime(prepared), questions, held_out, initial=initial_library(s))
     return train_result(prepared, result, ship(prepared, result, model))
 
