@@ -145,3 +145,15 @@ def test_grpo_trainer_training_free_learns_into_the_experience_manager(tmp_path)
     assert json.loads((tmp_path / "experience_lib" / "final.json").read_text())["items"]
     with pytest.raises(ConfigError, match="gym train --method grpo"):
         GRPOTrainer(model="gym-tiny", training_free=False)
+
+
+def test_bad_input_fails_before_any_call_with_a_clear_error(tmp_path):
+    from gym.train.tf_grpo import prepare, prepare_from_datasets
+
+    with pytest.raises(ConfigError, match=r"needs questions with answers .* is preference"):
+        prepare_from_datasets(TfGrpoSettings(), "policy", "demo_dpo")
+    no_answer = [Question(id="0", prompt=[{"role": "user", "content": "hi"}])]
+    with pytest.raises(ConfigError, match="use --reward majority"):
+        prepare(TfGrpoSettings(endpoint="http://127.0.0.1:9/v1"), "policy", no_answer, "d")
+    with pytest.raises(ConfigError, match="has no model"):
+        TfGrpoSettings().role("policy", None)
