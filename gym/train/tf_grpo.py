@@ -270,6 +270,11 @@ def run(
     return train_result(prepared, result, ship(prepared, result, model))
 
 
+def build_trainer(**_: Any) -> Any:
+    """The METHODS entry: Training-Free GRPO has no TRL trainer (no weights to train)."""
+    raise ConfigError("tf_grpo trains no weights: gym.train.run hands it to gym.train.tf_grpo.run")
+
+
 def initial_library(settings: TfGrpoSettings) -> Library | None:
     """A library to start from: `<experience_lib_path>/experiences.json` when it already exists."""
     if settings.experience_lib_path:
