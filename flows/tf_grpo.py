@@ -25,6 +25,7 @@ from gym.pipeline import TfGrpoFlowConfig
 from gym.tfgrpo.data import Question, StepPlan
 from gym.tfgrpo.library import LibraryRef
 from gym.train.tf_grpo import TfGrpoRun, summary
+from tasks.preflight import check_inputs
 from tasks.register import register_model
 from tasks.tfgrpo import (
     apply_step,
@@ -43,7 +44,7 @@ from tasks.tfgrpo import (
     start_stage_tracking,
     summarize,
 )
-from tasks.tracking import finish_tracking, start_tracking
+from tasks.tracking import end_failed_tracking, finish_tracking, start_tracking
 
 DEFAULTS = TfGrpoFlowConfig()
 
@@ -70,8 +71,16 @@ def run_step(
     return new_library
 
 
-@flow(name="tf-grpo", task_runner=ThreadPoolTaskRunner(max_workers=64))
+# Like the other training flows: results persisted, a failed or crashed run closes its MLflow runs as FAILED.
+@flow(
+    name="tf-grpo",
+    task_runner=ThreadPoolTaskRunner(max_workers=64),
+    persist_result=True,
+    on_failure=[end_failed_tracking],
+    on_crashed=[end_failed_tracking],
+)
 def tf_grpo(config: TfGrpoFlowConfig = DEFAULTS) -> dict[str, Any]:
+    check_inputs(config)  # model name (unless it lives behind an endpoint), template: in a second
     started, uri, run_label = time.time(), config.output.tracking_uri, flow_run.get_id()
     parent = start_tracking("tf-grpo", config.model_dump(), run_label, uri)
 
