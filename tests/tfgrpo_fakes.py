@@ -18,6 +18,12 @@ from typing import Any
 Answer = Callable[[dict[str, Any]], Any]
 
 
+class _Server(ThreadingHTTPServer):
+    # The stdlib's listen backlog is 5: a burst of concurrent connections would wait for TCP's
+    # 1-second SYN retry. Real servers (uvicorn: 2048) take the burst.
+    request_queue_size = 256
+
+
 class FakeEndpoint:
     """A real HTTP server (`/v1/chat/completions`) on 127.0.0.1 and a free port."""
 
@@ -61,7 +67,7 @@ class FakeEndpoint:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _Server(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
