@@ -157,3 +157,21 @@ def test_bad_input_fails_before_any_call_with_a_clear_error(tmp_path):
         prepare(TfGrpoSettings(endpoint="http://127.0.0.1:9/v1"), "policy", no_answer, "d")
     with pytest.raises(ConfigError, match="has no model"):
         TfGrpoSettings().role("policy", None)
+
+
+def test_flow_configs_select_tf_grpo_and_pass_preflight():
+    from gym import preflight
+    from gym.pipeline import TfGrpoFlowConfig, TrainFlowConfig
+    from gym.train.config import TrainConfig
+
+    train_flow = TrainFlowConfig(
+        dataset="demo_sft", train=TrainConfig(method="tf_grpo", num_train_epochs=2, seed=7)
+    )
+    preflight.check(train_flow)  # tf_grpo is a known method; gym-tiny resolves
+    config = TfGrpoFlowConfig.from_train_flow(train_flow)
+    assert (config.epochs, config.seed, config.group_size, config.dataset) == (2, 7, 5, "demo_sft")
+    preflight.check(
+        TfGrpoFlowConfig(endpoint="http://127.0.0.1:9/v1", model="deepseek-chat")
+    )  # remote: no lookup
+    with pytest.raises(ConfigError, match="model: unknown model"):
+        preflight.check(TfGrpoFlowConfig(model="deepseek-chat"))  # local: must resolve
