@@ -14,7 +14,7 @@ from typing import Any
 from prefect import flow
 from prefect.runtime import flow_run
 
-from gym.pipeline import TrainFlowConfig
+from gym.pipeline import TfGrpoFlowConfig, TrainFlowConfig
 from gym.summary import summarize
 from tasks.data import ingest_dataset, tokenize_dataset
 from tasks.evaluate import exact_match
@@ -34,6 +34,10 @@ DEFAULTS = TrainFlowConfig()
 def train(config: TrainFlowConfig = DEFAULTS) -> dict[str, Any]:
     check_inputs(config)  # names, files, method/data pairing: fails in a second, before any model
     uri, run_label, method = config.output.tracking_uri, flow_run.get_id(), config.train.method
+    if method == "tf_grpo":  # learns an experience library for the frozen model: its own flow
+        from flows.tf_grpo import tf_grpo
+
+        return tf_grpo(TfGrpoFlowConfig.from_train_flow(config))
     parent = start_tracking(f"train-{method}", config.model_dump(), run_label, uri)
 
     raw = ingest_dataset(config.dataset)
