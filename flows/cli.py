@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "chat": ("gym.chat:cmd_chat", "Chat with a model in the terminal, or a Gradio page with --ui."),
     "deploy": ("gym.deploy:cmd_deploy", "Push a model (and a chat Space) to the hub, or write the bundle."),
     "promote": ("gym.promotion:cmd_promote", "Move `champion` to the challenger if it wins on a score."),
+    "tfgrpo": ("gym.tfgrpo.cli:cmd_tfgrpo", "Training-Free GRPO tools (`gym tfgrpo simulate --json`)."),
 }
 
 

@@ -15,7 +15,7 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from gym.eval.suite import benchmark_summary
-from gym.pipeline import TrainFlowConfig
+from gym.pipeline import TfGrpoFlowConfig, TrainFlowConfig
 from gym.summary import summarize
 from tasks.data import ingest_dataset, tokenize_dataset
 from tasks.evaluate import benchmark_eval, check_benchmarks_task, exact_match
@@ -35,6 +35,10 @@ DEFAULTS = TrainFlowConfig()
 def train(config: TrainFlowConfig = DEFAULTS) -> dict[str, Any]:
     check_inputs(config)  # names, files, method/data pairing: fails in a second, before any model
     uri, run_label, method = config.output.tracking_uri, flow_run.get_id(), config.train.method
+    if method == "tf_grpo":  # learns an experience library for the frozen model: its own flow
+        from flows.tf_grpo import tf_grpo
+
+        return tf_grpo(TfGrpoFlowConfig.from_train_flow(config))
     options = config.benchmark_options  # benchmarks: data and names checked before anything runs
     benchmarks = check_benchmarks_task(config.benchmarks, options) if config.benchmarks else []
     parent = start_tracking(f"train-{method}", config.model_dump(), run_label, uri)

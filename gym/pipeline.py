@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from gym.cli_options import merge
 from gym.data.tokenize import TokenizeSettings
 from gym.eval.suite import BenchmarkOptions
+from gym.tfgrpo.config import TfGrpoSettings
 from gym.train.config import TrainConfig
 
 # Learning rate, epochs and batch size come from the model's registry `train_defaults` (gym-tiny's
@@ -176,3 +177,52 @@ class TrainFlowConfig(FlowConfig):
         if self.method_eval_dataset:
             uses["method_eval_dataset"] = (self.method_eval_dataset, self.train.method)
         return {**uses, **super().dataset_uses()}
+
+
+class TfGrpoFlowConfig(TfGrpoSettings):
+    """Training-Free GRPO: learn an experience library for a frozen model, evaluated on held-out questions.
+
+    The model runs behind `endpoint` (any OpenAI-compatible API) or, without one, locally.
+    """
+
+    model: str = Field(
+        "gym-tiny", description="Model at the endpoint, or a registry name / checkpoint dir to run locally."
+    )
+    template: str | None = Field(
+        None, description="Chat template for a local model; default: the registry's."
+    )
+    trust_remote_code: bool = Field(False, description="Let transformers run the model repo's code (local).")
+    dataset: str = Field("demo_sft", description="Training questions: registry name or path (sft format).")
+    eval_dataset: str | None = Field(
+        "demo_sft_eval", description="Held-out questions for Mean@k / Pass@k before and after (None to skip)."
+    )
+    output: OutputSettings = Field(default_factory=OutputSettings, description="Registration and export.")
+
+    def settings(self) -> TfGrpoSettings:
+        return TfGrpoSettings.model_validate(self.model_dump(include=set(TfGrpoSettings.model_fields)))
+
+    @property
+    def model_is_remote(self) -> bool:
+        """The policy runs behind an endpoint: `model` is a name there, not one gym must resolve."""
+        return bool(self.endpoint or self.policy.endpoint)
+
+    def dataset_uses(self) -> dict[str, tuple[str, str]]:
+        """None for gym.preflight: the run's first task reads the datasets (question/answer files too,
+        which preflight's format detection does not know) and rejects a bad one before any LLM call."""
+        return {}
+
+    @classmethod
+    def from_train_flow(cls, config: TrainFlowConfig) -> TfGrpoFlowConfig:
+        """The train flow's config with method tf_grpo: its model, data and output; its stage's
+        epochs and seed over the paper's defaults."""
+        epochs = config.train.num_train_epochs
+        return cls(
+            model=config.model,
+            template=config.template,
+            trust_remote_code=config.trust_remote_code,
+            dataset=config.dataset,
+            eval_dataset=config.eval_dataset,
+            output=config.output,
+            seed=config.train.seed,
+            **({"epochs": max(1, round(epochs))} if epochs is not None else {}),
+        )

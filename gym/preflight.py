@@ -92,6 +92,7 @@ def check(config: FlowInputs) -> None:
     """Raise the first problem found in a flow config (a GymError naming the field), else return."""
     if isinstance(config, BaseModel):
         check_methods(config)
-    check_model(config.model, config.template)
+    if not getattr(config, "model_is_remote", False):  # a model known only to an API endpoint (TF-GRPO)
+        check_model(config.model, config.template)
     for field, (name, use) in config.dataset_uses().items():
         check_dataset(field, name, use)

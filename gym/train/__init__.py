@@ -24,13 +24,14 @@ from gym.data.ingest import load_meta
 from gym.errors import ConfigError
 from gym.hashing import hash_obj
 from gym.models import ModelRef, load_model, load_tokenizer
-from gym.train import dpo, sft
+from gym.train import dpo, sft, tf_grpo
 from gym.train.common import TrainResult, check_hardware, count_params, losses_from, peft_config
 from gym.train.config import TrainConfig, with_defaults
 
 METHODS: dict[str, Callable[..., Any]] = {
     "sft": sft.build_trainer,
     "dpo": dpo.build_trainer,
+    "tf_grpo": tf_grpo.build_trainer,  # trains no weights: `run` hands it to gym.train.tf_grpo.run
 }
 
 __all__ = ["METHODS", "TrainConfig", "TrainResult", "run", "stage_digest"]
@@ -72,6 +73,8 @@ def run(
     eval_data: Path | None = None,
 ) -> TrainResult:
     """Train one stage, or return it finished (or resume it) from its content-addressed directory."""
+    if config.method == "tf_grpo":  # an experience library, no weights; reads ingested (untokenized) data
+        return tf_grpo.run(config, model, Path(train_data), Path(eval_data) if eval_data else None)
     if config.method not in METHODS:
         raise ConfigError(f"unknown method {config.method!r}; available: {', '.join(METHODS)}")
     config = with_defaults(config, model.train_defaults)
