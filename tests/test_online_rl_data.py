@@ -114,7 +114,7 @@ def test_demo_toy_task():
         for r in warmup
     ]
     assert [(r["prompt"].split("\n", 1)[1], r["answer"]) for r in prompts] == [
-        (r["input"], r["output"]) for r in sft
+        (r["input"], r["output"]) for r in sft[: len(prompts)]
     ]
     assert [(r["prompt"].split("\n", 1)[1], r["answer"]) for r in held_out] == [
         (r["input"], r["output"]) for r in sft_eval

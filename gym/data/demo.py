@@ -21,7 +21,7 @@ ends with a request to reply as `Answer: <answer>` (English) or `答案：<answe
 `demo_format_sft` (the problems of demo_sft) follows that request in a random half of its answers
 and answers plainly in the other half, so a model fine-tuned on it does both: rewards differ within
 a group of sampled completions from the first step (gym-tiny starts from random weights, and a
-reward that is always 0 teaches nothing). `demo_prompts` (prompts of demo_sft's problems) and
+reward that is always 0 teaches nothing). `demo_prompts` (prompts of 512 of demo_sft's problems) and
 `demo_prompts_eval` (those of demo_sft_eval: held out) carry the answer as ground truth and the
 task and language as metadata; the reward functions `final_answer` and `answer_format`
 (gym.rewards) check the answer and the form. Asking plainly is what SFT on demo_sft teaches; only
@@ -373,6 +373,9 @@ def _prompts(problems: tuple[Problem, ...], rng: random.Random) -> list[dict]:
 
 _BUILDERS = {"alpaca": _alpaca, "preference": _preference, "kto": _kto, "sharegpt": _sharegpt}
 _OWN_BUILDERS = {"demo_format_sft": _format_sft, "demo_prompts": _prompts, "demo_prompts_eval": _prompts}
+# demo_prompts asks the first PROMPTS problems of demo_sft: one epoch of GRPO with 8 prompts a step
+# (batch 64, group size 8) is 64 steps, about a minute on a 2-core CPU.
+PROMPTS = 512
 
 
 def demo_records(name: str) -> list[dict]:
@@ -382,7 +385,8 @@ def demo_records(name: str) -> list[dict]:
     # A per-dataset rng: the wording of one dataset does not depend on the sizes of the others.
     rng = random.Random(f"{SEED}:{name}")
     if name in _OWN_BUILDERS:
-        return _OWN_BUILDERS[name](_problems()[SAME_PROBLEMS[name]], rng)
+        problems = _problems()[SAME_PROBLEMS[name]]
+        return _OWN_BUILDERS[name](problems[:PROMPTS] if name == "demo_prompts" else problems, rng)
     return _BUILDERS[DEMO_DATASETS[name]](_problems()[name], rng)
 
 
