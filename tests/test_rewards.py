@@ -204,9 +204,9 @@ def test_reward_model_from_a_directory_scores_like_a_direct_forward(tmp_path: Pa
 def test_reward_model_without_a_score_head_is_refused(tmp_path: Path):
     from tests.helpers import tiny
 
-    with pytest.raises(ConfigError, match="no `score.weight`"):
+    with pytest.raises(ConfigError, match=r"no `score\.weight`"):
         load_reward(f"reward_model:{tiny().path}")  # a causal LM directory
-    with pytest.raises(ConfigError, match="no `score.weight`"):
+    with pytest.raises(ConfigError, match=r"no `score\.weight`"):
         load_reward("reward_model:gym-tiny")  # the registry entry: built locally, no score head
     with pytest.raises(ConfigError, match="unknown model"):
         load_reward("reward_model:no-such-reward-model")
