@@ -2,6 +2,8 @@
 
     python flows/train.py --train.method sft --dataset demo_sft
     python flows/train.py --train.method dpo --dataset demo_dpo --method_eval_dataset demo_dpo_eval
+    python flows/train.py --train.method grpo --dataset demo_prompts --method_eval_dataset demo_prompts_eval \
+        --warm_start.dataset demo_format_sft      # SFT first, then GRPO from the result
     gym train --method dpo --dataset demo_dpo --json          # the same flow through the CLI
 
 Defaults: SFT of the embedded gym-tiny on the demo data.
@@ -32,6 +34,10 @@ def train(config: TrainFlowConfig = DEFAULTS) -> dict[str, Any]:
     parent = start_tracking(f"train-{method}", config.model_dump(), run_label, uri)
 
     model = resolve_model(config.model, config.template, config.trust_remote_code)
+    warm = None
+    if config.warm_start:
+        warm_data = tokenize_dataset(ingest_dataset(config.warm_start.dataset), model, config.data)
+        warm, model = train_stage(config.warm_start.train, model, warm_data, None, parent, uri)
     raw = ingest_dataset(config.dataset)
     data = tokenize_dataset(raw, model, config.data)
     method_eval = (
@@ -47,11 +53,14 @@ def train(config: TrainFlowConfig = DEFAULTS) -> dict[str, Any]:
 
     name = config.output.register_as or f"{config.model.rsplit('/', 1)[-1]}-{method}"
     lineage = {"dataset": raw.digest, f"{method}_stage": result.digest}
+    if warm:
+        lineage["warm_start_stage"] = warm.digest
     registered = register_model(final_model, name, config.output.alias, lineage, parent, run_label, uri)
     if config.output.output_dir:
         export(final_model, config.output.output_dir)
 
-    summary = summarize({method: result}, before, after, registered, parent, final_model.path, run_label)
+    stages = {"sft": warm, method: result} if warm else {method: result}
+    summary = summarize(stages, before, after, registered, parent, final_model.path, run_label)
     finish_tracking(parent, summary, uri)
     return summary
 

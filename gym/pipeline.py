@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gym.data.tokenize import TokenizeSettings
 from gym.train.config import TrainConfig
+from gym.train.warm_start import WarmStart
 
 # Learning rate, epochs and batch size come from the model's registry `train_defaults` (gym-tiny's
 # were measured with scripts/check_demo_learnable.py) unless set here or on the command line.
@@ -74,3 +75,6 @@ class TrainFlowConfig(FlowConfig):
         None, description="Held-out data in the training format (e.g. preference pairs for DPO)."
     )
     train: TrainConfig = Field(default_factory=lambda: DEFAULT_SFT.model_copy(), description="The stage.")
+    warm_start: WarmStart | None = Field(
+        None, description="SFT first, then the method from the result (online RL on gym-tiny needs it)."
+    )

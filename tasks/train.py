@@ -8,7 +8,8 @@ from typing import Any
 from gym import tracking
 from gym.models import ModelRef, derived
 from gym.plots import loss_plot
-from gym.train import TrainConfig, TrainResult, run
+from gym.train import TrainConfig, TrainResult, rl_common, run
+from gym.train.rl_config import ONLINE_METHODS
 from tasks._common import gym_task
 
 
@@ -57,4 +58,6 @@ def _track(
         {config.method: result.losses}, Path(result.stage_dir) / "loss.png", f"{config.method} loss"
     )
     tracking.log_artifact(run_id, plot, uri=uri)
+    if config.method in ONLINE_METHODS:  # reward curves, KL, clip fraction, sample completions
+        rl_common.track(run_id, result.stage_dir, uri=uri)
     tracking.end_run(run_id, uri=uri)

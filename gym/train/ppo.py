@@ -215,6 +215,7 @@ def trainer_class() -> type:
                 )
             if self.state.global_step % args.logging_steps == 0:
                 self.sample_log.write(self.state.global_step, reward.rows)
+            self.sample_log.write_metrics(self.state.global_step, logs)
             super().log(logs, start_time)
 
         def train(

@@ -1,10 +1,11 @@
 """What the online RL methods (ppo.py, grpo/online.py, gspo.py) share: checks made before any model
 loads, the held-out reward evaluation their trainers run as `evaluate()`, and the sample log.
 
-Each logging step appends a few sampled completions (prompt, completion, reward, per-reward scores)
-to `<stage>/checkpoints/samples.jsonl`; the training task logs that file as an MLflow table. The
-main metric is `mean_reward`: the weighted reward of completions sampled for held-out prompts
-(gym.rewards.evaluate), before and after training.
+Each logging step appends its metrics (reward mean/min/max/std, each reward's mean, KL, clip
+fraction, completion length...) to `<stage>/checkpoints/metrics.jsonl` and a few sampled
+completions (prompt, completion, reward, per-reward scores) to `samples.jsonl`; `track` logs them to
+MLflow as curves and a table. The main metric is `mean_reward`: the weighted reward of completions
+sampled for held-out prompts (gym.rewards.evaluate), before and after training.
 """
 
 from __future__ import annotations
@@ -23,11 +24,43 @@ from gym.train.rl_config import ONLINE_METHODS, RLSettings
 
 METRIC = "mean_reward"
 SAMPLES_FILE = "samples.jsonl"
+METRICS_FILE = "metrics.jsonl"
 
 
 def samples_file(stage_dir: str | Path) -> Path:
     """Where a stage's sample completions are logged."""
     return Path(stage_dir) / "checkpoints" / SAMPLES_FILE
+
+
+def metrics_file(stage_dir: str | Path) -> Path:
+    """Where a stage's per-logging-step metrics are logged."""
+    return Path(stage_dir) / "checkpoints" / METRICS_FILE
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def track(run_id: str, stage_dir: str | Path, uri: str | None = None) -> None:
+    """Log an online stage's metric curves and sample completions to its MLflow run."""
+    from gym import tracking
+
+    by_step: dict[int, dict[str, Any]] = {}
+    for row in _read_jsonl(metrics_file(stage_dir)):
+        # Merged per step: the end-of-training log shares the last step; a resumed run logs some steps
+        # twice, and the later values count.
+        by_step.setdefault(int(row["step"]), {}).update(row)
+    keys = sorted({k for row in by_step.values() for k, v in row.items() if _number(v)} - {"step"})
+    for key in keys:
+        points = [(step, row[key]) for step, row in sorted(by_step.items()) if _number(row.get(key))]
+        tracking.log_curve(run_id, f"train/{key}", points, uri=uri)
+    tracking.log_table(run_id, _read_jsonl(samples_file(stage_dir)), "samples.json", uri=uri)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == value  # not NaN
 
 
 def load_environment(spec: str) -> Callable[..., Any]:
@@ -73,19 +106,24 @@ def check(config: TrainConfig) -> None:
 
 
 class SampleLog:
-    """Appends a few sampled completions per logging step to a JSON Lines file."""
+    """Appends each logging step's metrics, and a few sampled completions, to JSON Lines files."""
 
     def __init__(self, output_dir: Path, keep: int):
         self.path = Path(output_dir) / SAMPLES_FILE
+        self.metrics_path = Path(output_dir) / METRICS_FILE
         self.keep = keep
 
+    def _append(self, path: Path, rows: list[dict[str, Any]]) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as f:
+            f.writelines(json.dumps(row, ensure_ascii=False, default=float) + "\n" for row in rows)
+
     def write(self, step: int, rows: list[dict[str, Any]]) -> None:
-        if not self.keep or not rows:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a", encoding="utf-8") as f:
-            for row in rows[: self.keep]:
-                f.write(json.dumps({"step": step, **row}, ensure_ascii=False, default=float) + "\n")
+        if self.keep and rows:
+            self._append(self.path, [{"step": step, **row} for row in rows[: self.keep]])
+
+    def write_metrics(self, step: int, logs: dict[str, Any]) -> None:
+        self._append(self.metrics_path, [{"step": step, **{k: v for k, v in logs.items() if _number(v)}}])
 
 
 class RewardEval:

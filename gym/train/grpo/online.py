@@ -156,11 +156,14 @@ def trainer_class() -> type:
             return out
 
         def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-            if self._training() and self._window:
+            training = self._training()
+            if training and self._window:
                 logs["reward_min"], logs["reward_max"] = min(self._window), max(self._window)
                 self._window = []
                 self._write_samples()
-            super().log(logs, start_time)
+            super().log(logs, start_time)  # TRL adds its metrics to `logs`
+            if training:
+                self.sample_log.write_metrics(self.state.global_step, logs)
 
         def _training(self) -> bool:
             return bool(self.model is not None and self.model.training)
