@@ -277,3 +277,62 @@ def test_bad_online_configs_fail_before_loading_a_model(tmp_path: Path):
         train.run(rl_config("ppo", 1), gone, tokenized("demo_sft", model, max_samples=8))
     with pytest.raises(ConfigError, match="grpo or gspo"):
         train.run(rl_config("ppo", 1, environment="tests.test_online_rl:ask_again"), gone, data)
+
+
+# ---- resume -------------------------------------------------------------------------------
+
+RESUME = """
+import sys
+sys.path.insert(0, {repo!r})
+from gym import train
+from gym.models import ModelRef
+from tests.helpers import tokenized
+from tests.test_online_rl import resume_config
+warm = ModelRef.model_validate_json({warm!r})
+train.run(resume_config(), warm, tokenized("demo_prompts", warm, max_samples=256))
+"""
+
+
+def resume_config() -> TrainConfig:
+    return rl_config("grpo", 60, batch=16, group_size=4).model_copy(
+        update={"save_steps": 5, "save_total_limit": 3}
+    )
+
+
+def test_killed_grpo_run_resumes_from_its_last_checkpoint(warm: ModelRef, gym_home: Path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    repo = str(Path(__file__).resolve().parents[1])
+    script = RESUME.format(repo=repo, warm=warm.model_dump_json())
+    env = {**os.environ, "GYM_HOME": str(gym_home), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script],
+        env=env,
+        cwd=repo,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 300
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            if list((gym_home / "models").glob("grpo-*/checkpoints/checkpoint-*/trainer_state.json")):
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "training finished (or failed) before it could be interrupted"
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    stage = next(p for p in (gym_home / "models").glob("grpo-*") if p.is_dir())
+    assert not (stage / "result.json").exists() and not (stage / "model").exists()
+
+    result = train.run(resume_config(), warm, tokenized("demo_prompts", warm, max_samples=256))
+    assert result.resumed_from is not None and "checkpoint-" in result.resumed_from
+    assert 5 <= int(result.resumed_from.rsplit("-", 1)[1]) < 60 and result.global_step == 60
+    steps = [s for s, _ in result.losses]
+    assert steps[0] == 1 and steps[-1] == 60, "the history spans the run before and after the kill"
+    logged_steps = [json.loads(line)["step"] for line in (stage / "checkpoints" / "metrics.jsonl").open()]
+    assert set(logged_steps) >= set(range(5, 61, 5)), "reward metrics cover both runs"
