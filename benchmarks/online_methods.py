@@ -13,9 +13,9 @@ same number of tokens) and demo_prompts, for each method:
 Both are timed by forward hooks on the policy: a run of consecutive no-grad forwards is a rollout
 (its decode steps' rows are the rollout tokens); the rest of the training time (rewards, reference
 and value passes, loss, backward, optimiser) is optimisation, whose tokens are the real tokens of the
-policy's gradient forwards. Sides alternate in this one process after a warm-up; the best of
-`--repeats` is kept; the sides take turns going first. Goal: gym/TRL >= 0.95 for both. `run(args) -> list[dict]` is what
-benchmarks/methods.py includes. Prints a table and one JSON line.
+policy's gradient forwards. Both sides run in this one process after a warm-up, taking turns going
+first; the best of `--repeats` is kept. Goal: gym/TRL >= 0.95 for both. `run(args) -> list[dict]`
+is what benchmarks/methods.py includes. Prints a table and one JSON line.
 """
 
 from __future__ import annotations
