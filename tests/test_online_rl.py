@@ -105,6 +105,13 @@ def test_ppo_raises_held_out_mean_reward(warm: ModelRef):
     result = train.run(rl_config("ppo", 8), warm, tokenized("demo_prompts", warm), held_out(warm))
     assert_learned(result)
     assert result.global_step == 8 and result.resumed_from is None
+    # The trained value head serves as a reward model: a gym model with a score head.
+    from gym.rewards import load_reward
+
+    value = load_reward(f"reward_model:{result.stage_dir}/value_model")
+    prompt = [{"role": "user", "content": "Copy the following digits.\n1234"}]
+    scores = value([prompt, prompt], [[{"role": "assistant", "content": c}] for c in ("Answer: 1234", "zzz")])
+    assert len(scores) == 2 and scores[0] != scores[1]
 
 
 def test_grpo_with_one_completion_per_group_has_no_signal(warm: ModelRef):

@@ -11,7 +11,8 @@ it touches nothing else. What gym builds around TRL's PPOTrainer:
 - GAE advantages (`rl.gamma`, `rl.lam`), the clipped objective (`rl.epsilon`), a KL penalty to the
   reference in the reward, fixed (`rl.kl_coef`) or adaptive (`rl.adaptive_kl_target`, Ziegler et
   al.'s proportional controller, `adaptive_kl_coef`);
-- the same `evaluate()` (held-out mean_reward) and sample log as GRPO.
+- the same `evaluate()` (held-out mean_reward) and sample log as GRPO;
+- the trained value model is kept as `<stage>/value_model` (usable as `reward_model:<dir>`).
 
 TRL's PPO saves no resumable checkpoints: an interrupted PPO stage starts again. One update =
 one batch of rollouts (`per_device_train_batch_size` x `gradient_accumulation_steps` prompts) and
@@ -110,6 +111,19 @@ def value_model(policy: Any, tokenizer: Any, seed: int) -> Any:
     getattr(value, prefix).load_state_dict(getattr(policy, prefix).state_dict())
     value.config.pad_token_id = tokenizer.pad_token_id
     return value.to(dtype=policy.dtype)
+
+
+def save_value_model(value: Any, tokenizer: Any, stage_dir: Path) -> Path:
+    """Save the trained value model (a score head on the policy's backbone) as `<stage>/value_model`:
+    a sequence-classification model that `reward_model:<dir>` can load."""
+    from gym import workspace
+
+    target = stage_dir / "value_model"
+    if not target.exists():
+        with workspace.atomic_dir(target) as tmp:
+            value.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)  # with the chat template the policy was trained with
+    return target
 
 
 def text_reward(tokenizer: Any, datasets: list[Any], rewards: list[Reward], weights: list[float]) -> Any:
@@ -220,10 +234,14 @@ def trainer_class() -> type:
 
         def train(
             self, resume_from_checkpoint: Any = None, *_: Any, **__: Any
-        ) -> Any:  # no resuming in TRL PPO
+        ) -> Any:  # TRL's PPO: no resume
             super().train()
+            wrapper = self.accelerator.unwrap_model(self.model)
+            save_value_model(
+                wrapper.value_model, self.processing_class, Path(str(self.args.output_dir)).parent
+            )
             # From here on the trainer's model is the policy alone: what gym saves and merges.
-            self.model = self.accelerator.unwrap_model(self.model).policy
+            self.model = wrapper.policy
 
         def evaluate(
             self, eval_dataset: Any = None, ignore_keys: Any = None, metric_key_prefix: str = "eval"
