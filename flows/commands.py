@@ -23,6 +23,7 @@ PIPELINES = {
 TF_GRPO_FLAGS = {"--grpo_group_size": "--group_size", "--grpo_experience_lib_path": "--experience_lib_path"}
 # Demo data per method when --dataset is not given: (training dataset, held-out data in the same format)
 DEMO_DATA = {"sft": ("demo_sft", None), "dpo": ("demo_dpo", "demo_dpo_eval")}
+DEMO_DATA |= {m: ("demo_prompts", "demo_prompts_eval") for m in ("ppo", "grpo", "gspo")}
 FINETUNING_TYPES = ("full", "lora")
 
 
@@ -64,6 +65,10 @@ def cmd_train(argv: Sequence[str]) -> int:
         return main(getattr(importlib.import_module(module), fn), pipeline_cls, rest, prog=prog)
     from gym.pipeline import TrainFlowConfig
 
+    if method in ("ppo", "grpo", "gspo"):  # --reward, --reward-weight, --group-size; the demo's warm start
+        from flows.online_rl import rl_args
+
+        rest = rl_args(rest, demo=not _given(rest, "--dataset"))
     extra = ["--train.method", method]
     dataset, method_eval = DEMO_DATA.get(method, (None, None))
     if dataset and not _given(rest, "--dataset"):

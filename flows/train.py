@@ -2,6 +2,8 @@
 
     python flows/train.py --train.method sft --dataset demo_sft
     python flows/train.py --train.method dpo --dataset demo_dpo --method_eval_dataset demo_dpo_eval
+    python flows/train.py --train.method grpo --dataset demo_prompts --method_eval_dataset demo_prompts_eval \
+        --warm_start.dataset demo_format_sft      # SFT first, then GRPO from the result
     gym train --method dpo --dataset demo_dpo --json          # the same flow through the CLI
 
 Defaults: SFT of the embedded gym-tiny on the demo data.
@@ -46,8 +48,13 @@ def train(config: TrainFlowConfig = DEFAULTS) -> dict[str, Any]:
     raw = ingest_dataset(config.dataset)
     method_eval_raw = ingest_dataset(config.method_eval_dataset) if config.method_eval_dataset else None
     held_out = ingest_dataset(config.eval_dataset) if config.eval_dataset else None
+    warm_raw = ingest_dataset(config.warm_start.dataset) if config.warm_start else None
 
     model = resolve_model(config.model, config.template, config.trust_remote_code)
+    warm = None
+    if config.warm_start and warm_raw:  # SFT first; the method starts from its result
+        warm_data = tokenize_dataset(warm_raw, model, config.data)
+        warm, model = train_stage(config.warm_start.train, model, warm_data, None, parent, uri)
     data = tokenize_dataset(raw, model, config.data)
     method_eval = tokenize_dataset(method_eval_raw, model, config.data) if method_eval_raw else None
 
@@ -63,6 +70,9 @@ def train(config: TrainFlowConfig = DEFAULTS) -> dict[str, Any]:
 
     name = config.output.register_as or f"{config.model.rsplit('/', 1)[-1]}-{method}"
     lineage = {"dataset": raw.digest, f"{method}_stage": result.digest}
+    if warm:
+        lineage["warm_start_stage"] = warm.digest
+    stages = {"sft": warm, method: result} if warm else {method: result}
     registered = register_model(
         final_model,
         name,
@@ -72,7 +82,7 @@ def train(config: TrainFlowConfig = DEFAULTS) -> dict[str, Any]:
         run_label,
         uri,
         config=config.model_dump(),
-        stages={method: result},
+        stages=stages,
         before=before,
         after=after,
     )
@@ -85,9 +95,7 @@ def train(config: TrainFlowConfig = DEFAULTS) -> dict[str, Any]:
     if config.output.output_dir:
         export(final_model, config.output.output_dir, registered, uri)
 
-    summary = summarize(
-        {method: result}, before, after, registered, parent, final_model.path, run_label, promotion
-    )
+    summary = summarize(stages, before, after, registered, parent, final_model.path, run_label, promotion)
     summary |= benchmark_summary(scores_before, scores_after, config.benchmarks)
     finish_tracking(parent, summary, uri)
     return summary

@@ -15,6 +15,7 @@ from gym.data.tokenize import TokenizeSettings
 from gym.eval.suite import BenchmarkOptions
 from gym.tfgrpo.config import TfGrpoSettings
 from gym.train.config import TrainConfig
+from gym.train.warm_start import WarmStart
 
 # Learning rate, epochs and batch size come from the model's registry `train_defaults` (gym-tiny's
 # were measured with scripts/check_demo_learnable.py) unless set here or on the command line.
@@ -171,11 +172,16 @@ class TrainFlowConfig(FlowConfig):
         None, description="Held-out data in the training format (e.g. preference pairs for DPO)."
     )
     train: TrainConfig = Field(default_factory=lambda: DEFAULT_SFT.model_copy(), description="The stage.")
+    warm_start: WarmStart | None = Field(
+        None, description="SFT first, then the method from the result (online RL on gym-tiny needs it)."
+    )
 
     def dataset_uses(self) -> dict[str, tuple[str, str]]:
         uses = {"dataset": (self.dataset, self.train.method)}
         if self.method_eval_dataset:
             uses["method_eval_dataset"] = (self.method_eval_dataset, self.train.method)
+        if self.warm_start:
+            uses["warm_start.dataset"] = (self.warm_start.dataset, self.warm_start.train.method)
         return {**uses, **super().dataset_uses()}
 
 

@@ -48,6 +48,17 @@ def check_methods(config: BaseModel) -> None:
             raise ConfigError(
                 f"{field}.method: {stage.method!r} is not implemented yet; available: {', '.join(METHODS)}"
             )
+        check_online(field, stage)
+
+
+def check_online(field: str, stage: Any) -> None:
+    """Online RL stages: rewards that load, a batch of whole groups, an environment, vLLM if asked."""
+    from gym.train import rl_common
+
+    try:
+        rl_common.check(stage)
+    except ConfigError as exc:
+        raise ConfigError(f"{field}.rl: {exc}") from None
 
 
 def check_model(name: str, template: str | None) -> None:

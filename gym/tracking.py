@@ -119,6 +119,16 @@ def log_curve(run_id: str, key: str, points: Iterable[tuple[int, float]], uri: s
         client.log_batch(run_id, metrics=items[i : i + 1000])
 
 
+def log_table(run_id: str, rows: list[dict[str, Any]], artifact_file: str, uri: str | None = None) -> None:
+    """Log rows (dicts) as an MLflow table artifact, e.g. sample completions per training step."""
+    if not rows:
+        return
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    _client(uri).log_table(
+        run_id, data={k: [row.get(k) for row in rows] for k in columns}, artifact_file=artifact_file
+    )
+
+
 def _safe(key: str) -> str:
     """MLflow metric names allow alphanumerics, _ - . / and spaces; map anything else to _."""
     return re.sub(r"[^\w\-./ ]", "_", key)

@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gym.train.rl_config import RLSettings
+
 # Every method gym knows by name; `gym.train.METHODS` holds the ones implemented (one file each).
 Method = Literal[
     "sft",
@@ -102,6 +104,10 @@ class TrainConfig(BaseModel):
     label_smoothing: float = Field(
         0.0, ge=0, lt=0.5, description="DPO: assumed label-noise rate; > 0 gives conservative DPO (cDPO)."
     )
+    rl: RLSettings = Field(
+        default_factory=RLSettings,
+        description="Online RL (ppo, grpo, gspo): rewards, rollouts, KL, clipping.",
+    )
 
 
 # Defaults per method and finetuning type where the user and the model's registry entry are silent:
@@ -115,6 +121,20 @@ METHOD_DEFAULTS: dict[str, dict[str, dict[str, float]]] = {
     "dpo": {
         "full": {"learning_rate": 1e-6, "num_train_epochs": 1, "per_device_train_batch_size": 8},
         "lora": {"learning_rate": 5e-6, "num_train_epochs": 1, "per_device_train_batch_size": 8},
+    },
+    # Online RL: TRL's GRPO (1e-6) and PPO (3e-6) rates for full fine-tuning; the batch counts
+    # completions (GRPO: group_size per prompt, so it must be a multiple of it).
+    "grpo": {
+        "full": {"learning_rate": 1e-6, "num_train_epochs": 1, "per_device_train_batch_size": 8},
+        "lora": {"learning_rate": 1e-5, "num_train_epochs": 1, "per_device_train_batch_size": 8},
+    },
+    "gspo": {
+        "full": {"learning_rate": 1e-6, "num_train_epochs": 1, "per_device_train_batch_size": 8},
+        "lora": {"learning_rate": 1e-5, "num_train_epochs": 1, "per_device_train_batch_size": 8},
+    },
+    "ppo": {
+        "full": {"learning_rate": 3e-6, "num_train_epochs": 1, "per_device_train_batch_size": 8},
+        "lora": {"learning_rate": 1e-5, "num_train_epochs": 1, "per_device_train_batch_size": 8},
     },
 }
 
