@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("flows.commands:cmd_train", "Run a training flow (`gym train --method M --help`)."),
     "registry": ("gym.cli:cmd_registry", "List or show models in the registry."),
     "data": ("gym.cli:cmd_data", "Look at a dataset the way gym reads it."),
+    "eval": ("gym.eval.cli:cmd_eval", "Score a model on MMLU / C-Eval / CMMLU or any lm-eval task."),
     "up": ("flows.services:cmd_up", "Start the Prefect and MLflow servers (UIs) for this workspace."),
     "status": ("flows.services:cmd_status", "Say which servers `gym up` started are running."),
     "down": ("flows.services:cmd_down", "Stop what `gym up` started, leaving no process behind."),

@@ -16,10 +16,11 @@ from typing import Any
 from prefect import flow
 from prefect.runtime import flow_run
 
+from gym.eval.suite import benchmark_summary
 from gym.pipeline import SftThenDpoConfig
 from gym.summary import summarize
 from tasks.data import ingest_dataset, tokenize_dataset
-from tasks.evaluate import exact_match
+from tasks.evaluate import benchmark_eval, check_benchmarks_task, exact_match
 from tasks.model import resolve_model
 from tasks.preflight import check_inputs
 from tasks.promote import promote_model
@@ -41,6 +42,8 @@ DEFAULTS = SftThenDpoConfig()
 def sft_then_dpo(config: SftThenDpoConfig = DEFAULTS) -> dict[str, Any]:
     check_inputs(config)  # names, files, method/data pairing: fails in a second, before any model
     uri, run_label = config.output.tracking_uri, flow_run.get_id()
+    options = config.benchmark_options  # benchmarks: data and names checked before anything runs
+    benchmarks = check_benchmarks_task(config.benchmarks, options) if config.benchmarks else []
     parent = start_tracking("sft-then-dpo", config.model_dump(), run_label, uri)
 
     sft_raw = ingest_dataset(config.sft_dataset)
@@ -53,10 +56,16 @@ def sft_then_dpo(config: SftThenDpoConfig = DEFAULTS) -> dict[str, Any]:
     dpo_data = tokenize_dataset(dpo_raw, model, config.data)
     dpo_eval = tokenize_dataset(dpo_eval_raw, model, config.data) if dpo_eval_raw else None
 
-    before = exact_match(model, held_out, "before", config.eval_limit, parent, uri) if held_out else None
+    limit, metrics = config.eval_limit, config.eval_metrics
+    before = exact_match(model, held_out, "before", limit, parent, uri, metrics) if held_out else None
+    scores_before = [benchmark_eval(model, b.entry, options, "before", parent, uri) for b in benchmarks]
     sft, sft_model = train_stage(config.sft, model, sft_data, None, parent, uri)
     dpo, final_model = train_stage(config.dpo, sft_model, dpo_data, dpo_eval, parent, uri)
-    after = exact_match(final_model, held_out, "after", config.eval_limit, parent, uri) if held_out else None
+    after = exact_match(final_model, held_out, "after", limit, parent, uri, metrics) if held_out else None
+    scores_after = [
+        benchmark_eval(final_model, b.entry, options, "after", parent, uri, baseline=score)
+        for b, score in zip(benchmarks, scores_before, strict=True)
+    ]
 
     name = config.output.register_as or f"{config.model.rsplit('/', 1)[-1]}-sft-dpo"
     stages = {"sft": sft, "dpo": dpo}
@@ -89,6 +98,7 @@ def sft_then_dpo(config: SftThenDpoConfig = DEFAULTS) -> dict[str, Any]:
         export(final_model, config.output.output_dir, registered, uri)
 
     summary = summarize(stages, before, after, registered, parent, final_model.path, run_label, promotion)
+    summary |= benchmark_summary(scores_before, scores_after, config.benchmarks)
     finish_tracking(parent, summary, uri)
     return summary
 

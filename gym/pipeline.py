@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gym.cli_options import merge
 from gym.data.tokenize import TokenizeSettings
+from gym.eval.suite import BenchmarkOptions
 from gym.tfgrpo.config import TfGrpoSettings
 from gym.train.config import TrainConfig
 from gym.train.warm_start import WarmStart
@@ -88,6 +89,19 @@ class FlowConfig(BaseModel):
         "demo_sft_eval", description="Held-out instruction data for exact match before/after (None to skip)."
     )
     eval_limit: int | None = Field(None, description="Evaluate on the first N held-out records only.")
+    eval_metrics: list[str] = Field(
+        ["exact_match"],
+        description="Metrics on the held-out data: exact_match, bleu, rouge, or your own as pkg.module:fn.",
+    )
+    benchmarks: list[str] = Field(
+        [],
+        description="Benchmarks scored before and after training: mmlu, ceval, cmmlu (NAME=DIR for a folder, "
+        ".zip or hub id; default: the hub) or lm-eval:TASK for any lm-eval task.",
+    )
+    benchmark_options: BenchmarkOptions = Field(
+        default_factory=BenchmarkOptions,
+        description="Questions per subject, shots, batch size of the benchmarks.",
+    )
     data: TokenizeSettings = Field(default_factory=TokenizeSettings, description="Templating, tokenization.")
     output: OutputSettings = Field(default_factory=OutputSettings, description="Registration and export.")
 

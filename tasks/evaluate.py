@@ -1,15 +1,29 @@
-"""Evaluation task: exact match of a model on a held-out instruction split."""
+"""Evaluation tasks: generation metrics on held-out data, and benchmarks (MMLU / C-Eval / CMMLU with
+gym's evaluator, any lm-eval task through the bridge), each tracked in a nested MLflow run with
+its metrics, full table, per-category bar chart, and a Prefect table artifact."""
 
 from __future__ import annotations
 
+import csv
+import json
+import re
+import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from prefect.artifacts import create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
 from gym import tracking
 from gym.eval.exact_match import ExactMatch, evaluate
+from gym.eval.results import EvalResult
+from gym.eval.suite import BenchmarkEntry, BenchmarkOptions, check_benchmarks, parse, run_benchmark
+from gym.hashing import stamp
 from gym.models import ModelRef
+from gym.plots import category_bars
 from tasks._common import EVAL_TIMEOUT_S, GPU_TAG, gym_task
-from tasks.tracking import cell, publish, stage_run, table
+from tasks.tracking import cell, in_run, publish, stage_run, table
 
 
 @gym_task(
@@ -22,20 +36,114 @@ def exact_match(
     limit: int | None = None,
     parent_run_id: str | None = None,
     tracking_uri: str | None = None,
+    metrics: Sequence[str] = ("exact_match",),
 ) -> ExactMatch:
-    params = {"model": model.path, "dataset_digest": dataset.digest, "limit": limit}
+    params = {"model": model.path, "dataset_digest": dataset.digest, "limit": limit, "metrics": list(metrics)}
     with stage_run(f"eval-{label}", params, parent_run_id, tracking_uri) as run_id:
-        result = evaluate(model, Path(dataset.path), limit=limit)
+        result = evaluate(model, Path(dataset.path), limit=limit, metrics=metrics)
         if run_id:
-            tracking.log_metrics(run_id, {"exact_match": result.exact_match, "n": result.n}, uri=tracking_uri)
+            numbers = {**result.scores, "exact_match": result.exact_match, "n": result.n}
+            tracking.log_metrics(run_id, numbers, uri=tracking_uri)
     samples = "\n".join(
         f"| {cell(s['prompt'])} | {cell(s['reference'])} | {cell(s['prediction'])} |"
         for s in result.samples[:5]
     )
+    scores = {"exact match": result.exact_match, **result.scores, "records": result.n}
+    scores.pop("exact_match", None)
     publish(
         f"exact-match-{label}",
-        f"## exact match {label}\n\n{table({'exact match': result.exact_match, 'records': result.n})}\n"
+        f"## exact match {label}\n\n{table(scores)}\n"
         f"| prompt (end) | reference | prediction |\n|---|---|---|\n{samples}\n",
         f"Held-out exact match {label} training",
     )
     return result
+
+
+@gym_task(name="check-benchmarks", cache_policy=NO_CACHE, persist_result=False)
+def check_benchmarks_task(entries: list[str], options: BenchmarkOptions) -> list[BenchmarkEntry]:
+    """Read every benchmark's files and find every lm-eval task before the flow does any work."""
+    return check_benchmarks(entries, options)
+
+
+def _data_identity(entry: str) -> Any:
+    """What a benchmark's result depends on that its name doesn't show: its local files."""
+    data = parse(entry).data_dir
+    return stamp(Path(data)) if data and Path(data).exists() else data
+
+
+@gym_task(
+    identity=lambda entry, **_: _data_identity(entry),
+    name="benchmark",
+    task_run_name="{entry} {label}",
+    tags=[GPU_TAG],
+    timeout_seconds=EVAL_TIMEOUT_S,
+)
+def benchmark_eval(
+    model: ModelRef,
+    entry: str,
+    options: BenchmarkOptions,
+    label: str,
+    parent_run_id: str | None = None,
+    tracking_uri: str | None = None,
+    baseline: EvalResult | None = None,
+) -> EvalResult:
+    """Score `model` on one benchmark; its MLflow run opens once the score is complete (a failed
+    evaluation leaves nothing in MLflow).
+
+    `baseline` (e.g. the score before training) joins the bar chart as a second series.
+    """
+    result = run_benchmark(model, parse(entry), options)
+    if parent_run_id:
+        _track(result, entry, options, label, model, parent_run_id, tracking_uri, baseline)
+    if in_run():  # not under `task.fn()`
+        headline = f"{result.metric} {result.overall:.4f} over {result.n_questions} questions"
+        create_table_artifact(
+            key=_artifact_key(f"{result.benchmark}-{label}"),
+            table=[{"label": label, **row} for row in result.rows()],
+            description=f"{result.benchmark} {label} ({model.name}): {headline}",
+        )
+    return result
+
+
+def _track(
+    result: EvalResult,
+    entry: str,
+    options: BenchmarkOptions,
+    label: str,
+    model: ModelRef,
+    parent: str,
+    uri: str | None,
+    baseline: EvalResult | None,
+) -> None:
+    params = {"benchmark": entry, "model": model.name, "model_digest": model.digest, **options.model_dump()}
+    with stage_run(f"{parse(entry).label}-{label}", params, parent, uri) as run_id:
+        if run_id:
+            _log(run_id, result, label, uri, baseline)
+
+
+def _log(run_id: str, result: EvalResult, label: str, uri: str | None, baseline: EvalResult | None) -> None:
+    tracking.log_metrics(
+        run_id, {**result.metrics(), "n_questions": result.n_questions, "seconds": result.seconds}, uri=uri
+    )
+    with tempfile.TemporaryDirectory(prefix="gym-eval-") as tmp:
+        folder = Path(tmp)
+        full = folder / f"{result.benchmark}-{label}.json"
+        full.write_text(json.dumps({**result.summary(), "rows": result.rows()}, indent=1, ensure_ascii=False))
+        rows = folder / f"{result.benchmark}-{label}.csv"
+        with rows.open("w", newline="", encoding="utf-8") as fh:
+            writer = csv.DictWriter(fh, fieldnames=["subject", "category", "questions", result.metric])
+            writer.writeheader()
+            writer.writerows(result.rows())
+        for path in (full, rows):
+            tracking.log_artifact(run_id, path, uri=uri)
+        series = {label: result.categories or {"overall": result.overall}}
+        if baseline is not None:
+            series = {"before": baseline.categories or {"overall": baseline.overall}, label: series[label]}
+        plot = category_bars(
+            series, folder / f"{result.benchmark}-{label}-categories.png", f"{result.benchmark}"
+        )
+        tracking.log_artifact(run_id, plot, uri=uri)
+
+
+def _artifact_key(text: str) -> str:
+    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")

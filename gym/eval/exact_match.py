@@ -1,16 +1,19 @@
-"""Exact match on a held-out split: greedy-generate each prompt, compare with the reference answer.
+"""Generation evals on a held-out split: greedy-generate each prompt, compare with the reference.
 
 The dataset is an ingested sft artifact (canonical `messages`); the prompt is every turn before
 the last assistant turn, rendered with the model's chat template, and the reference is that last
-assistant turn. Comparison is on whitespace-stripped text.
+assistant turn. Exact match (whitespace-stripped) is always reported; `metrics` adds BLEU, ROUGE
+or your own function by dotted path (gym/eval/generation.py), all checked before the model loads.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from pydantic import BaseModel
 
+from gym.eval.generation import check_metrics, score
 from gym.models import ModelRef, load_model, load_tokenizer
 from gym.templates import render
 
@@ -19,6 +22,7 @@ class ExactMatch(BaseModel):
     exact_match: float
     n: int
     samples: list[dict[str, str]]  # a few (prompt, reference, prediction) triples for the report
+    scores: dict[str, float] = {}  # every metric asked for (exact_match included), by name
 
 
 def evaluate(
@@ -29,10 +33,12 @@ def evaluate(
     batch_size: int = 32,
     max_new_tokens: int = 32,
     keep_samples: int = 8,
+    metrics: Sequence[str] = ("exact_match",),
 ) -> ExactMatch:
     import torch
     from datasets import load_from_disk
 
+    check_metrics(metrics)
     records = load_from_disk(str(dataset_dir))
     if limit is not None:
         records = records.select(range(min(limit, len(records))))
@@ -59,9 +65,9 @@ def evaluate(
             )
             new = out[:, batch["input_ids"].shape[1] :]
             preds.extend(tokenizer.batch_decode(new, skip_special_tokens=True))
-    hits = [p.strip() == r.strip() for p, r in zip(preds, refs, strict=True)]
     samples = [
         {"prompt": prompts[i], "reference": refs[i], "prediction": preds[i]}
         for i in range(min(keep_samples, len(refs)))
     ]
-    return ExactMatch(exact_match=sum(hits) / max(len(hits), 1), n=len(hits), samples=samples)
+    scores = score(list(dict.fromkeys(["exact_match", *metrics])), preds, refs)
+    return ExactMatch(exact_match=scores["exact_match"], n=len(refs), samples=samples, scores=scores)

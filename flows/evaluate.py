@@ -1,0 +1,112 @@
+"""Evaluate a model: benchmarks (MMLU / C-Eval / CMMLU, any lm-eval task) and generation metrics on
+held-out data, tracked in MLflow and published as Prefect table artifacts.
+
+    python flows/evaluate.py --model gym-tiny --benchmarks mmlu=../shared/data/eval/mmlu \\
+        --benchmark_options.limit 20 --json
+    python flows/evaluate.py --model models:/gym-tiny-sft@challenger --benchmarks cmmlu lm-eval:arc_easy
+    python flows/evaluate.py --model ./my-model --template chatml --eval_dataset demo_sft_eval \\
+        --eval_metrics exact_match bleu rouge
+
+`--model` is a registry name, a model folder or an MLflow model version (`models:/name@alias`).
+Every benchmark's data is read (and every lm-eval task found) before the MLflow run starts.
+With no flags it scores gym-tiny's exact match on the demo held-out data (gym ships no benchmark
+questions: MMLU, C-Eval and CMMLU come from your files or the hub).
+For a quick score without Prefect or MLflow: `gym eval`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+from prefect.runtime import flow_run
+from pydantic import BaseModel, ConfigDict, Field
+
+from gym.eval.suite import BenchmarkOptions
+from gym.pipeline import registry_choices
+from tasks.data import ingest_dataset
+from tasks.evaluate import benchmark_eval, check_benchmarks_task, exact_match
+from tasks.model import resolve_model
+from tasks.preflight import check_inputs
+from tasks.tracking import end_failed_tracking, finish_tracking, start_tracking
+
+
+class EvalOutput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    experiment: str = Field("gym", description="MLflow experiment name.")
+    tracking_uri: str | None = Field(
+        None, description="MLflow tracking URI; default: $MLFLOW_TRACKING_URI or SQLite in the workspace."
+    )
+
+
+class EvaluateConfig(BaseModel):
+    """Score one model on benchmarks and, optionally, generation metrics on held-out data."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(
+        "gym-tiny",
+        description="Registry name, model folder, hub id or MLflow version (models:/name@alias).",
+        json_schema_extra=registry_choices("model", "folder, hub id or models:/name@alias"),
+    )
+    template: str | None = Field(None, description="Chat template; default: the model's.")
+    trust_remote_code: bool = Field(False, description="Let transformers run the model repo's code.")
+    benchmarks: list[str] = Field(
+        [],
+        description="mmlu, ceval, cmmlu (NAME=DIR for a folder, .zip or hub id; default: the hub) "
+        "or lm-eval:TASK for any lm-eval task.",
+    )
+    benchmark_options: BenchmarkOptions = Field(
+        default_factory=BenchmarkOptions, description="Questions per subject, shots, batch size."
+    )
+    eval_dataset: str | None = Field(
+        "demo_sft_eval", description="Held-out instruction data for generation metrics (None to skip)."
+    )
+    eval_limit: int | None = Field(None, description="Only the first N held-out records.")
+    eval_metrics: list[str] = Field(
+        ["exact_match"], description="exact_match, bleu, rouge, or your own metric as pkg.module:fn."
+    )
+    output: EvalOutput = Field(default_factory=EvalOutput, description="Where results are tracked.")
+
+    def dataset_uses(self) -> dict[str, tuple[str, str]]:
+        """For gym.preflight: the held-out data is read as instruction records."""
+        return {"eval_dataset": (self.eval_dataset, "exact_match")} if self.eval_dataset else {}
+
+
+DEFAULTS = EvaluateConfig()
+
+
+# As the training flows: results persisted, a failed or crashed run closes its MLflow runs as FAILED.
+@flow(
+    name="evaluate", persist_result=True, on_failure=[end_failed_tracking], on_crashed=[end_failed_tracking]
+)
+def evaluate(config: EvaluateConfig = DEFAULTS) -> dict[str, Any]:
+    check_inputs(config)  # model, template, held-out data: fails in a second, before any model
+    uri, run_label, options = config.output.tracking_uri, flow_run.get_id(), config.benchmark_options
+    benchmarks = check_benchmarks_task(config.benchmarks, options)
+    parent = start_tracking("evaluate", config.model_dump(), run_label, uri)
+
+    model = resolve_model(config.model, config.template, config.trust_remote_code)
+    scores = {b.label: benchmark_eval(model, b.entry, options, "eval", parent, uri) for b in benchmarks}
+    held_out = ingest_dataset(config.eval_dataset) if config.eval_dataset else None
+    generated = (
+        exact_match(model, held_out, "eval", config.eval_limit, parent, uri, config.eval_metrics)
+        if held_out
+        else None
+    )
+
+    summary: dict[str, Any] = {"model": config.model, "mlflow_run_id": parent, "flow_run_id": run_label}
+    for label, result in scores.items():
+        summary[label] = result.overall
+        summary.update({f"{label}/{name}": value for name, value in result.categories.items()})
+    if generated is not None:
+        summary.update(generated.scores)
+    finish_tracking(parent, summary, uri)
+    return summary
+
+
+if __name__ == "__main__":
+    from flows.runner import run_script
+
+    run_script(evaluate, EvaluateConfig)

@@ -1,0 +1,134 @@
+"""`gym eval`: score a model on MMLU / C-Eval / CMMLU, or on any lm-eval task, from the command line.
+
+    gym eval --model gym-tiny --benchmark mmlu --data-dir ../shared/data/eval/mmlu --limit 20 --json
+    gym eval --model models:/gym-tiny-sft@champion --benchmark ceval --data-dir ./ceval --shots 0
+    gym eval --model ./my-model --template chatml --lm-eval-task arc_easy --limit 100
+    gym eval --model gym-tiny --benchmark mmlu --data-dir D --engine lm-eval   # lm-eval on D
+
+`--model` is a registry name, a model folder or an MLflow model version (`models:/name@alias`).
+Library only (no Prefect, no MLflow run); `python flows/evaluate.py` is the tracked pipeline
+stage. Prints a table, and with `--json` ends with one JSON line: benchmark, overall, categories,
+subjects, n_questions, seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from gym.errors import ConfigError
+from gym.eval.benchmarks import BENCHMARKS
+from gym.eval.mc_score import resolve_device
+from gym.eval.results import EvalResult
+from gym.models import ModelRef
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gym eval", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="Registry name, model folder or models:/name@alias.")
+    parser.add_argument("--template", help="Chat template for a model gym can't find one for.")
+    parser.add_argument("--trust-remote-code", action="store_true", help="Let the model repo run its code.")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--benchmark", choices=list(BENCHMARKS), help="gym's own multiple-choice evaluator.")
+    what.add_argument("--lm-eval-task", nargs="+", metavar="TASK", help="lm-eval task/group names.")
+    parser.add_argument("--data-dir", help="Benchmark files: folder, .zip or hub dataset id (default: hub).")
+    parser.add_argument("--subjects", nargs="+", help="Only these subjects.")
+    parser.add_argument("--mapping", help="mapping.json with subject names and categories.")
+    parser.add_argument("--shots", type=int, help="Few-shot examples (gym: default 5; lm-eval: the task's).")
+    parser.add_argument("--limit", type=int, help="Questions per subject (per task for lm-eval).")
+    parser.add_argument("--batch-size", type=int, default=16, help="Questions per forward pass.")
+    parser.add_argument("--style", choices=["lm-eval", "chat"], default="lm-eval", help="Prompt style.")
+    parser.add_argument("--engine", choices=["gym", "lm-eval"], default="gym", help="Who scores --benchmark.")
+    parser.add_argument("--include-path", help="Folder of your own lm-eval task YAMLs.")
+    parser.add_argument("--max-length", type=int, help="Context window in tokens (default: the model's).")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda if present).")
+    parser.add_argument(
+        "--output", help="Also write the full result (with every prediction) to this JSON file."
+    )
+    parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
+    parser.add_argument("--json", action="store_true", help="End with one line of JSON.")
+    return parser
+
+
+def cmd_eval(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        run = _prepare(args)  # settings, data and task names checked before the model is resolved
+    except ValidationError as exc:
+        raise ConfigError(_first_error(exc)) from None
+    from gym.models import resolve
+
+    result = run(resolve(args.model, args.template, args.trust_remote_code))
+    print(table(result))
+    if args.output:
+        from gym.workspace import atomic_write_text
+
+        atomic_write_text(Path(args.output), result.model_dump_json(indent=1))
+    if args.json:
+        print(json.dumps(result.summary(), ensure_ascii=False, sort_keys=True))
+    return 0
+
+
+def _prepare(args: argparse.Namespace) -> Callable[[ModelRef], EvalResult]:
+    if args.lm_eval_task:
+        from gym.eval.lm_eval_bridge import LmEvalSettings, run_lm_eval, task_manager
+
+        settings = LmEvalSettings(
+            tasks=args.lm_eval_task,
+            shots=args.shots,
+            limit=args.limit,
+            batch_size=args.batch_size,
+            include_path=args.include_path,
+            chat=args.style == "chat",
+            max_length=args.max_length,
+            device=args.device,
+        )
+        manager = task_manager(settings)
+        return lambda model: run_lm_eval(model, settings, manager=manager)
+    from gym.eval.mc_data import load_benchmark
+    from gym.eval.multiple_choice import MCSettings, evaluate_benchmark
+
+    mc = MCSettings(
+        benchmark=args.benchmark,
+        data_dir=args.data_dir,
+        subjects=args.subjects,
+        shots=5 if args.shots is None else args.shots,
+        limit=args.limit,
+        batch_size=args.batch_size,
+        style=args.style,
+        max_length=args.max_length,
+        mapping=args.mapping,
+        device=args.device,
+        progress=not args.no_progress,
+    )
+    load_benchmark(mc.benchmark, mc.data_dir, subjects=mc.subjects, shots=mc.shots, mapping=mc.mapping)
+    resolve_device(mc.device)
+    if args.engine == "lm-eval":
+        from gym.eval.lm_eval_tasks import run_on_local_files
+
+        return lambda model: run_on_local_files(model, mc)
+    return lambda model: evaluate_benchmark(model, mc)
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    field = ".".join(str(p) for p in err["loc"])
+    return f"--{field.replace('_', '-')}: {err['msg']}"
+
+
+def table(result: EvalResult) -> str:
+    lines = [
+        f"{result.benchmark} ({result.engine}, {result.model}): {result.metric} {result.overall:.4f} "
+        f"over {result.n_questions} questions in {result.seconds:.1f}s"
+    ]
+    for name, value in result.categories.items():
+        lines.append(f"  {name:36s} {value:.4f}")
+    lines.append("")
+    for row in result.rows():
+        lines.append(f"  {row['subject']!s:44s} {row['questions']!s:>5s}  {row[result.metric]!s}")
+    lines.extend(f"note: {n}" for n in result.notes)
+    return "\n".join(lines)

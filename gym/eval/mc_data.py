@@ -1,0 +1,296 @@
+"""Read MMLU, C-Eval or CMMLU questions from their original layouts, checked before any model loads.
+
+    load_benchmark("mmlu", "/data/mmlu")            # a folder, a .zip, or a hub dataset id
+
+Accepted layouts (EVAL.md), in a folder or a zip, at any depth (e.g. `data/` inside mmlu.zip):
+the original CSVs (`<split>/<subject>_<split>.csv`, or `<split>/<subject>.csv` for CMMLU) and
+the hub's parquet files (`<subject>/<split>-*.parquet`). A hub id is downloaded with
+huggingface_hub and read the same way. Subject names and categories come from a mapping.json
+beside the data (or inside the zip), else from the copy gym ships. Every error names the file,
+the record and what to do; nothing is loaded or logged before the whole benchmark has been read.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gym.errors import ConfigError, DataError
+from gym.eval.benchmarks import LETTERS, BenchmarkSpec, SubjectInfo, get_spec, load_mapping, parse_mapping
+
+
+@dataclass(frozen=True)
+class Question:
+    question: str
+    choices: tuple[str, str, str, str]
+    answer: int  # 0..3
+
+
+@dataclass
+class SubjectData:
+    info: SubjectInfo
+    shots: list[Question]  # the first examples of the few-shot split (lm-eval's first_n sampler)
+    questions: list[Question]
+    pool: list[Question] = field(default_factory=list)  # the whole few-shot split
+    files: list[str] = field(default_factory=list)
+
+
+@dataclass
+class BenchmarkData:
+    spec: BenchmarkSpec
+    source: str
+    subjects: list[SubjectData]
+
+    @property
+    def n_questions(self) -> int:
+        return sum(len(s.questions) for s in self.subjects)
+
+
+class _Tree:
+    """Files of a folder or a zip as relative POSIX paths."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.zip = zipfile.ZipFile(root) if root.is_file() else None
+        if self.zip is not None:
+            self.files = [n for n in self.zip.namelist() if not n.endswith("/")]
+        else:
+            self.files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+
+    def read(self, rel: str) -> bytes:
+        if self.zip is not None:
+            return self.zip.read(rel)
+        return (self.root / rel).read_bytes()
+
+    def show(self, rel: str) -> str:
+        return f"{self.root}!{rel}" if self.zip is not None else str(self.root / rel)
+
+
+def load_benchmark(
+    benchmark: str,
+    data_dir: str | Path | None = None,
+    *,
+    subjects: Sequence[str] | None = None,
+    limit: int | None = None,
+    shots: int = 5,
+    mapping: str | Path | None = None,
+) -> BenchmarkData:
+    """Read and check every requested subject: `shots` examples from the few-shot split and (the
+    first `limit` of) the scored split's questions. `data_dir` None reads the benchmark's hub id."""
+    spec = get_spec(benchmark)
+    if not 0 <= shots <= 5:
+        raise ConfigError(f"shots must be between 0 and 5, got {shots}")
+    if limit is not None and limit < 1:
+        raise ConfigError(f"limit must be at least 1 question per subject, got {limit}")
+    root = _local_root(spec, data_dir)
+    tree = _Tree(root)
+    table = _mapping(spec, root, tree, mapping)
+    zips = [f for f in tree.files if f.endswith(".zip")]
+    if tree.zip is None and len(zips) == 1 and not any(f.endswith((".csv", ".parquet")) for f in tree.files):
+        tree = _Tree(root / zips[0])  # a folder holding the zip and its mapping.json (shared/data/eval/mmlu)
+    chosen = list(table) if not subjects else list(subjects)
+    unknown = [s for s in chosen if s not in table]
+    if unknown:
+        raise ConfigError(f"unknown {spec.name} subject(s) {', '.join(unknown)}; known: {', '.join(table)}")
+    files = _layout(spec, tree, table)
+    out = []
+    for key in chosen:
+        split_rows = {}
+        for split in spec.splits:
+            rel = files.get((key, split))
+            if rel is None:
+                raise _missing(spec, tree, files, key, split)
+            split_rows[split] = _read_split(spec, tree, rel)
+        few, scored = split_rows[spec.fewshot_split], split_rows[spec.scored_split]
+        if len(few) < shots:
+            rel = files[(key, spec.fewshot_split)]
+            raise DataError(
+                f"{shots}-shot needs {shots} examples, the file has {len(few)}", file=tree.show(rel)
+            )
+        if not scored:
+            raise DataError("no questions", file=tree.show(files[(key, spec.scored_split)]))
+        out.append(
+            SubjectData(
+                info=table[key],
+                shots=few[:shots],
+                questions=scored[:limit] if limit else scored,
+                pool=few,
+                files=[tree.show(files[(key, s)]) for s in spec.splits],
+            )
+        )
+    return BenchmarkData(spec=spec, source=str(root), subjects=out)
+
+
+def _local_root(spec: BenchmarkSpec, data_dir: str | Path | None) -> Path:
+    target = str(data_dir) if data_dir is not None else spec.hub_id
+    local = Path(target).expanduser()
+    if local.exists():
+        return local
+    if data_dir is not None and (Path(target).is_absolute() or target.count("/") != 1):
+        raise ConfigError(f"{spec.name} data {target} does not exist (a folder, a .zip or a hub dataset id)")
+    return _download(spec, target)
+
+
+def _download(spec: BenchmarkSpec, repo_id: str) -> Path:
+    from huggingface_hub import constants, snapshot_download
+
+    if constants.HF_HUB_OFFLINE:
+        raise ConfigError(
+            f"{spec.name}: {repo_id} is not a local folder and HF_HUB_OFFLINE=1: pass --data-dir with the "
+            f"files ({spec.file_pattern} layout), or go online to download {repo_id}"
+        )
+    return Path(
+        snapshot_download(
+            repo_id, repo_type="dataset", allow_patterns=["*.csv", "*.parquet", "*.zip", "*.json"]
+        )
+    )
+
+
+def _mapping(
+    spec: BenchmarkSpec, root: Path, tree: _Tree, explicit: str | Path | None
+) -> dict[str, SubjectInfo]:
+    """An explicit mapping file, else mapping.json beside the data or inside the zip, else gym's copy."""
+    if explicit is not None:
+        path = Path(explicit)
+        if not path.is_file():
+            raise ConfigError(f"mapping file {path} does not exist")
+        return load_mapping(spec, path)
+    beside = (root if root.is_dir() else root.parent) / "mapping.json"
+    if beside.is_file():
+        return load_mapping(spec, beside)
+    if tree.zip is not None and "mapping.json" in tree.files:
+        return parse_mapping(tree.read("mapping.json").decode("utf-8"), tree.show("mapping.json"))
+    return load_mapping(spec)
+
+
+def _layout(spec: BenchmarkSpec, tree: _Tree, table: dict[str, SubjectInfo]) -> dict[tuple[str, str], str]:
+    """(subject, split) -> file, for the CSV layout or the hub's parquet layout, whichever is there."""
+    pattern = re.escape(spec.file_pattern).replace(r"\{split\}", "(?P<split>[a-z]+)", 1)
+    pattern = pattern.replace(r"\{split\}", "(?P=split)").replace(r"\{subject\}", r"(?P<subject>[^/]+?)")
+    csv_re = re.compile(rf"(?P<prefix>(?:.*/)?){pattern}")
+    parquet_re = re.compile(r"(?P<prefix>(?:.*/)?)(?P<subject>[^/]+)/(?P<split>[a-z]+)-[^/]*\.parquet")
+    for regex in (csv_re, parquet_re):
+        found: dict[str, dict[tuple[str, str], str]] = {}
+        for rel in tree.files:
+            m = regex.fullmatch(rel)
+            if m and m["split"] in spec.splits:
+                found.setdefault(m["prefix"], {})[(m["subject"], m["split"])] = rel
+        if found:
+            prefix = max(found, key=lambda p: len(found[p]))  # the folder holding most of them
+            files = found[prefix]
+            if not {s for s, _ in files} & set(table):
+                continue  # file names of another layout (e.g. C-Eval's given as CMMLU)
+            stray = sorted({s for s, _ in files} - set(table) - {"all", "auxiliary_train"})
+            if stray:
+                raise DataError(
+                    f"subject {stray[0]!r} has no entry in the mapping (name and category): add it to "
+                    "mapping.json or remove its files",
+                    file=tree.show(next(r for (s, _), r in files.items() if s == stray[0])),
+                )
+            return files
+    sample = ", ".join(tree.files[:3]) or "no files"
+    example = spec.file_name("<subject>", spec.scored_split)
+    raise DataError(
+        f"not in a {spec.name} layout: expected {example} and {spec.file_name('<subject>', 'dev')} "
+        f"(original CSVs) or <subject>/{spec.scored_split}-*.parquet (hub); found {sample}",
+        file=str(tree.root),
+    )
+
+
+def _missing(
+    spec: BenchmarkSpec, tree: _Tree, files: dict[tuple[str, str], str], key: str, split: str
+) -> DataError:
+    expected = spec.file_name(key, split)
+    if not any(s == key for s, _ in files):
+        return DataError(
+            f"the mapping names subject {key!r} but there are no files for it (expected {expected}): "
+            "add its files or remove it from mapping.json",
+            file=str(tree.root),
+        )
+    other = next(r for (s, _), r in files.items() if s == key)
+    return DataError(f"missing {expected} (subject {key!r} has {other})", file=str(tree.root))
+
+
+def _read_split(spec: BenchmarkSpec, tree: _Tree, rel: str) -> list[Question]:
+    if rel.endswith(".parquet"):
+        return _read_parquet(spec, tree, rel)
+    shown = tree.show(rel)
+    try:
+        text = tree.read(rel).decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", file=shown) from None
+    reader = csv.reader(io.StringIO(text, newline=""))
+    columns = ["question", *LETTERS, "answer"]
+    if spec.header is not None:
+        header = next(reader, None)
+        if header is None or tuple(header[: len(spec.header)]) != spec.header or len(header) > 8:
+            raise DataError(
+                f"header must be {','.join(spec.header)} (then optional columns), got {header}",
+                file=shown,
+                record=0,
+            )
+        columns = header
+    index = {
+        "question": columns.index(spec.question_col if spec.header else "question"),
+        "answer": columns.index(spec.answer_col if spec.header else "answer"),
+    }
+    choice_at = [columns.index(c) for c in spec.choice_cols]
+    out = []
+    for number, row in enumerate(reader, start=1):
+        if len(row) != len(columns):
+            raise DataError(
+                f"expected {len(columns)} columns ({','.join(columns)}), got {len(row)} "
+                f"(line {reader.line_num})",
+                file=shown,
+                record=number,
+            )
+        answer = row[index["answer"]]
+        if answer not in LETTERS:
+            raise DataError(
+                f"answer must be one of A, B, C, D, got {answer!r} (line {reader.line_num})",
+                file=shown,
+                record=number,
+                field=spec.answer_col,
+            )
+        choices = (row[choice_at[0]], row[choice_at[1]], row[choice_at[2]], row[choice_at[3]])
+        out.append(Question(row[index["question"]], choices, LETTERS.index(answer)))
+    return out
+
+
+def _read_parquet(spec: BenchmarkSpec, tree: _Tree, rel: str) -> list[Question]:
+    import pyarrow.parquet as pq
+
+    shown = tree.show(rel)
+    try:
+        rows: list[dict[str, Any]] = pq.read_table(io.BytesIO(tree.read(rel))).to_pylist()
+    except Exception as exc:  # pyarrow raises several types for a damaged file
+        raise DataError(f"not a readable parquet file ({exc})", file=shown) from None
+    out = []
+    for number, row in enumerate(rows, start=1):
+        hub_mmlu = "choices" in row  # cais/mmlu: question, subject, choices[4], answer 0..3
+        question = row.get("question" if hub_mmlu else spec.question_col)
+        choices = row.get("choices") if hub_mmlu else [row.get(c) for c in spec.choice_cols]
+        raw = row.get("answer" if hub_mmlu else spec.answer_col)
+        if hub_mmlu:
+            answer = raw if isinstance(raw, int) and 0 <= raw < 4 else None
+        else:  # ceval-exam / cmmlu: the CSV columns, the answer a letter
+            answer = LETTERS.index(raw) if raw in LETTERS else None
+        if not isinstance(question, str) or not isinstance(choices, list) or len(choices) != 4:
+            raise DataError("expected a question and four choices", file=shown, record=number)
+        if not all(isinstance(c, str) for c in choices):
+            raise DataError("choices must be text", file=shown, record=number)
+        if answer is None:
+            raise DataError(
+                f"answer must be one of A, B, C, D (0-3), got {raw!r}",
+                file=shown,
+                record=number,
+                field="answer" if hub_mmlu else spec.answer_col,
+            )
+        out.append(Question(question, (choices[0], choices[1], choices[2], choices[3]), answer))
+    return out

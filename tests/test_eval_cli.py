@@ -1,0 +1,129 @@
+"""`gym eval` through the console's own entry point: gym's evaluator, lm-eval on the same files,
+any lm-eval task by name (here a task YAML of our own), and user errors as `error:` + exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flows.cli import main
+from tests.eval_fixtures import write_benchmark
+
+pytest.importorskip("lm_eval")
+
+
+def last_json(out: str) -> dict:
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_gym_eval_prints_a_table_and_one_json_line(tmp_path, capsys):
+    data = write_benchmark("ceval", tmp_path / "ceval")
+    argv = ["eval", "--model", "gym-tiny", "--benchmark", "ceval", "--data-dir", str(data), "--no-progress"]
+    assert main([*argv, "--shots", "2", "--output", str(tmp_path / "r.json"), "--json"]) == 0
+    out = capsys.readouterr().out
+    summary = last_json(out)
+    assert {"benchmark", "overall", "categories", "subjects", "n_questions", "seconds"} <= set(summary)
+    assert summary["benchmark"] == "ceval" and summary["n_questions"] == 12 and summary["shots"] == 2
+    assert set(summary["subjects"]) == {"accountant", "college_physics"}
+    assert set(summary["categories"]) == {"Other", "STEM"}  # the mapping's categories of those two
+    assert "accountant" in out.split("\n{")[0]  # the table comes first
+    full = json.loads((tmp_path / "r.json").read_text())
+    assert [len(p) for p in full["predictions"].values()] == [6, 6]
+
+    # lm-eval itself on the same files, through the same command: the same scores.
+    assert main([*argv, "--shots", "2", "--engine", "lm-eval", "--json"]) == 0
+    theirs = last_json(capsys.readouterr().out)
+    assert theirs["engine"] == "lm-eval"
+    assert theirs["subjects"] == summary["subjects"] and theirs["overall"] == summary["overall"]
+
+
+TOY_TASK = """
+task: {name}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: answer
+metric_list:
+  - metric: acc
+"""
+
+
+def _toy_tasks(folder: Path) -> Path:
+    folder.mkdir()
+    rows = [
+        {"question": f"which colour is number {i}", "choices": ["red", "green", "blue"], "answer": i % 3}
+        for i in range(7)
+    ]
+    for name, part in (("toy_a", rows[:4]), ("toy_b", rows[4:])):
+        data = folder / f"{name}.jsonl"
+        data.write_text("".join(json.dumps(r) + "\n" for r in part))
+        (folder / f"{name}.yaml").write_text(TOY_TASK.format(name=name, data=data))
+    group = "group: toy\ntask: [toy_a, toy_b]\n"
+    group += "aggregate_metric_list:\n  - {metric: acc, weight_by_size: true}\n"
+    (folder / "toy.yaml").write_text(group)
+    return folder
+
+
+def test_any_lm_eval_task_by_name_in_the_same_result_format(tmp_path, capsys):
+    tasks = _toy_tasks(tmp_path / "tasks")
+    argv = ["eval", "--model", "gym-tiny", "--lm-eval-task", "toy", "--include-path", str(tasks)]
+    assert main([*argv, "--output", str(tmp_path / "r.json"), "--json"]) == 0
+    summary = last_json(capsys.readouterr().out)
+    assert summary["engine"] == "lm-eval" and summary["benchmark"] == "toy" and summary["n_questions"] == 7
+    assert set(summary["subjects"]) == {"toy_a", "toy_b"} and set(summary["categories"]) == {"toy"}
+    full = json.loads((tmp_path / "r.json").read_text())
+    # The reported accuracy is the share of predictions that hit the answer, weighted by size.
+    for name, gold in (("toy_a", [0, 1, 2, 0]), ("toy_b", [1, 2, 0])):
+        hits = [p == g for p, g in zip(full["predictions"][name], gold, strict=True)]
+        assert summary["subjects"][name] == sum(hits) / len(hits)
+    assert summary["overall"] == pytest.approx(
+        (summary["subjects"]["toy_a"] * 4 + summary["subjects"]["toy_b"] * 3) / 7
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--benchmark", "mmlu", "--data-dir", "{bad}"], "record 7, field 'answer'"),
+        (["--benchmark", "mmlu", "--data-dir", "{good}", "--shots", "9"], "--shots"),
+        (["--benchmark", "mmlu", "--data-dir", "{good}", "--subjects", "astrology"], "unknown mmlu subject"),
+        (["--lm-eval-task", "toy", "--include-path", "{good}/nowhere"], "is not a folder"),
+        (["--benchmark", "mmlu", "--data-dir", "{good}", "--device", "cuda:3"], "no CUDA GPU"),
+    ],
+)
+def test_user_errors_end_with_error_and_status_2(tmp_path, capsys, extra, message):
+    good = write_benchmark("mmlu", tmp_path / "good")
+    bad = write_benchmark("mmlu", tmp_path / "bad")
+    with (bad / "data/test/abstract_algebra_test.csv").open("a") as fh:
+        fh.write("q,a,b,c,d,E\n")
+    args = [a.format(good=good, bad=bad) for a in extra]
+    assert main(["eval", "--model", "gym-tiny", "--no-progress", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and "Traceback" not in err
+    assert not (tmp_path / "gym_home" / "models").exists()  # failed before resolving (building) the model
+
+
+def test_an_mlflow_model_version_scores_like_the_model_it_registered(tmp_path, capsys):
+    from gym import tracking
+    from gym.models import resolve
+
+    base = resolve("gym-tiny")
+    run_id = tracking.start_run("register")
+    tracking.register_model(
+        run_id, Path(base.path), "tiny-eval", {"template": "chatml", "base_model": "gym-tiny"}
+    )
+    data = write_benchmark("mmlu", tmp_path / "mmlu")
+    argv = ["eval", "--benchmark", "mmlu", "--data-dir", str(data), "--shots", "1", "--no-progress", "--json"]
+    assert main([*argv, "--model", "models:/tiny-eval@challenger"]) == 0
+    registered = last_json(capsys.readouterr().out)
+    assert main([*argv, "--model", "gym-tiny"]) == 0
+    local = last_json(capsys.readouterr().out)
+    assert registered["model"] == "models:/tiny-eval@challenger"
+    assert registered["subjects"] == local["subjects"] and registered["n_questions"] == 12

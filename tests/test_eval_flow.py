@@ -1,0 +1,103 @@
+"""Evaluation as a pipeline stage, through Prefect and MLflow for real: flows/evaluate.py, and the
+training flow scoring benchmarks before and after training; bad benchmark data stops a flow before
+its MLflow run exists."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from mlflow import MlflowClient
+
+from flows.runner import main
+from gym import tracking
+from tests.eval_fixtures import write_benchmark
+
+pytest.importorskip("lm_eval")
+
+
+def last_json(out: str) -> dict:
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def child_runs(parent: str) -> dict:
+    client = MlflowClient(tracking.tracking_uri())
+    experiment = client.get_run(parent).info.experiment_id
+    runs = client.search_runs([experiment], filter_string=f"tags.mlflow.parentRunId = '{parent}'")
+    return {r.data.tags["mlflow.runName"]: r for r in runs}
+
+
+def table_artifacts(key: str) -> list:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        return client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+
+
+def test_evaluate_flow_tracks_benchmarks_and_generation_metrics(prefect_server, tmp_path, capsys):
+    from flows.evaluate import EvaluateConfig, evaluate
+
+    mmlu = write_benchmark("mmlu", tmp_path / "mmlu")
+    cmmlu = write_benchmark("cmmlu", tmp_path / "cmmlu", as_zip=True)
+    argv = ["--model", "gym-tiny", "--benchmarks", f"mmlu={mmlu}", f"cmmlu={cmmlu}"]
+    argv += ["--benchmark_options.limit", "4", "--eval_limit", "4", "--eval_metrics", "exact_match", "bleu"]
+    assert main(evaluate, EvaluateConfig, [*argv, "--json"]) == 0
+    summary = last_json(capsys.readouterr().out)
+    assert 0 <= summary["mmlu"] <= 1 and 0 <= summary["cmmlu"] <= 1
+    assert {"mmlu/STEM", "cmmlu/Other", "exact_match", "bleu"} <= set(summary)
+
+    client = MlflowClient(tracking.tracking_uri())
+    runs = child_runs(summary["mlflow_run_id"])
+    assert {"mmlu-eval", "cmmlu-eval", "eval-eval"} <= set(runs)
+    mmlu_run = runs["mmlu-eval"]
+    assert mmlu_run.data.metrics["mmlu/overall"] == summary["mmlu"]
+    assert mmlu_run.data.metrics["n_questions"] == 8  # 4 per subject, two subjects
+    assert {"mmlu/STEM", "mmlu/subject/abstract_algebra"} <= set(mmlu_run.data.metrics)
+    files = {a.path for a in client.list_artifacts(mmlu_run.info.run_id)}
+    assert files == {"mmlu-eval.json", "mmlu-eval.csv", "mmlu-eval-categories.png"}
+    rows = table_artifacts("mmlu-eval")[0].data
+    assert {r["subject"] for r in (json.loads(rows) if isinstance(rows, str) else rows)} == {
+        "abstract_algebra",
+        "high_school_biology",
+    }
+
+
+def test_training_flow_scores_benchmarks_before_and_after(prefect_server, tmp_path, capsys):
+    from flows.train import train
+    from gym.pipeline import TrainFlowConfig
+
+    mmlu = write_benchmark("mmlu", tmp_path / "mmlu")
+    argv = ["--train.method", "sft", "--dataset", "demo_sft", "--max_steps", "20", "--eval_limit", "4"]
+    argv += [
+        "--benchmarks",
+        f"mmlu={mmlu}",
+        "--benchmark_options.limit",
+        "3",
+        "--benchmark_options.shots",
+        "1",
+    ]
+    assert main(train, TrainFlowConfig, [*argv, "--json"]) == 0
+    summary = last_json(capsys.readouterr().out)
+    assert summary["mmlu_before"] is not None and summary["mmlu_after"] is not None
+    runs = child_runs(summary["mlflow_run_id"])
+    before, after = runs["mmlu-before"], runs["mmlu-after"]
+    assert before.data.params["model_digest"] != after.data.params["model_digest"]  # the trained model
+    assert after.data.metrics["mmlu/overall"] == summary["mmlu_after"]
+    assert before.data.params["limit"] == "3" and before.data.params["shots"] == "1"
+    client = MlflowClient(tracking.tracking_uri())
+    assert "mmlu-after-categories.png" in {a.path for a in client.list_artifacts(after.info.run_id)}
+
+
+def test_bad_benchmark_data_stops_the_flow_before_anything_is_tracked(prefect_server, tmp_path, capsys):
+    from flows.train import train
+    from gym.pipeline import TrainFlowConfig
+
+    mmlu = write_benchmark("mmlu", tmp_path / "mmlu")
+    (mmlu / "data/dev/abstract_algebra_dev.csv").unlink()
+    argv = ["--benchmarks", f"mmlu={mmlu}", "--max_steps", "5"]
+    assert main(train, TrainFlowConfig, argv) == 2
+    assert "missing dev/abstract_algebra_dev.csv" in capsys.readouterr().err
+    client = MlflowClient(tracking.tracking_uri())
+    experiment = client.get_experiment_by_name("gym")
+    assert experiment is None or not client.search_runs([experiment.experiment_id])

@@ -1,0 +1,86 @@
+"""Generation evals on held-out data: exact match, BLEU and ROUGE through sacrebleu / rouge-score,
+and a custom metric named by dotted path, checked before any model loads."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from gym.data.ingest import ingest
+from gym.data.registry import resolve_dataset
+from gym.errors import ConfigError
+from gym.eval.exact_match import evaluate
+from gym.eval.generation import score
+from gym.models import ModelRef, resolve
+
+
+@pytest.fixture(autouse=True, scope="module")
+def absl_leaves_pytest_streams_alone():
+    """rouge-score imports absl, whose log handler keeps the stderr of that moment (here a pytest
+    capture file) and closes it when logging is reconfigured, as Prefect does in later tests."""
+    yield
+    absl_logging = sys.modules.get("absl.logging")
+    if absl_logging is not None:
+        absl_logging.get_absl_handler().python_handler.stream = sys.__stderr__
+
+
+def first_words(predictions, references):
+    """A custom metric: share of predictions whose first word is the reference's."""
+    pairs = list(zip(predictions, references, strict=True))
+    return sum(p.split()[:1] == r.split()[:1] for p, r in pairs) / len(pairs)
+
+
+def lengths(predictions, references):
+    return {"pred_chars": sum(map(len, predictions)) / len(predictions), "ref_chars": 3.0}
+
+
+def test_metrics_score_what_they_should():
+    refs = ["the cat sat on the mat", "a dog barked loudly at night"]
+    same = score(["exact_match", "bleu", "rouge"], refs, refs)
+    assert same["exact_match"] == 1.0 and same["bleu"] == pytest.approx(100.0)
+    assert same["rouge1"] == same["rouge2"] == same["rougeL"] == pytest.approx(1.0)
+    near = score(["exact_match", "bleu", "rouge"], ["the cat sat on a mat", "a dog barked at night"], refs)
+    assert near["exact_match"] == 0.0 and 0 < near["bleu"] < 100 and 0.5 < near["rouge1"] < 1
+    far = score(["bleu", "rouge"], ["zebra", "quantum"], refs)
+    assert far["bleu"] < 1 and far["rougeL"] == 0.0
+    custom = score(
+        ["tests.test_eval_generation:first_words", "tests.test_eval_generation.lengths"],
+        ["the dog", "b"],
+        refs,
+    )
+    assert custom == {"first_words": 0.5, "pred_chars": 4.0, "ref_chars": 3.0}
+
+
+@pytest.mark.parametrize(
+    ("metric", "message"),
+    [
+        ("blue", "unknown metric 'blue'"),
+        ("no_such_pkg.metrics:f1", "cannot import 'no_such_pkg.metrics'"),
+        ("tests.test_eval_generation:missing", "has no function 'missing'"),
+    ],
+)
+def test_bad_metric_names_fail_before_the_model_loads(metric, message, tmp_path):
+    data = ingest(resolve_dataset("demo_sft_eval"))
+    ghost = ModelRef(name="ghost", path=str(tmp_path / "none"), template="chatml", digest="x", base_model="x")
+    with pytest.raises(ConfigError, match=message):
+        evaluate(ghost, Path(data.path), metrics=["exact_match", metric])
+
+
+def test_generation_eval_reports_every_metric_on_held_out_data():
+    data = ingest(resolve_dataset("demo_sft_eval"))
+    metrics = ["bleu", "rouge", "tests.test_eval_generation:first_words"]
+    result = evaluate(resolve("gym-tiny"), Path(data.path), limit=8, max_new_tokens=8, metrics=metrics)
+    assert result.n == 8 and set(result.scores) == {
+        "exact_match",
+        "bleu",
+        "rouge1",
+        "rouge2",
+        "rougeL",
+        "first_words",
+    }
+    preds = [s["prediction"] for s in result.samples]
+    refs = [s["reference"] for s in result.samples]
+    assert result.scores["first_words"] == first_words(preds, refs)
+    assert result.exact_match == result.scores["exact_match"]
