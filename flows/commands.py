@@ -13,11 +13,17 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from gym.train.config import FINETUNING_TYPES
+
 # Pipelines of several stages: method name -> (flow module, flow function, config class in gym.pipeline)
 PIPELINES = {"sft_then_dpo": ("flows.sft_then_dpo", "sft_then_dpo", "SftThenDpoConfig")}
 # Demo data per method when --dataset is not given: (training dataset, held-out data in the same format)
-DEMO_DATA = {"sft": ("demo_sft", None), "dpo": ("demo_dpo", "demo_dpo_eval")}
-FINETUNING_TYPES = ("full", "lora")
+_PAIRS = ("demo_dpo", "demo_dpo_eval")
+DEMO_DATA = {
+    "sft": ("demo_sft", None),
+    **dict.fromkeys(("dpo", "ipo", "cdpo", "hinge", "orpo", "simpo"), _PAIRS),
+    "kto": ("demo_kto", "demo_kto_eval"),
+}
 
 
 def cmd_train(argv: Sequence[str]) -> int:
@@ -26,10 +32,17 @@ def cmd_train(argv: Sequence[str]) -> int:
     pre.add_argument("--finetuning_type")
     known, rest = pre.parse_known_args(argv)
     method = known.method
-    if known.finetuning_type and known.finetuning_type not in FINETUNING_TYPES:
-        method = known.finetuning_type  # the papers spell the method this way
     from gym.train import METHODS
 
+    if known.finetuning_type and known.finetuning_type not in FINETUNING_TYPES:
+        if known.finetuning_type not in METHODS:
+            print(
+                f"error: unknown --finetuning_type {known.finetuning_type!r}; adaptation types: "
+                f"{', '.join(FINETUNING_TYPES)} (or a method: {', '.join(METHODS)})",
+                file=sys.stderr,
+            )
+            return 2
+        method = known.finetuning_type  # the papers spell the method this way
     if method not in METHODS and method not in PIPELINES:
         available = ", ".join([*METHODS, *PIPELINES])
         print(f"error: method {method!r} is not available; available: {available}", file=sys.stderr)

@@ -23,8 +23,7 @@ from pydantic import BaseModel, ValidationError
 from gym.cli_options import add_config_options, merge, overrides_from
 from gym.errors import GymError
 from gym.train import METHODS
-
-FINETUNING_TYPES = ("full", "lora")
+from gym.train.config import FINETUNING_TYPES
 
 
 def stage_fields(config_cls: type[BaseModel]) -> list[str]:

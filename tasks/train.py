@@ -37,9 +37,9 @@ def _track(
         "start_model": model.path,
         "dataset_digest": data.digest,
     }
-    run_id = tracking.start_run(
-        config.method, params=params, parent_run_id=parent, uri=uri, tags={"gym.stage_digest": result.digest}
-    )
+    # The choices gym made itself (QLoRA bit width, reference mode...) as tags: visible beside the params.
+    tags = {"gym.stage_digest": result.digest, **{f"gym.{k}": v for k, v in result.choices.items()}}
+    run_id = tracking.start_run(config.method, params=params, parent_run_id=parent, uri=uri, tags=tags)
     tracking.log_curve(run_id, "train_loss", result.losses, uri=uri)
     tracking.log_metrics(run_id, {f"before_{k}": v for k, v in result.eval_before.items()}, uri=uri)
     tracking.log_metrics(run_id, {f"after_{k}": v for k, v in result.eval_after.items()}, uri=uri)
@@ -50,6 +50,11 @@ def _track(
             "total_params": result.total_params,
             "train_seconds": result.train_seconds,
             "global_step": result.global_step,
+            **{
+                f"{result.metric_name}_{k}": v
+                for k, v in (("first", result.metric_first), ("last", result.metric_last))
+                if v is not None
+            },
         },
         uri=uri,
     )
