@@ -141,6 +141,21 @@ def load_kwargs(config: TrainConfig) -> dict[str, Any]:
     }
 
 
+def keep_trainable_layout(model: Any) -> None:
+    """Stop bitsandbytes 0.50.2 repacking 4-bit weights for CPU inference (a training model evaluates too).
+
+    On a CPU with AVX512-BF16, Linear4bit's first forward in eval mode without gradients (a held-out
+    evaluation, DPO's precomputed reference) converts its weight to an inference-only layout and
+    never converts it back; backward passes through that layout carry no gradient, so the adapter
+    silently stops learning. The module's own `support_avx512bf16_for_cpu` flag turns the repacking off.
+    """
+    import bitsandbytes as bnb
+
+    for module in model.modules():
+        if isinstance(module, bnb.nn.Linear4bit):
+            module.support_avx512bf16_for_cpu = False
+
+
 def is_quantized(model: Any) -> bool:
     return bool(getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False))
 
