@@ -158,6 +158,8 @@ def _train(
     )
     adapters.attach_optimizer(trainer, config)
     resume = last_checkpoint(checkpoints)
+    if resume:
+        adapters.restore_adapter(trainer.model, resume)
     before_file = stage_dir / "eval_before.json"
     eval_before: dict[str, float] = {}
     if eval_ds is not None:

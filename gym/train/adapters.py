@@ -221,6 +221,20 @@ def attach_optimizer(trainer: Any, config: TrainConfig) -> None:
     )
 
 
+def restore_adapter(model: Any, checkpoint: str) -> None:
+    """Load the trained adapter of `checkpoint` before the trainer resumes from it.
+
+    transformers 5.17 resumes a PeftModel that holds several adapters (TRL's frozen "ref" copy beside
+    the trained "default") by loading only the adapters saved in sub-folders; "default", saved at the
+    checkpoint's root, would silently restart from its initialisation.
+    """
+    from peft import PeftModel
+
+    if isinstance(model, PeftModel) and len(model.peft_config) > 1:
+        model.load_adapter(checkpoint, adapter_name="default", is_trainable=True)
+        model.set_adapter("default")
+
+
 def save_adapter(model: Any, stage_dir: Path, adapter_dir: Path) -> None:
     """Save a PeftModel's trained adapter to `adapter_dir` (atomically), ready to merge afterwards.
 
