@@ -250,12 +250,14 @@ def family(finetuning_type: str) -> str:
 
 
 def with_defaults(config: TrainConfig, model_defaults: dict[str, dict[str, float]]) -> TrainConfig:
-    """Fill the fields the user left unset: the model's measured values first, then the method's."""
-    method_defaults = METHOD_DEFAULTS.get(config.method, {}).get(family(config.finetuning_type), {})
+    """Fill the fields the user left unset: the model's measured values first (for the method and
+    adaptation family, `"sft:lora"`, over those for the method), then the method's."""
+    kind = family(config.finetuning_type)
     chosen = {
         **METHOD_PARAMS.get(config.method, {}),
-        **method_defaults,
+        **METHOD_DEFAULTS.get(config.method, {}).get(kind, {}),
         **model_defaults.get(config.method, {}),
+        **model_defaults.get(f"{config.method}:{kind}", {}),  # measured for this adaptation family
     }
     unset = {k: v for k, v in chosen.items() if getattr(config, k) is None}
     if "per_device_train_batch_size" in unset:
