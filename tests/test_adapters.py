@@ -241,3 +241,10 @@ def test_bad_adaptation_settings_fail_before_the_stage_starts(gym_home):
     with pytest.raises(ConfigError, match="PiSSA"):
         train.run(TrainConfig(finetuning_type="qlora", lora={"init": "pissa"}), model, data)
     assert not list((gym_home / "models").glob("sft-*")), "no stage directory, so no model was loaded"
+
+
+def test_longlora_names_what_a_model_without_the_attention_interface_lacks():
+    from tests.fixtures.legacy_attention import LegacyConfig, LegacyModel
+
+    with pytest.raises(ConfigError, match=r"AttentionInterface.*shift_attention false"):
+        s2attn.enable(LegacyModel(LegacyConfig()), 0.25)
