@@ -65,7 +65,6 @@ def trl_args(config: TrainConfig, output_dir: Path) -> dict[str, Any]:
         "warmup_steps": config.warmup_ratio,  # transformers 5: a float < 1 is a ratio of total steps
         "weight_decay": config.weight_decay,
         "max_grad_norm": config.max_grad_norm,
-        "optim": config.optim or "adamw_torch",
         "seed": config.seed,
         "data_seed": config.seed,
         "logging_steps": config.logging_steps,
@@ -80,6 +79,7 @@ def trl_args(config: TrainConfig, output_dir: Path) -> dict[str, Any]:
         "disable_tqdm": True,
         "dataloader_num_workers": 0,
         "use_cpu": not _cuda_available(),
+        **({"optim": config.optim} if config.optim else {}),  # else transformers' default AdamW
     }
 
 

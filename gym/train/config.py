@@ -158,8 +158,8 @@ class TrainConfig(BaseModel):
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
     optim: str | None = Field(
         None,
-        description="transformers optimizer name; default adamw_torch, and for qlora paged_adamw_8bit "
-        "(adamw_bnb_8bit on a CPU: paging needs CUDA).",
+        description="transformers optimizer name; default: transformers' AdamW, and for qlora "
+        "paged_adamw_8bit (adamw_bnb_8bit on a CPU: paging needs CUDA).",
     )
     seed: int = Field(42, description="Seed for data order and initialisation of new weights.")
     logging_steps: int = Field(5, ge=1, description="Log the loss every N steps.")
