@@ -157,6 +157,7 @@ def _train(
         max_length=max_length,
     )
     adapters.attach_optimizer(trainer, config)
+    _report_progress(trainer, config.method)
     resume = last_checkpoint(checkpoints)
     if resume:
         adapters.restore_adapter(trainer.model, resume)
@@ -208,6 +209,16 @@ def _signal(
     if found is None:
         return {}
     return {"metric_name": found.name, "metric_first": found.first, "metric_last": found.last}
+
+
+def _report_progress(trainer: Any, stage: str) -> None:
+    """A progress bar (and the per-step log on the `gym.train` logger) instead of printed log dicts."""
+    from transformers import PrinterCallback
+
+    from gym.train.progress import ProgressCallback
+
+    trainer.remove_callback(PrinterCallback)
+    trainer.add_callback(ProgressCallback(stage))
 
 
 def _numbers(metrics: dict[str, Any]) -> dict[str, float]:
