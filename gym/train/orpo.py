@@ -2,6 +2,7 @@
 
 One stage, no reference model: the SFT loss on the chosen answer plus lambda (TRL's `beta`, paper:
 0.1) times the log odds-ratio loss that pushes the chosen answer's odds above the rejected one's.
+(TRL 1.12 computes that SFT loss over the prompt and the answer.)
 Rewards are beta x the length-normalised log-probability of each answer, so the held-out reward
 margin and accuracy are meaningful from the first step (they are not 0 as for DPO).
 
