@@ -28,9 +28,10 @@ from gym.data.ingest import load_meta
 from gym.errors import ConfigError
 from gym.hashing import hash_obj
 from gym.models import ModelRef, load_model, load_tokenizer
-from gym.train import adapters, dpo, kto, orpo, quant, reference, sft, simpo
+from gym.train import adapters, dpo, gspo, kto, orpo, ppo, quant, reference, rl_common, sft, simpo, tf_grpo
 from gym.train.common import TrainResult, check_hardware, count_params, losses_from
 from gym.train.config import FINETUNING_TYPES, TrainConfig, with_defaults
+from gym.train.grpo import online as grpo_online
 
 METHODS: dict[str, Callable[..., Any]] = {
     "sft": sft.build_trainer,
@@ -41,7 +42,13 @@ METHODS: dict[str, Callable[..., Any]] = {
     "kto": kto.build_trainer,
     "orpo": orpo.build_trainer,
     "simpo": simpo.build_trainer,
+    "ppo": ppo.build_trainer,
+    "grpo": grpo_online.build_trainer,
+    "gspo": gspo.build_trainer,
+    "tf_grpo": tf_grpo.build_trainer,  # trains no weights: `run` hands it to gym.train.tf_grpo.run
 }
+# Methods whose main signal is an eval metric rather than the loss: method -> metric name.
+METRICS = {m: rl_common.METRIC for m in ("ppo", "grpo", "gspo")}
 
 __all__ = ["METHODS", "TrainConfig", "TrainResult", "run", "stage_digest"]
 
@@ -82,6 +89,8 @@ def run(
     eval_data: Path | None = None,
 ) -> TrainResult:
     """Train one stage, or return it finished (or resume it) from its content-addressed directory."""
+    if config.method == "tf_grpo":  # an experience library, no weights; reads ingested (untokenized) data
+        return tf_grpo.run(config, model, Path(train_data), Path(eval_data) if eval_data else None)
     if config.method not in METHODS:
         raise ConfigError(f"unknown method {config.method!r}; available: {', '.join(METHODS)}")
     if config.finetuning_type not in FINETUNING_TYPES:
@@ -119,6 +128,7 @@ def plan(
     config = with_defaults(config, model.train_defaults)
     config = config.model_copy(update={"lora": adapters.lora_settings(config)})
     check_hardware(config)
+    rl_common.check(config)
     adapters.check(config, model)
     method_check = _hook(config.method, "check")  # a method module's own checks of its settings
     if method_check:
@@ -142,7 +152,10 @@ def _train(
 
     tokenizer = load_tokenizer(model_ref)
     set_seed(config.seed)  # new adapter weights start the same in every attempt
-    model = adapters.adapt(load_model(model_ref, **quant.load_kwargs(config)), config, model_ref, stage_dir)
+    model = load_model(model_ref, **quant.load_kwargs(config))
+    # A method module may set APPLIES_ADAPTER: its trainer gets the LoRA config and wraps the model itself.
+    wrap = not getattr(sys.modules[METHODS[config.method].__module__], "APPLIES_ADAPTER", False)
+    model = adapters.adapt(model, config, model_ref, stage_dir, wrap=wrap)
     train_ds = load_from_disk(str(train_data))
     eval_ds = load_from_disk(str(eval_data)) if eval_data else None
     checkpoints = stage_dir / "checkpoints"
@@ -153,7 +166,7 @@ def _train(
         train_data=train_ds,
         eval_data=eval_ds,
         output_dir=checkpoints,
-        peft_config=None,  # the model is already adapted
+        peft_config=adapters.trainer_peft_config(model, config, model_ref, wrapped=wrap),
         max_length=max_length,
     )
     adapters.attach_optimizer(trainer, config)
@@ -203,12 +216,20 @@ def _hook(method: str, name: str) -> Callable[..., Any] | None:
 def _signal(
     method: str, eval_before: dict[str, float], eval_after: dict[str, float], history: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    """metric_name/first/last from the method module's optional `signal` (else TrainResult's default)."""
+    """metric_name/first/last from the method module's optional `signal`, else the method's held-out
+    metric in METRICS, else TrainResult's default (the training loss)."""
     hook = _hook(method, "signal")
     found = hook(eval_before, eval_after, history) if hook else None
-    if found is None:
+    if found is not None:
+        return {"metric_name": found.name, "metric_first": found.first, "metric_last": found.last}
+    metric = METRICS.get(method)
+    if metric is None:
         return {}
-    return {"metric_name": found.name, "metric_first": found.first, "metric_last": found.last}
+    return {
+        "metric_name": metric,
+        "metric_first": eval_before.get(metric),
+        "metric_last": eval_after.get(metric),
+    }
 
 
 def _report_progress(trainer: Any, stage: str) -> None:

@@ -66,8 +66,12 @@ def _model_config(model_ref: ModelRef) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def adapt(model: Any, config: TrainConfig, model_ref: ModelRef, stage_dir: Path) -> Any:
-    """`model` ready to train as `config.finetuning_type` says (a PeftModel for the LoRA family)."""
+def adapt(model: Any, config: TrainConfig, model_ref: ModelRef, stage_dir: Path, wrap: bool = True) -> Any:
+    """`model` ready to train as `config.finetuning_type` says (a PeftModel for the LoRA family).
+
+    With `wrap=False` a LoRA-family model is prepared (quantization, attention) but not wrapped: for a
+    trainer that applies `lora_config(...)` itself (TRL's peft_config).
+    """
     if config.finetuning_type == "full":
         return model
     if config.finetuning_type == "freeze":
@@ -85,6 +89,8 @@ def adapt(model: Any, config: TrainConfig, model_ref: ModelRef, stage_dir: Path)
         from gym.train import s2attn
 
         s2attn.enable(model, config.longlora.group_size_ratio)
+    if not wrap:
+        return model
     peft_model = get_peft_model(model, lora_config(model, config, model_ref))
     if config.gradient_checkpointing:
         peft_model.enable_input_require_grads()
@@ -98,6 +104,13 @@ def adapt(model: Any, config: TrainConfig, model_ref: ModelRef, stage_dir: Path)
             with workspace.atomic_dir(init_dir) as tmp:
                 peft_model.save_pretrained(str(tmp))
     return peft_model
+
+
+def trainer_peft_config(model: Any, config: TrainConfig, model_ref: ModelRef, wrapped: bool) -> Any | None:
+    """What a trainer's `peft_config` gets: the LoraConfig when it applies the adapter itself, else None."""
+    return (
+        None if wrapped or config.finetuning_type not in LORA_TYPES else lora_config(model, config, model_ref)
+    )
 
 
 def lora_config(model: Any, config: TrainConfig, model_ref: ModelRef) -> Any:

@@ -13,6 +13,7 @@ from typing import Any, Literal, TypeVar, get_args
 from pydantic import BaseModel, ConfigDict, Field
 
 from gym.errors import ConfigError
+from gym.train.rl_config import RLSettings
 
 # Every method gym knows by name; `gym.train.METHODS` holds the ones implemented (one file each).
 Method = Literal[
@@ -206,6 +207,10 @@ class TrainConfig(BaseModel):
         description="Reference of dpo/ipo/cdpo/hinge/kto: log-probs precomputed once, or scored live each "
         "step (LoRA: the adapter switched to its frozen initial copy; full: a frozen copy); auto: cheaper.",
     )
+    rl: RLSettings = Field(
+        default_factory=RLSettings,
+        description="Online RL (ppo, grpo, gspo): rewards, rollouts, KL, clipping.",
+    )
 
 
 # Optimiser defaults per method and adaptation family (full: full and freeze; lora: the LoRA family) where
@@ -222,6 +227,20 @@ METHOD_DEFAULTS: dict[str, dict[str, dict[str, float]]] = {
         "lora": {"learning_rate": 1e-4, "num_train_epochs": 3, "per_device_train_batch_size": 8},
     },
     **{m: _PREFERENCE for m in ("dpo", "ipo", "cdpo", "hinge", "kto", "orpo", "simpo")},
+    # Online RL: TRL's GRPO (1e-6) and PPO (3e-6) rates for full fine-tuning; the batch counts
+    # completions (GRPO: group_size per prompt, so it must be a multiple of it).
+    "grpo": {
+        "full": {"learning_rate": 1e-6, "num_train_epochs": 1, "per_device_train_batch_size": 8},
+        "lora": {"learning_rate": 1e-5, "num_train_epochs": 1, "per_device_train_batch_size": 8},
+    },
+    "gspo": {
+        "full": {"learning_rate": 1e-6, "num_train_epochs": 1, "per_device_train_batch_size": 8},
+        "lora": {"learning_rate": 1e-5, "num_train_epochs": 1, "per_device_train_batch_size": 8},
+    },
+    "ppo": {
+        "full": {"learning_rate": 3e-6, "num_train_epochs": 1, "per_device_train_batch_size": 8},
+        "lora": {"learning_rate": 1e-5, "num_train_epochs": 1, "per_device_train_batch_size": 8},
+    },
 }
 # Method hyperparameters from each paper, for fields the user leaves unset.
 METHOD_PARAMS: dict[str, dict[str, Any]] = {
