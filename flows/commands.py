@@ -14,6 +14,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from gym.train.config import FINETUNING_TYPES
+
 # Pipelines of several stages: method name -> (flow module, flow function, config class in gym.pipeline)
 PIPELINES = {
     "sft_then_dpo": ("flows.sft_then_dpo", "sft_then_dpo", "SftThenDpoConfig"),
@@ -22,9 +24,13 @@ PIPELINES = {
 # The Gym papers' spellings of Training-Free GRPO's flags -> gym's.
 TF_GRPO_FLAGS = {"--grpo_group_size": "--group_size", "--grpo_experience_lib_path": "--experience_lib_path"}
 # Demo data per method when --dataset is not given: (training dataset, held-out data in the same format)
-DEMO_DATA = {"sft": ("demo_sft", None), "dpo": ("demo_dpo", "demo_dpo_eval")}
+_PAIRS = ("demo_dpo", "demo_dpo_eval")
+DEMO_DATA = {
+    "sft": ("demo_sft", None),
+    **dict.fromkeys(("dpo", "ipo", "cdpo", "hinge", "orpo", "simpo"), _PAIRS),
+    "kto": ("demo_kto", "demo_kto_eval"),
+}
 DEMO_DATA |= {m: ("demo_prompts", "demo_prompts_eval") for m in ("ppo", "grpo", "gspo")}
-FINETUNING_TYPES = ("full", "lora")
 
 
 def method_of(argv: Sequence[str]) -> tuple[str, str | None, list[str]]:
@@ -50,6 +56,13 @@ def cmd_train(argv: Sequence[str]) -> int:
     method, finetuning_type, rest = method_of(argv)
     from gym.train import METHODS
 
+    if finetuning_type and finetuning_type not in (*FINETUNING_TYPES, *METHODS, *PIPELINES):
+        print(
+            f"error: unknown --finetuning_type {finetuning_type!r}; adaptation types: "
+            f"{', '.join(FINETUNING_TYPES)} (or a method: {', '.join([*METHODS, *PIPELINES])})",
+            file=sys.stderr,
+        )
+        return 2
     if method not in METHODS and method not in PIPELINES:
         available = ", ".join([*METHODS, *PIPELINES])
         print(f"error: method {method!r} is not available; available: {available}", file=sys.stderr)

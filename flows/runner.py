@@ -31,8 +31,7 @@ from gym import preflight, progress
 from gym.cli_options import ArgumentParser, add_config_options, merge, overrides_from
 from gym.errors import GymError
 from gym.train import METHODS
-
-FINETUNING_TYPES = ("full", "lora")
+from gym.train.config import FINETUNING_TYPES
 
 
 def stage_fields(config_cls: type[BaseModel]) -> list[str]:

@@ -226,8 +226,11 @@ def load_tokenizer(ref: ModelRef) -> Any:
     return tok
 
 
-def load_model(ref: ModelRef, dtype: str = "auto") -> Any:
-    """AutoModelForCausalLM.from_pretrained with safetensors only and remote code off unless asked."""
+def load_model(ref: ModelRef, dtype: Any = "auto", **kwargs: Any) -> Any:
+    """AutoModelForCausalLM.from_pretrained with safetensors only and remote code off unless asked.
+
+    `kwargs` go to from_pretrained too (e.g. a quantization_config for QLoRA).
+    """
     from transformers import AutoModelForCausalLM
 
     _require_local(ref)
@@ -237,4 +240,5 @@ def load_model(ref: ModelRef, dtype: str = "auto") -> Any:
         dtype=dtype,
         trust_remote_code=ref.trust_remote_code,
         use_safetensors=True,
+        **kwargs,
     )

@@ -46,7 +46,9 @@ def train_stage(
 
 
 def _track(config: TrainConfig, result: TrainResult, run_id: str, uri: str | None) -> None:
-    tracking.set_tags(run_id, {"gym.stage_digest": result.digest}, uri=uri)
+    # The choices gym made itself (QLoRA bit width, reference mode...) as tags: visible beside the params.
+    choices = {f"gym.{k}": v for k, v in result.choices.items()}
+    tracking.set_tags(run_id, {"gym.stage_digest": result.digest, **choices}, uri=uri)
     tracking.log_curve(run_id, "train_loss", result.losses, uri=uri)
     tracking.log_metrics(run_id, {f"before_{k}": v for k, v in result.eval_before.items()}, uri=uri)
     tracking.log_metrics(run_id, {f"after_{k}": v for k, v in result.eval_after.items()}, uri=uri)
@@ -57,6 +59,11 @@ def _track(config: TrainConfig, result: TrainResult, run_id: str, uri: str | Non
             "total_params": result.total_params,
             "train_seconds": result.train_seconds,
             "global_step": result.global_step,
+            **{
+                f"{result.metric_name}_{k}": v
+                for k, v in (("first", result.metric_first), ("last", result.metric_last))
+                if v is not None
+            },
         },
         uri=uri,
     )
@@ -85,6 +92,7 @@ def _publish(config: TrainConfig, result: TrainResult, run_id: str | None, uri: 
         result.metric_name: f"{fmt(first)} → {fmt(last)}" if result.metric_name != "loss" else None,
         "training time": f"{result.train_seconds:.1f} s",
         "trainable / total parameters": f"{result.trainable_params:,} / {result.total_params:,}",
+        **{what.replace("_", " "): choice for what, choice in result.choices.items()},
         **evals,
         "model": f"`{result.model_dir}`",
     }

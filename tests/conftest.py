@@ -33,3 +33,20 @@ def prefect_server():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture(scope="session")
+def warm_tiny(tmp_path_factory: pytest.TempPathFactory):
+    """gym-tiny after a short full SFT on the demo data, built once per test process: adapters and
+    preference methods start from a model that already answers in the demo's format."""
+    from gym import train
+    from gym.models import derived
+    from gym.train import TrainConfig
+    from tests.helpers import tiny, tokenized
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GYM_HOME", str(tmp_path_factory.mktemp("warm") / "gym_home"))
+        base = tiny()
+        config = TrainConfig(method="sft", learning_rate=3e-3, max_steps=100, per_device_train_batch_size=16)
+        warm = train.run(config, base, tokenized("demo_sft", base, max_samples=1600))
+        return derived(base, Path(warm.model_dir), warm.digest)

@@ -18,7 +18,7 @@ from gym.data.demo import DEMO_DATASETS, demo_records
 from gym.errors import ConfigError
 
 TRAIN = ("demo_sft", "demo_dpo", "demo_kto", "demo_chat", "demo_format_sft", "demo_prompts")
-EVAL = ("demo_sft_eval", "demo_dpo_eval")
+EVAL = ("demo_sft_eval", "demo_dpo_eval", "demo_kto_eval")
 FIELDS = {
     "alpaca": {"instruction": str, "input": str, "output": str},
     "preference": {"instruction": str, "input": str, "chosen": str, "rejected": str},
@@ -75,6 +75,7 @@ def test_names_and_formats() -> None:
         "demo_dpo_eval": "preference",
         "demo_kto": "kto",
         "demo_chat": "sharegpt",
+        "demo_kto_eval": "kto",
         "demo_format_sft": "alpaca",
         "demo_prompts": "prompt",
         "demo_prompts_eval": "prompt",
@@ -130,7 +131,7 @@ def test_eval_splits_share_no_problem_with_training() -> None:
         keys = [(task, inp) for _, inp, task in problems(name)]
         assert len(keys) == len(set(keys)), f"{name} repeats a problem"
         assert not set(keys) & train, f"{name} overlaps training data"
-        assert not set(keys) & seen, "the two eval splits overlap"
+        assert not set(keys) & seen, "two eval splits overlap"
         seen |= set(keys)
 
 
@@ -148,8 +149,9 @@ def test_chosen_right_rejected_wrong(name: str) -> None:
         assert r["rejected"] != r["chosen"] and r["rejected"], r
 
 
-def test_kto_label_says_whether_output_is_right() -> None:
-    records = demo_records("demo_kto")
+@pytest.mark.parametrize("name", ["demo_kto", "demo_kto_eval"])
+def test_kto_label_says_whether_output_is_right(name: str) -> None:
+    records = demo_records(name)
     for r in records:
         assert r["label"] == (r["output"] == solve(r["instruction"], r["input"])[1]), r
     labels = [r["label"] for r in records]

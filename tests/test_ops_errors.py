@@ -45,9 +45,9 @@ def truncated_jsonl(path: Path) -> Path:
         (TrainFlowConfig(dataset="demo_dpo"), ConfigError, ["dataset:", "method 'sft'", "preference"]),
         (TrainFlowConfig(eval_dataset="demo_dpo"), ConfigError, ["eval_dataset:", "exact match needs sft"]),
         (
-            TrainFlowConfig(train=TrainConfig(method="kto"), dataset="demo_kto"),
+            TrainFlowConfig(train=TrainConfig(method="kto"), dataset="demo_dpo"),
             ConfigError,
-            ["train.method:", "'kto' is not implemented"],
+            ["dataset:", "method 'kto'", "kto records"],
         ),
         (
             SftThenDpoConfig(dpo_dataset="demo_sft"),

@@ -52,6 +52,7 @@ DEMO_DATASETS: dict[str, str] = {
     "demo_dpo_eval": "preference",
     "demo_kto": "kto",
     "demo_chat": "sharegpt",
+    "demo_kto_eval": "kto",
     "demo_format_sft": "alpaca",
     "demo_prompts": "prompt",
     "demo_prompts_eval": "prompt",
@@ -71,6 +72,9 @@ SIZES: dict[str, int] = {
     "demo_dpo": 800,
     "demo_kto": 600,
     "demo_chat": 24,
+    # Added last: each dataset takes its share of the one problem stream in this order, so a new entry
+    # at the end leaves every earlier dataset's records unchanged.
+    "demo_kto_eval": 100,
 }
 _CHAT_TURNS = (2, 3)
 _SYSTEM = {"en": "You are a helpful assistant.", "zh": "你是一个乐于助人的助手。"}

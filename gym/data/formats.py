@@ -52,6 +52,8 @@ METHOD_KIND = {
     "sft": "sft",
     "dpo": "preference",
     "ipo": "preference",
+    "cdpo": "preference",
+    "hinge": "preference",
     "orpo": "preference",
     "simpo": "preference",
     "cpo": "preference",
@@ -65,6 +67,15 @@ KIND_FORMATS = {
     "preference": "preference",
     "kto": "kto",
     "prompt": "prompt",
+}
+# The columns a record of each kind needs, for errors that say what a method wants.
+KIND_COLUMNS = {
+    "sft": "instruction and output, conversations, or messages, ending with an assistant turn",
+    "preference": "a prompt (prompt, instruction/input or conversations) with chosen and rejected answers",
+    "kto": "a prompt (prompt, instruction/input or conversations), one completion (completion or output) "
+    "and a boolean label (true: desirable)",
+    "prompt": "a prompt (prompt, instruction/input or a conversation ending with a user turn), optionally "
+    "an answer",
 }
 ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant"}
 TOOL_ROLES = ("observation", "function_call", "function", "tool", "tool_call", "ipython")
@@ -355,8 +366,9 @@ def require_kind(dataset_kind: str, method: str, dataset: str | None = None) -> 
     need = METHOD_KIND[method]
     if dataset_kind != need:
         name = f"dataset {dataset!r}" if dataset else "the dataset"
+        others = ", ".join(m for m, k in METHOD_KIND.items() if k == dataset_kind)
         raise ConfigError(
-            f"method {method!r} needs a {need} dataset (format {KIND_FORMATS[need]}), "
-            f"but {name} is {dataset_kind}; pick a {need} dataset, "
-            f"or a method that trains on {dataset_kind} data"
+            f"method {method!r} needs a {need} dataset (format {KIND_FORMATS[need]}: records with "
+            f"{KIND_COLUMNS[need]}), but {name} is {dataset_kind} data; pick a {need} dataset, "
+            f"or a method that trains on {dataset_kind} data ({others})"
         )

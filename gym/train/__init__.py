@@ -2,15 +2,19 @@
 
     result = gym.train.run(config, model_ref, train_data_dir, eval_data_dir)
 
-`run` names the stage directory by the digest of its inputs, resumes from the last checkpoint
-when a previous attempt was interrupted, saves the final model (merged, for adapters) through an
-atomic rename, and returns a `TrainResult` of references and numbers.
+`run` checks the data suits the method, makes the config concrete (defaults; QLoRA bit width and
+optimizer; DPO-style reference mode: printed and recorded in `TrainResult.choices`), names the stage
+directory by the digest of its inputs, resumes from the last checkpoint when a previous attempt was
+interrupted, adapts the model (gym.train.adapters: full, freeze, the LoRA family), saves the final
+model (merged, for adapters) through an atomic rename, and returns a `TrainResult` of references and
+numbers, with the method's main signal (its module's optional `signal`, else the training loss).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,14 +28,20 @@ from gym.data.ingest import load_meta
 from gym.errors import ConfigError
 from gym.hashing import hash_obj
 from gym.models import ModelRef, load_model, load_tokenizer
-from gym.train import dpo, gspo, ppo, rl_common, sft, tf_grpo
-from gym.train.common import TrainResult, check_hardware, count_params, losses_from, peft_config
-from gym.train.config import TrainConfig, with_defaults
+from gym.train import adapters, dpo, gspo, kto, orpo, ppo, quant, reference, rl_common, sft, simpo, tf_grpo
+from gym.train.common import TrainResult, check_hardware, count_params, losses_from
+from gym.train.config import FINETUNING_TYPES, TrainConfig, with_defaults
 from gym.train.grpo import online as grpo_online
 
 METHODS: dict[str, Callable[..., Any]] = {
     "sft": sft.build_trainer,
     "dpo": dpo.build_trainer,
+    "ipo": dpo.build_trainer,
+    "cdpo": dpo.build_trainer,
+    "hinge": dpo.build_trainer,
+    "kto": kto.build_trainer,
+    "orpo": orpo.build_trainer,
+    "simpo": simpo.build_trainer,
     "ppo": ppo.build_trainer,
     "grpo": grpo_online.build_trainer,
     "gspo": gspo.build_trainer,
@@ -83,11 +93,14 @@ def run(
         return tf_grpo.run(config, model, Path(train_data), Path(eval_data) if eval_data else None)
     if config.method not in METHODS:
         raise ConfigError(f"unknown method {config.method!r}; available: {', '.join(METHODS)}")
-    config = with_defaults(config, model.train_defaults)
-    check_hardware(config)
-    rl_common.check(config)
+    if config.finetuning_type not in FINETUNING_TYPES:
+        raise ConfigError(
+            f"unknown finetuning_type {config.finetuning_type!r}; available: {', '.join(FINETUNING_TYPES)}"
+        )
     meta = load_meta(train_data)
     require_kind(meta["result"]["kind"], config.method, str(train_data))
+    n_eval = load_meta(eval_data)["result"]["num_records"] if eval_data else 0
+    config, choices = plan(config, model, meta["result"]["num_records"], n_eval)
     digest = stage_digest(config, model, train_data, eval_data)
     stage_dir = workspace.path("models", f"{config.method}-{digest}")
     stage_dir.mkdir(parents=True, exist_ok=True)
@@ -95,10 +108,34 @@ def run(
     with FileLock(str(stage_dir) + ".lock"):
         if result_file.is_file():
             return TrainResult.model_validate_json(result_file.read_text())
+        for what, choice in choices.items():
+            print(f"gym: {config.method}: {what}: {choice}", file=sys.stderr, flush=True)
         cutoff = meta["settings"]["cutoff_len"]
-        return _train(
+        result = _train(
             config, model, Path(train_data), Path(eval_data) if eval_data else None, digest, stage_dir, cutoff
         )
+        result = result.model_copy(update={"choices": choices})
+        workspace.atomic_write_text(result_file, result.model_dump_json(indent=2))
+        return result
+
+
+def plan(
+    config: TrainConfig, model: ModelRef, n_train: int, n_eval: int
+) -> tuple[TrainConfig, dict[str, str]]:
+    """The config made concrete before any model loads: defaults, then the choices gym makes itself
+    (QLoRA bit width and optimizer, the reference mode of DPO-style methods), with each choice in words.
+    """
+    config = with_defaults(config, model.train_defaults)
+    config = config.model_copy(update={"lora": adapters.lora_settings(config)})
+    check_hardware(config)
+    rl_common.check(config)
+    adapters.check(config, model)
+    method_check = _hook(config.method, "check")  # a method module's own checks of its settings
+    if method_check:
+        method_check(config)
+    config, quant_choices = quant.resolve(config, model)
+    config, reference_choices = reference.choose(config, n_train, n_eval)
+    return config, {**quant_choices, **reference_choices}
 
 
 def _train(
@@ -111,9 +148,14 @@ def _train(
     max_length: int,
 ) -> TrainResult:
     from datasets import load_from_disk
+    from transformers import set_seed
 
     tokenizer = load_tokenizer(model_ref)
-    model = load_model(model_ref)
+    set_seed(config.seed)  # new adapter weights start the same in every attempt
+    model = load_model(model_ref, **quant.load_kwargs(config))
+    # A method module may set APPLIES_ADAPTER: its trainer gets the LoRA config and wraps the model itself.
+    wrap = not getattr(sys.modules[METHODS[config.method].__module__], "APPLIES_ADAPTER", False)
+    model = adapters.adapt(model, config, model_ref, stage_dir, wrap=wrap)
     train_ds = load_from_disk(str(train_data))
     eval_ds = load_from_disk(str(eval_data)) if eval_data else None
     checkpoints = stage_dir / "checkpoints"
@@ -124,11 +166,14 @@ def _train(
         train_data=train_ds,
         eval_data=eval_ds,
         output_dir=checkpoints,
-        peft_config=peft_config(config, model_ref),
+        peft_config=adapters.trainer_peft_config(model, config, model_ref, wrapped=wrap),
         max_length=max_length,
     )
+    adapters.attach_optimizer(trainer, config)
     _report_progress(trainer, config.method)
     resume = last_checkpoint(checkpoints)
+    if resume:
+        adapters.restore_adapter(trainer.model, resume)
     before_file = stage_dir / "eval_before.json"
     eval_before: dict[str, float] = {}
     if eval_ds is not None:
@@ -143,7 +188,7 @@ def _train(
     eval_after = _numbers(trainer.evaluate()) if eval_ds is not None else {}
     trainable, total = count_params(trainer.model)
     model_dir, adapter_dir = _save_final(trainer, tokenizer, model_ref, stage_dir)
-    metric = METRICS.get(config.method)
+    signal = _signal(config.method, eval_before, eval_after, trainer.state.log_history)
     result = TrainResult(
         method=config.method,
         digest=digest,
@@ -158,18 +203,33 @@ def _train(
         total_params=total,
         resumed_from=resume,
         train_seconds=round(seconds, 3),
-        **(
-            {
-                "metric_name": metric,
-                "metric_first": eval_before.get(metric),
-                "metric_last": eval_after.get(metric),
-            }
-            if metric
-            else {}
-        ),
+        **signal,
     )
-    workspace.atomic_write_text(stage_dir / "result.json", result.model_dump_json(indent=2))
     return result
+
+
+def _hook(method: str, name: str) -> Callable[..., Any] | None:
+    """An optional function `name` of the module defining the method's build_trainer."""
+    return getattr(sys.modules[METHODS[method].__module__], name, None)
+
+
+def _signal(
+    method: str, eval_before: dict[str, float], eval_after: dict[str, float], history: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """metric_name/first/last from the method module's optional `signal`, else the method's held-out
+    metric in METRICS, else TrainResult's default (the training loss)."""
+    hook = _hook(method, "signal")
+    found = hook(eval_before, eval_after, history) if hook else None
+    if found is not None:
+        return {"metric_name": found.name, "metric_first": found.first, "metric_last": found.last}
+    metric = METRICS.get(method)
+    if metric is None:
+        return {}
+    return {
+        "metric_name": metric,
+        "metric_first": eval_before.get(metric),
+        "metric_last": eval_after.get(metric),
+    }
 
 
 def _report_progress(trainer: Any, stage: str) -> None:
@@ -196,10 +256,11 @@ def _save_final(
     adapter_dir = None
     if isinstance(model, PeftModel):
         adapter_dir = stage_dir / "adapter"
-        if not adapter_dir.exists():
-            with workspace.atomic_dir(adapter_dir) as tmp:
-                model.save_pretrained(str(tmp))
-        model = model.merge_and_unload()
+        adapters.save_adapter(model, stage_dir, adapter_dir)
+        if quant.is_quantized(model):
+            model = quant.merge_full_precision(model_ref, adapter_dir)
+        else:
+            model = model.merge_and_unload()
     model_dir = stage_dir / "model"
     if not model_dir.exists():
         with workspace.atomic_dir(model_dir) as tmp:

@@ -13,7 +13,6 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from gym.errors import ConfigError
-from gym.models import ModelRef
 from gym.train.config import TrainConfig
 
 
@@ -38,6 +37,10 @@ class TrainResult(BaseModel):
     )
     metric_first: float | None = Field(None, description="The signal at the start (held-out where possible).")
     metric_last: float | None = Field(None, description="The signal at the end.")
+    choices: dict[str, str] = Field(
+        default_factory=dict,
+        description="Choices gym made for this stage (QLoRA bit width, reference mode...), in words.",
+    )
 
     @property
     def loss_first(self) -> float | None:
@@ -76,6 +79,7 @@ def trl_args(config: TrainConfig, output_dir: Path) -> dict[str, Any]:
         "disable_tqdm": True,
         "dataloader_num_workers": 0,
         "use_cpu": not _cuda_available(),
+        **({"optim": config.optim} if config.optim else {}),  # else transformers' default AdamW
     }
 
 
@@ -91,26 +95,6 @@ def check_hardware(config: TrainConfig) -> None:
 
     if config.bf16 and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
         raise ConfigError("bf16=True needs a GPU with bfloat16 support (Ampere or newer); set bf16=False")
-
-
-def peft_config(config: TrainConfig, model_ref: ModelRef) -> Any | None:
-    """A PEFT LoraConfig for LoRA stages, None for full fine-tuning."""
-    if config.finetuning_type == "full":
-        return None
-    from peft import LoraConfig
-
-    lora = config.lora
-    init: Any = {"default": True, "pissa": "pissa", "gaussian": "gaussian"}[lora.init]
-    return LoraConfig(
-        r=lora.r,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules=lora.target_modules or model_ref.lora_target_modules,
-        use_rslora=lora.use_rslora,
-        use_dora=lora.use_dora,
-        init_lora_weights=init,
-        task_type="CAUSAL_LM",
-    )
 
 
 def count_params(model: Any) -> tuple[int, int]:

@@ -8,10 +8,11 @@ form and in `gym train --help`.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gym.errors import ConfigError
 from gym.train.rl_config import RLSettings
 
 # Every method gym knows by name; `gym.train.METHODS` holds the ones implemented (one file each).
@@ -33,8 +34,17 @@ Method = Literal[
 FinetuningType = Literal["full", "freeze", "lora", "rslora", "dora", "pissa", "loraplus", "longlora", "qlora"]
 
 
+FINETUNING_TYPES: tuple[str, ...] = get_args(FinetuningType)
+# Adaptation types that train a PEFT LoRA adapter (the rest update the model's own weights).
+LORA_TYPES = ("lora", "rslora", "dora", "pissa", "loraplus", "longlora", "qlora")
+
+
 class LoraSettings(BaseModel):
-    """PEFT LoRA adapter settings (used when finetuning_type is `lora`)."""
+    """PEFT LoRA adapter settings (every finetuning_type of the LoRA family reads them).
+
+    The variants are reachable both as their own finetuning_type and from `lora`:
+    `--finetuning_type dora` trains the same adapter as `--finetuning_type lora --train.lora.use_dora`.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
@@ -52,6 +62,65 @@ class LoraSettings(BaseModel):
         "default",
         description="Adapter initialisation: PEFT default, PiSSA (principal singular vectors) or gaussian.",
     )
+    loraplus_lr_ratio: float | None = Field(
+        None,
+        gt=0,
+        description="LoRA+: learning rate of B = ratio x that of A (paper: 16); finetuning_type loraplus "
+        "uses 16 when unset.",
+    )
+
+
+class FreezeSettings(BaseModel):
+    """Partial fine-tuning (finetuning_type=freeze): train a few decoder layers, keep the rest frozen."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    layers: int = Field(
+        2, description="Train the last N decoder layers (a negative N: the first |N|; 0: none, see modules)."
+    )
+    modules: list[str] | None = Field(
+        None,
+        description="Only these submodules of the trained layers (e.g. mlp, self_attn); default: all.",
+    )
+    extra_modules: list[str] = Field(
+        default_factory=list,
+        description="Modules outside the decoder layers to train as well (e.g. embed_tokens, norm, lm_head).",
+    )
+
+
+class LongLoraSettings(BaseModel):
+    """LongLoRA (finetuning_type=longlora): LoRA, trainable embeddings and norms, shifted sparse attention."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    shift_attention: bool = Field(
+        True,
+        description="Shifted sparse attention (S2-Attn) while training; needs a model whose attention goes "
+        "through transformers' AttentionInterface.",
+    )
+    group_size_ratio: float = Field(
+        0.25, gt=0, le=1, description="S2-Attn group size as a fraction of the sequence length (paper: 1/4)."
+    )
+    trainable_modules: list[str] | None = Field(
+        None, description="Modules trained in full beside the adapter; default: embeddings and every norm."
+    )
+
+
+class QuantSettings(BaseModel):
+    """QLoRA (finetuning_type=qlora): the frozen base is quantized by bitsandbytes; the adapter trains."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    bits: Literal[4, 8] | None = Field(
+        None,
+        description="4 (NF4/FP4) or 8 (LLM.int8); default: 8 when the registry's memory estimate for 8-bit "
+        "training fits the memory available, else 4 (the choice is printed and logged).",
+    )
+    quant_type: Literal["nf4", "fp4"] = Field("nf4", description="4-bit data type (QLoRA paper: NF4).")
+    double_quant: bool = Field(True, description="Quantize the 4-bit quantization constants too (QLoRA).")
+    compute_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="dtype of the 4-bit matmuls; auto: bfloat16 on a GPU supporting it, else float32."
+    )
 
 
 class TrainConfig(BaseModel):
@@ -61,7 +130,9 @@ class TrainConfig(BaseModel):
 
     method: Method = Field("sft", description="Training method; see gym.train.METHODS.")
     finetuning_type: FinetuningType = Field(
-        "full", description="Update all weights (full) or train a LoRA adapter."
+        "full",
+        description="full, freeze (some layers), or a LoRA adapter: lora, rslora, dora, pissa, loraplus, "
+        "longlora, qlora.",
     )
     learning_rate: float | None = Field(
         None,
@@ -86,6 +157,11 @@ class TrainConfig(BaseModel):
     )
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
+    optim: str | None = Field(
+        None,
+        description="transformers optimizer name; default: transformers' AdamW, and for qlora "
+        "paged_adamw_8bit (adamw_bnb_8bit on a CPU: paging needs CUDA).",
+    )
     seed: int = Field(42, description="Seed for data order and initialisation of new weights.")
     logging_steps: int = Field(5, ge=1, description="Log the loss every N steps.")
     save_steps: int = Field(
@@ -95,14 +171,41 @@ class TrainConfig(BaseModel):
     bf16: bool = Field(False, description="bfloat16 mixed precision (needs hardware support).")
     gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory.")
     lora: LoraSettings = Field(
-        default_factory=LoraSettings, description="LoRA settings (finetuning_type=lora)."
+        default_factory=LoraSettings, description="LoRA settings (every LoRA-family finetuning_type)."
     )
-    beta: float = Field(0.1, gt=0, description="DPO: strength of the KL constraint to the reference model.")
-    loss_type: Literal["sigmoid", "ipo", "hinge"] = Field(
-        "sigmoid", description="DPO: sigmoid (DPO), ipo (IPO) or hinge (SLiC) loss."
+    freeze: FreezeSettings = Field(
+        default_factory=FreezeSettings, description="Which layers train (finetuning_type=freeze)."
     )
-    label_smoothing: float = Field(
-        0.0, ge=0, lt=0.5, description="DPO: assumed label-noise rate; > 0 gives conservative DPO (cDPO)."
+    longlora: LongLoraSettings = Field(
+        default_factory=LongLoraSettings, description="LongLoRA settings (finetuning_type=longlora)."
+    )
+    quant: QuantSettings = Field(
+        default_factory=QuantSettings, description="Quantization of the frozen base (finetuning_type=qlora)."
+    )
+    beta: float | None = Field(
+        None,
+        gt=0,
+        description="Preference methods: DPO/IPO/KTO KL strength, ORPO's lambda, SimPO's reward scale; "
+        "default: the method's paper value.",
+    )
+    loss_type: Literal["sigmoid", "ipo", "hinge"] | None = Field(
+        None, description="DPO loss: sigmoid (DPO), ipo (IPO) or hinge (SLiC); default: set by the method."
+    )
+    label_smoothing: float | None = Field(
+        None,
+        ge=0,
+        lt=0.5,
+        description="DPO: assumed label-noise rate; > 0 gives conservative DPO (cDPO; method cdpo: 0.1).",
+    )
+    simpo_gamma: float | None = Field(
+        None, ge=0, description="SimPO: target reward margin gamma (default: beta / 2, the paper's ratio)."
+    )
+    desirable_weight: float = Field(1.0, gt=0, description="KTO: weight of desirable completions' loss.")
+    undesirable_weight: float = Field(1.0, gt=0, description="KTO: weight of undesirable completions' loss.")
+    reference: Literal["auto", "precomputed", "live"] = Field(
+        "auto",
+        description="Reference of dpo/ipo/cdpo/hinge/kto: log-probs precomputed once, or scored live each "
+        "step (LoRA: the adapter switched to its frozen initial copy; full: a frozen copy); auto: cheaper.",
     )
     rl: RLSettings = Field(
         default_factory=RLSettings,
@@ -110,18 +213,20 @@ class TrainConfig(BaseModel):
     )
 
 
-# Defaults per method and finetuning type where the user and the model's registry entry are silent:
-# TRL's defaults for full fine-tuning (SFT 2e-5, DPO 1e-6, batch 8), and the learning rates
-# LLaMA-Factory's LoRA examples use (higher: only the adapter moves).
+# Optimiser defaults per method and adaptation family (full: full and freeze; lora: the LoRA family) where
+# the user and the model's registry entry are silent: TRL's defaults for full fine-tuning (SFT 2e-5; DPO,
+# KTO, ORPO and CPO/SimPO 1e-6; batch 8), and the higher learning rates LLaMA-Factory's LoRA examples use
+# (only the adapter moves).
+_PREFERENCE = {
+    "full": {"learning_rate": 1e-6, "num_train_epochs": 1, "per_device_train_batch_size": 8},
+    "lora": {"learning_rate": 5e-6, "num_train_epochs": 1, "per_device_train_batch_size": 8},
+}
 METHOD_DEFAULTS: dict[str, dict[str, dict[str, float]]] = {
     "sft": {
         "full": {"learning_rate": 2e-5, "num_train_epochs": 3, "per_device_train_batch_size": 8},
         "lora": {"learning_rate": 1e-4, "num_train_epochs": 3, "per_device_train_batch_size": 8},
     },
-    "dpo": {
-        "full": {"learning_rate": 1e-6, "num_train_epochs": 1, "per_device_train_batch_size": 8},
-        "lora": {"learning_rate": 5e-6, "num_train_epochs": 1, "per_device_train_batch_size": 8},
-    },
+    **{m: _PREFERENCE for m in ("dpo", "ipo", "cdpo", "hinge", "kto", "orpo", "simpo")},
     # Online RL: TRL's GRPO (1e-6) and PPO (3e-6) rates for full fine-tuning; the batch counts
     # completions (GRPO: group_size per prompt, so it must be a multiple of it).
     "grpo": {
@@ -137,13 +242,61 @@ METHOD_DEFAULTS: dict[str, dict[str, dict[str, float]]] = {
         "lora": {"learning_rate": 1e-5, "num_train_epochs": 1, "per_device_train_batch_size": 8},
     },
 }
+# Method hyperparameters from each paper, for fields the user leaves unset.
+METHOD_PARAMS: dict[str, dict[str, Any]] = {
+    # DPO (Rafailov et al. 2023): beta 0.1, the sigmoid loss.
+    "dpo": {"beta": 0.1, "loss_type": "sigmoid", "label_smoothing": 0.0},
+    # IPO (Azar et al. 2023): the squared loss; beta is its tau (TRL's default 0.1).
+    "ipo": {"beta": 0.1, "loss_type": "ipo", "label_smoothing": 0.0},
+    # Conservative DPO (Mitchell 2023, "A note on DPO with noisy preferences"): labels flipped with eps = 0.1.
+    "cdpo": {"beta": 0.1, "loss_type": "sigmoid", "label_smoothing": 0.1},
+    # SLiC-HF (Zhao et al. 2023) hinge loss on the DPO log-ratio, beta 0.1 as TRL.
+    "hinge": {"beta": 0.1, "loss_type": "hinge", "label_smoothing": 0.0},
+    # KTO (Ethayarajh et al. 2024): beta 0.1, equal weights for balanced data.
+    "kto": {"beta": 0.1},
+    # ORPO (Hong et al. 2024): lambda 0.1 (TRL calls it beta).
+    "orpo": {"beta": 0.1},
+    # SimPO (Meng et al. 2024): beta 2.0-2.5 and gamma / beta = 0.5 in the paper's tuned settings.
+    "simpo": {"beta": 2.0},
+}
+# The loss each DPO-variant method name means; a different --train.loss_type with it is a contradiction.
+METHOD_LOSS = {"dpo": None, "ipo": "ipo", "cdpo": "sigmoid", "hinge": "hinge"}
+
+
+def family(finetuning_type: str) -> str:
+    """`full` for types that update the model's own weights, `lora` for the adapter types."""
+    return "lora" if finetuning_type in LORA_TYPES else "full"
 
 
 def with_defaults(config: TrainConfig, model_defaults: dict[str, dict[str, float]]) -> TrainConfig:
-    """Fill the fields the user left unset: the model's measured values first, then the method's."""
-    method_defaults = METHOD_DEFAULTS[config.method][config.finetuning_type]
-    chosen = {**method_defaults, **model_defaults.get(config.method, {})}
+    """Fill the fields the user left unset: the model's measured values first (for the method and
+    adaptation family, `"sft:lora"`, over those for the method), then the method's."""
+    kind = family(config.finetuning_type)
+    chosen = {
+        **METHOD_PARAMS.get(config.method, {}),
+        **METHOD_DEFAULTS.get(config.method, {}).get(kind, {}),
+        **model_defaults.get(config.method, {}),
+        **model_defaults.get(f"{config.method}:{kind}", {}),  # measured for this adaptation family
+    }
     unset = {k: v for k, v in chosen.items() if getattr(config, k) is None}
     if "per_device_train_batch_size" in unset:
         unset["per_device_train_batch_size"] = int(unset["per_device_train_batch_size"])
+    wanted = METHOD_LOSS.get(config.method)
+    if wanted and config.loss_type not in (None, wanted):
+        raise ConfigError(
+            f"method {config.method!r} is the {wanted} loss, but loss_type is {config.loss_type!r}; "
+            f"use method dpo with --train.loss_type {config.loss_type}, or drop --train.loss_type"
+        )
+    if config.method == "simpo" and config.simpo_gamma is None:
+        unset["simpo_gamma"] = (config.beta or unset["beta"]) / 2  # SimPO: gamma / beta = 0.5
     return config.model_copy(update=unset)
+
+
+T = TypeVar("T")
+
+
+def filled(value: T | None, name: str) -> T:
+    """A field `with_defaults` fills for the method (a None here means it was skipped)."""
+    if value is None:
+        raise ConfigError(f"{name} is unset: gym.train.run fills it (gym.train.config.with_defaults)")
+    return value

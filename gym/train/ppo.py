@@ -42,6 +42,11 @@ def adaptive_kl_coef(coef: float, kl: float, target: float, horizon: int, n_step
     return coef * (1 + error * n_steps / horizon)
 
 
+# TRL's PPOTrainer builds the value model from the plain policy: gym hands it the LoRA config to apply
+# (TRL's peft_config) instead of an adapted model (see gym.train.run).
+APPLIES_ADAPTER = True
+
+
 def build_trainer(
     *,
     model: Any,

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gym.errors import DataError
+from gym.train import signals
 from gym.train.common import trl_args
 from gym.train.config import TrainConfig
 
@@ -45,3 +46,12 @@ def build_trainer(
         processing_class=tokenizer,
         peft_config=peft_config,
     )
+
+
+def signal(
+    eval_before: dict[str, float], eval_after: dict[str, float], log_history: list[dict[str, Any]]
+) -> signals.Signal | None:
+    """Held-out loss when the stage has held-out data; otherwise the training loss (run's fallback)."""
+    if "eval_loss" not in eval_after:
+        return None
+    return signals.Signal("eval_loss", eval_before.get("eval_loss"), eval_after["eval_loss"])

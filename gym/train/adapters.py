@@ -1,0 +1,268 @@
+"""How a model's weights are adapted for training: every `finetuning_type`, for every method.
+
+- full: every weight trains.
+- freeze: only the last N decoder layers (or named submodules of them, plus named extra modules) train;
+  every other tensor has requires_grad off and stays bit-identical.
+- the LoRA family, through PEFT: lora; rslora (alpha/sqrt(r) scaling); dora (weight-decomposed);
+  pissa (adapter initialised from the principal singular vectors, the residual left in the base);
+  loraplus (B learns `loraplus_lr_ratio` times faster than A: PEFT's LoRA+ optimizer); longlora (LoRA
+  plus fully trained embeddings and norms, and shifted sparse attention from gym.train.s2attn);
+  qlora (LoRA over a bitsandbytes-quantized frozen base, gym.train.quant).
+
+gym wraps the model itself (rather than handing TRL a peft_config) so every method gets the same
+adapter, LoRA+ can build its optimizer from the wrapped model, and PiSSA's initial adapter can be
+kept: TRL's preference trainers copy a pre-wrapped model's initial adapter into a frozen "ref"
+adapter, which makes the reference the starting model even where the base alone is not (PiSSA).
+
+    model = adapters.adapt(load_model(ref, **quant.load_kwargs(config)), config, ref, stage_dir)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from gym import workspace
+from gym.errors import ConfigError
+from gym.models import ModelRef
+from gym.train.config import LORA_TYPES, LoraSettings, TrainConfig
+
+PISSA_INIT = "pissa_init"  # the stage's copy of PiSSA's initial adapter (to save a plain LoRA at the end)
+LORAPLUS_RATIO = 16.0  # LoRA+ paper (Hayou et al. 2024): eta_B / eta_A = 2^4 works across their tasks
+
+
+def lora_settings(config: TrainConfig) -> LoraSettings:
+    """The LoRA settings a finetuning_type implies on top of `config.lora`."""
+    implied: dict[str, dict[str, Any]] = {
+        "rslora": {"use_rslora": True},
+        "dora": {"use_dora": True},
+        "pissa": {"init": "pissa"},
+    }
+    update = dict(implied.get(config.finetuning_type, {}))
+    if config.finetuning_type == "loraplus" and config.lora.loraplus_lr_ratio is None:
+        update["loraplus_lr_ratio"] = LORAPLUS_RATIO
+    return config.lora.model_copy(update=update)
+
+
+def check(config: TrainConfig, model_ref: ModelRef) -> None:
+    """Settings that can't work together, found from the config and the model's config.json alone."""
+    if config.finetuning_type == "qlora" and config.lora.init == "pissa":
+        raise ConfigError(
+            "PiSSA initialisation decomposes full-precision weights and can't start from a quantized base: "
+            "use finetuning_type pissa (unquantized), or qlora with lora.init default"
+        )
+    if config.finetuning_type == "freeze":
+        n = _model_config(model_ref).get("num_hidden_layers")
+        if isinstance(n, int) and abs(config.freeze.layers) > n:
+            raise ConfigError(
+                f"freeze.layers={config.freeze.layers}, but {model_ref.name} has {n} decoder layers; "
+                f"use a value between -{n} and {n}"
+            )
+
+
+def _model_config(model_ref: ModelRef) -> dict[str, Any]:
+    path = Path(model_ref.path) / "config.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def adapt(model: Any, config: TrainConfig, model_ref: ModelRef, stage_dir: Path, wrap: bool = True) -> Any:
+    """`model` ready to train as `config.finetuning_type` says (a PeftModel for the LoRA family).
+
+    With `wrap=False` a LoRA-family model is prepared (quantization, attention) but not wrapped: for a
+    trainer that applies `lora_config(...)` itself (TRL's peft_config).
+    """
+    if config.finetuning_type == "full":
+        return model
+    if config.finetuning_type == "freeze":
+        freeze(model, config)
+        return model
+    from peft import get_peft_model, prepare_model_for_kbit_training
+
+    if config.finetuning_type == "qlora":
+        from gym.train import quant
+
+        quant.keep_trainable_layout(model)
+        checkpointing = config.gradient_checkpointing
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=checkpointing)
+    if config.finetuning_type == "longlora" and config.longlora.shift_attention:
+        from gym.train import s2attn
+
+        s2attn.enable(model, config.longlora.group_size_ratio)
+    if not wrap:
+        return model
+    peft_model = get_peft_model(model, lora_config(model, config, model_ref))
+    if config.gradient_checkpointing:
+        peft_model.enable_input_require_grads()
+    if lora_settings(config).init == "pissa":
+        # From here on the adapter is an ordinary LoRA over the residual base: re-initialising it (a "ref"
+        # copy, a reload) must not run the decomposition again. Keep the initial adapter: the final one is
+        # saved as a plain LoRA of the original base against it.
+        peft_model.peft_config["default"].init_lora_weights = True
+        init_dir = stage_dir / PISSA_INIT
+        if not init_dir.exists():
+            with workspace.atomic_dir(init_dir) as tmp:
+                peft_model.save_pretrained(str(tmp))
+    return peft_model
+
+
+def trainer_peft_config(model: Any, config: TrainConfig, model_ref: ModelRef, wrapped: bool) -> Any | None:
+    """What a trainer's `peft_config` gets: the LoraConfig when it applies the adapter itself, else None."""
+    return (
+        None if wrapped or config.finetuning_type not in LORA_TYPES else lora_config(model, config, model_ref)
+    )
+
+
+def lora_config(model: Any, config: TrainConfig, model_ref: ModelRef) -> Any:
+    """The PEFT LoraConfig for a LoRA-family finetuning_type."""
+    from peft import LoraConfig
+
+    lora = lora_settings(config)
+    init: Any = {"default": True, "pissa": "pissa", "gaussian": "gaussian"}[lora.init]
+    extra = longlora_modules(model, config) if config.finetuning_type == "longlora" else None
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    return LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules or model_ref.lora_target_modules,
+        use_rslora=lora.use_rslora,
+        use_dora=lora.use_dora,
+        init_lora_weights=init,
+        modules_to_save=extra,
+        # A trained copy of tied input embeddings must stay tied to the output layer, as in the base model.
+        ensure_weight_tying=tied and extra is not None,
+        task_type="CAUSAL_LM",
+    )
+
+
+def longlora_modules(model: Any, config: TrainConfig) -> list[str]:
+    """Module names LongLoRA trains in full: given ones, or the input embeddings and every norm layer."""
+    names = dict(model.named_modules())
+    if config.longlora.trainable_modules is not None:
+        wanted = config.longlora.trainable_modules
+        for w in wanted:
+            if not any(n == w or n.endswith("." + w) for n in names):
+                raise ConfigError(
+                    f"longlora.trainable_modules: no module named {w!r} in the model; "
+                    f"leaf names there: {', '.join(sorted(_leaf_names(model)))}"
+                )
+        return list(wanted)
+    embed = model.get_input_embeddings()
+    out = {n.rsplit(".", 1)[-1] for n, m in names.items() if m is embed}
+    out |= {n.rsplit(".", 1)[-1] for n, m in names.items() if n and "norm" in type(m).__name__.lower()}
+    return sorted(out)
+
+
+def _leaf_names(model: Any) -> set[str]:
+    return {n.rsplit(".", 1)[-1] for n, _ in model.named_modules() if n}
+
+
+def decoder_layers(model: Any) -> tuple[str, Any]:
+    """(name, ModuleList) of the model's decoder layers: the module list as long as num_hidden_layers."""
+    import torch
+
+    n = getattr(model.config, "num_hidden_layers", None)
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == n:
+            return name, module
+    raise ConfigError(
+        f"can't find the decoder layers of {type(model).__name__} (no module list of num_hidden_layers={n} "
+        "layers): use finetuning_type full or a LoRA type, or name what to train in freeze.extra_modules "
+        "with freeze.layers 0"
+    )
+
+
+def freeze(model: Any, config: TrainConfig) -> None:
+    """Leave only the chosen layers/modules trainable (requires_grad), everything else frozen."""
+    settings = config.freeze
+    selected = []
+    if settings.layers:
+        prefix, layers = decoder_layers(model)
+        n = len(layers)
+        indices = range(n - settings.layers, n) if settings.layers > 0 else range(-settings.layers)
+        for i in indices:
+            layer = layers[i]
+            if settings.modules is None:
+                selected.append(layer)
+                continue
+            for sub in settings.modules:
+                try:
+                    selected.append(layer.get_submodule(sub))
+                except AttributeError:
+                    children = ", ".join(name for name, _ in layer.named_children())
+                    raise ConfigError(
+                        f"freeze.modules: layer {prefix}.{i} has no submodule {sub!r}; its parts: {children}"
+                    ) from None
+    names = dict(model.named_modules())
+    for extra in settings.extra_modules:
+        found = [m for n, m in names.items() if n == extra or n.endswith("." + extra)]
+        if not found:
+            raise ConfigError(
+                f"freeze.extra_modules: no module named {extra!r}; "
+                f"leaf names there: {', '.join(sorted(_leaf_names(model)))}"
+            )
+        selected += found
+    if not selected:
+        raise ConfigError("freeze trains nothing: set freeze.layers to a non-zero N, or freeze.extra_modules")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    # Through the modules, not parameter names: a tied weight (embeddings = output layer) has one name only.
+    for module in selected:
+        for p in module.parameters():
+            p.requires_grad_(True)
+
+
+def attach_optimizer(trainer: Any, config: TrainConfig) -> None:
+    """LoRA+: give the trainer PEFT's optimizer with B's learning rate `loraplus_lr_ratio` x A's."""
+    ratio = lora_settings(config).loraplus_lr_ratio
+    if ratio is None or config.finetuning_type not in LORA_TYPES:
+        return
+    from peft.optimizers import create_loraplus_optimizer
+    from transformers import Trainer
+
+    # The optimizer class and its settings (betas, eps, 8-bit...) as the trainer itself would choose them.
+    cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(trainer.args, trainer.model)
+    kwargs.pop("lr", None)
+    trainer.optimizer = create_loraplus_optimizer(
+        trainer.model,
+        cls,
+        lr=trainer.args.learning_rate,
+        loraplus_lr_ratio=ratio,
+        loraplus_weight_decay=config.weight_decay,
+        **kwargs,
+    )
+
+
+def restore_adapter(model: Any, checkpoint: str) -> None:
+    """Load the trained adapter of `checkpoint` before the trainer resumes from it.
+
+    transformers 5.17 resumes a PeftModel that holds several adapters (TRL's frozen "ref" copy beside
+    the trained "default") by loading only the adapters saved in sub-folders; "default", saved at the
+    checkpoint's root, would silently restart from its initialisation.
+    """
+    from peft import PeftModel
+
+    if isinstance(model, PeftModel) and len(model.peft_config) > 1:
+        model.load_adapter(checkpoint, adapter_name="default", is_trainable=True)
+        model.set_adapter("default")
+
+
+def save_adapter(model: Any, stage_dir: Path, adapter_dir: Path) -> None:
+    """Save a PeftModel's trained adapter to `adapter_dir` (atomically), ready to merge afterwards.
+
+    PiSSA's adapter is saved as the equivalent plain LoRA of the original base (PEFT's conversion
+    against the initial adapter), so it applies to the base model users have.
+    """
+    if "ref" in model.peft_config:  # TRL's frozen copy of the initial adapter, the reference of DPO/KTO
+        model.delete_adapter("ref")
+    from gym.train import s2attn
+
+    s2attn.disable(model.get_base_model())
+    init_dir = stage_dir / PISSA_INIT
+    if not adapter_dir.exists():
+        with workspace.atomic_dir(adapter_dir) as tmp:
+            if init_dir.is_dir():
+                model.save_pretrained(str(tmp), path_initial_model_for_weight_conversion=str(init_dir))
+            else:
+                model.save_pretrained(str(tmp))

@@ -1,0 +1,50 @@
+"""Preference pairs as gym tokenized them, for the TRL trainers that tokenize row by row (ORPO, CPO/SimPO).
+
+gym renders every pair with the model's chat template once (`prompt_ids`, `chosen_ids`,
+`rejected_ids`; each answer ends with its end-of-turn token), the same ids DPO trains on. TRL's
+ORPOTrainer and CPOTrainer tokenize text in a `tokenize_row` method mapped over the dataset; the
+trainers in gym.train.orpo and gym.train.simpo override that method with `row_from_ids`, which lays
+gym's ids out as those trainers' collator expects: each answer after its prompt, labels -100 on the
+prompt. Answers are cut so that prompt + answer fits `max_length`; pairs whose prompt alone fills it
+are dropped beforehand (`fitting`), as TRL's DPOTrainer does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gym.errors import DataError
+
+ID_COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids")
+IGNORE_INDEX = -100
+
+
+def require_ids(data: Any, method: str) -> None:
+    missing = [c for c in ID_COLUMNS if c not in data.column_names]
+    if missing:
+        raise DataError(
+            f"{method} needs tokenized preference data with columns {ID_COLUMNS}, missing {missing}",
+            hint=f"use a preference dataset (prompt with chosen/rejected answers) for method {method}",
+        )
+
+
+def fitting(data: Any, max_length: int | None) -> Any:
+    """The pairs with room for at least one answer token after the prompt, ids columns only."""
+    data = data.select_columns(list(ID_COLUMNS))
+    if max_length is None:
+        return data
+    return data.filter(lambda row: len(row["prompt_ids"]) < max_length, desc="drop prompts over max_length")
+
+
+def row_from_ids(feature: dict[str, Any], max_length: int | None) -> dict[str, list[int]]:
+    """One pair as ORPO/CPO's collator reads it: prompt, and each answer after the prompt with labels."""
+    prompt = list(feature["prompt_ids"])
+    room = None if max_length is None else max_length - len(prompt)
+    row: dict[str, list[int]] = {"prompt_input_ids": prompt, "prompt_attention_mask": [1] * len(prompt)}
+    for name in ("chosen", "rejected"):
+        answer = list(feature[f"{name}_ids"])[:room]
+        ids = prompt + answer
+        row[f"{name}_input_ids"] = ids
+        row[f"{name}_attention_mask"] = [1] * len(ids)
+        row[f"{name}_labels"] = [IGNORE_INDEX] * len(prompt) + answer
+    return row

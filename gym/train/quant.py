@@ -1,0 +1,170 @@
+"""QLoRA's quantized base: bit width, bitsandbytes settings, optimizer, and the full-precision merge.
+
+When `quant.bits` is unset, gym takes 8-bit (closer to the original weights) if the registry's memory
+estimate for LoRA training on an 8-bit base (gym.registry.memory_estimates_for) fits in 90% of the
+memory available now (free GPU memory, or available RAM on a CPU), else 4-bit; the choice and its
+numbers are printed and logged with the stage. The optimizer is bitsandbytes' paged 8-bit AdamW on a
+GPU; paging needs CUDA's unified memory, so on a CPU it is bitsandbytes' plain 8-bit AdamW.
+
+At the end the adapter is merged into the base loaded again in full precision (merging into
+quantized weights would bake the quantization error into every adapted layer).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from gym.errors import ConfigError, MissingExtraError
+from gym.models import ModelRef
+from gym.train.config import TrainConfig
+
+GIB = 1024**3
+HEADROOM = 0.9  # leave a tenth of the available memory for what the estimate does not cover
+
+
+def require_bitsandbytes() -> None:
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        raise MissingExtraError(
+            "finetuning_type qlora needs bitsandbytes: pip install 'gym[quant]'"
+        ) from None
+
+
+def parameter_count(model_ref: ModelRef) -> int:
+    """Parameters of the model: its registry entry's count, else the tensors in its safetensors files."""
+    from gym import registry
+
+    spec = registry.load_models().get(model_ref.base_model)
+    if spec is not None:
+        return spec.parameters
+    files = sorted(Path(model_ref.path).glob("*.safetensors")) if Path(model_ref.path).is_dir() else []
+    if not files:
+        raise ConfigError(
+            f"can't estimate the size of {model_ref.name} (not in the registry, no local safetensors): "
+            "set --train.quant.bits 4 or 8"
+        )
+    total = 0
+    for f in files:
+        with open(f, "rb") as fh:  # the safetensors header: 8-byte length, then JSON with every shape
+            header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+        for name, info in header.items():
+            if name != "__metadata__":
+                n = 1
+                for d in info["shape"]:
+                    n *= d
+                total += n
+    return total
+
+
+def available_memory() -> tuple[float, str]:
+    """(GiB available for training now, where): free memory of the current GPU, else available RAM."""
+    import torch
+
+    if torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info()
+        return free / GIB, f"free on {torch.cuda.get_device_name()}"
+    import psutil
+
+    return psutil.virtual_memory().available / GIB, "RAM available (CPU)"
+
+
+def choose_bits(parameters: int, available_gib: float, where: str) -> tuple[int, str]:
+    """8 if an 8-bit base fits the available memory with headroom, else 4; and the reason, in words."""
+    from gym.registry import memory_estimates_for
+
+    estimate = memory_estimates_for(parameters)["lora"]
+    eight, four = estimate["int8"], estimate["int4"]
+    if eight <= HEADROOM * available_gib:
+        return 8, f"8-bit: estimate {eight:.2f} GiB fits {available_gib:.1f} GiB {where}"
+    fits = "fits" if four <= HEADROOM * available_gib else "may NOT fit"
+    return 4, (
+        f"4-bit: 8-bit estimate {eight:.2f} GiB exceeds {available_gib:.1f} GiB {where}; "
+        f"4-bit estimate {four:.2f} GiB {fits}"
+    )
+
+
+def resolve(config: TrainConfig, model_ref: ModelRef) -> tuple[TrainConfig, dict[str, str]]:
+    """Bit width and optimizer made concrete for a qlora stage (other stages pass through)."""
+    if config.finetuning_type != "qlora":
+        return config, {}
+    require_bitsandbytes()
+    import torch
+
+    quant = config.quant
+    choices = {}
+    if quant.bits is None:
+        gib, where = available_memory()
+        bits, why = choose_bits(parameter_count(model_ref), gib, where)
+        quant = quant.model_copy(update={"bits": bits})
+        choices["quant_bits"] = why
+    else:
+        choices["quant_bits"] = f"{quant.bits}-bit (given)"
+    update: dict[str, Any] = {"quant": quant}
+    if config.optim is None:
+        update["optim"] = "paged_adamw_8bit" if torch.cuda.is_available() else "adamw_bnb_8bit"
+        if not torch.cuda.is_available():
+            choices["optim"] = "adamw_bnb_8bit (paged 8-bit AdamW needs CUDA)"
+    return config.model_copy(update=update), choices
+
+
+def compute_dtype(config: TrainConfig) -> Any:
+    import torch
+
+    if config.quant.compute_dtype != "auto":
+        return getattr(torch, config.quant.compute_dtype)
+    gpu_bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    return torch.bfloat16 if gpu_bf16 else torch.float32
+
+
+def load_kwargs(config: TrainConfig) -> dict[str, Any]:
+    """Extra from_pretrained arguments: a BitsAndBytesConfig for qlora, nothing otherwise."""
+    if config.finetuning_type != "qlora":
+        return {}
+    from transformers import BitsAndBytesConfig
+
+    quant = config.quant
+    if quant.bits == 8:
+        return {"quantization_config": BitsAndBytesConfig(load_in_8bit=True)}
+    dtype = compute_dtype(config)
+    return {
+        "quantization_config": BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type=quant.quant_type,
+            bnb_4bit_use_double_quant=quant.double_quant,
+            bnb_4bit_compute_dtype=dtype,
+            bnb_4bit_quant_storage=dtype,
+        ),
+        "dtype": dtype,
+    }
+
+
+def keep_trainable_layout(model: Any) -> None:
+    """Stop bitsandbytes 0.50.2 repacking 4-bit weights for CPU inference (a training model evaluates too).
+
+    On a CPU with AVX512-BF16, Linear4bit's first forward in eval mode without gradients (a held-out
+    evaluation, DPO's precomputed reference) converts its weight to an inference-only layout and
+    never converts it back; backward passes through that layout carry no gradient, so the adapter
+    silently stops learning. The module's own `support_avx512bf16_for_cpu` flag turns the repacking off.
+    """
+    import bitsandbytes as bnb
+
+    for module in model.modules():
+        if isinstance(module, bnb.nn.Linear4bit):
+            module.support_avx512bf16_for_cpu = False
+
+
+def is_quantized(model: Any) -> bool:
+    return bool(getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False))
+
+
+def merge_full_precision(model_ref: ModelRef, adapter_dir: Path) -> Any:
+    """The base model in full precision with the trained adapter merged in."""
+    from peft import PeftModel
+
+    from gym.models import load_model
+
+    base = load_model(model_ref)
+    return PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()

@@ -1,0 +1,65 @@
+"""Simple Preference Optimization (Meng et al. 2024) through TRL's CPOTrainer with loss_type "simpo".
+
+Reference-free and length-normalised: the implicit reward is beta x the mean log-probability of an
+answer, and the loss asks the chosen reward to beat the rejected one by a target margin gamma.
+Paper defaults: beta 2.0-2.5 with gamma / beta = 0.5 (gym: beta 2.0, gamma 1.0). `cpo_alpha=0`
+leaves out CPO's behaviour-cloning term, so this is SimPO itself, not CPO-SimPO.
+
+TRL's CPOTrainer (trl.experimental in TRL 1.12) tokenizes row by row; `_Pretokenized` feeds it
+gym's own chat-template ids (gym.train.pairs).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gym.train import signals
+from gym.train.common import trl_args
+from gym.train.config import TrainConfig, filled
+from gym.train.pairs import fitting, require_ids, row_from_ids
+
+
+def build_trainer(
+    *,
+    model: Any,
+    tokenizer: Any,
+    config: TrainConfig,
+    train_data: Any,
+    eval_data: Any | None,
+    output_dir: Path,
+    peft_config: Any | None,
+    max_length: int | None = None,
+) -> Any:
+    from trl.experimental.cpo import CPOConfig, CPOTrainer
+
+    class _Pretokenized(CPOTrainer):
+        """CPOTrainer over pairs gym already tokenized with the model's chat template."""
+
+        def tokenize_row(self, feature: dict[str, Any], model: Any = None) -> dict[str, list[int]]:
+            return row_from_ids(feature, max_length)
+
+    require_ids(train_data, config.method)
+    args = CPOConfig(
+        **trl_args(config, output_dir),
+        loss_type="simpo",
+        cpo_alpha=0.0,
+        beta=filled(config.beta, "beta"),
+        simpo_gamma=filled(config.simpo_gamma, "simpo_gamma"),
+        max_length=max_length,
+    )
+    return _Pretokenized(
+        model=model,
+        args=args,
+        train_dataset=fitting(train_data, max_length),
+        eval_dataset=fitting(eval_data, max_length) if eval_data is not None else None,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+    )
+
+
+def signal(
+    eval_before: dict[str, float], eval_after: dict[str, float], log_history: list[dict[str, Any]]
+) -> signals.Signal:
+    """Reward margin: beta x (mean log-prob of the chosen answer - of the rejected one)."""
+    return signals.metric("reward_margin", "rewards/margins", eval_before, eval_after, log_history)

@@ -1,0 +1,250 @@
+"""Every adaptation type learns and moves only the weights it should (gym-tiny, demo data, CPU).
+
+Each training test starts from `warm_tiny` (gym-tiny after a short SFT), trains a few steps (loss
+on every token: held-out loss falls by 5% or more) and
+compares the saved (merged) model with the start model tensor by tensor: the intended tensors
+changed, every other one is bit-identical. LoRA types adapt only q_proj and v_proj here, so the
+other linear layers must come out untouched too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from gym import train
+from gym.errors import ConfigError
+from gym.models import ModelRef, load_model
+from gym.train import TrainConfig, adapters, quant, reference, s2attn
+from gym.train.config import LoraSettings
+from tests.helpers import tiny, tokenized
+
+TARGETS = ["q_proj", "v_proj"]
+LORA = LoraSettings(r=8, alpha=16, target_modules=TARGETS)
+
+
+def weights(model_dir: str | Path) -> dict[str, torch.Tensor]:
+    return load_file(str(Path(model_dir) / "model.safetensors"))
+
+
+def changed(before: dict, after: dict) -> set[str]:
+    assert set(before) == set(after), "the saved model has the start model's tensors, nothing else"
+    return {k for k in before if not torch.equal(before[k], after[k])}
+
+
+def is_norm(name: str) -> bool:
+    return "norm" in name
+
+
+def adapted(name: str) -> bool:
+    return any(f".{t}." in name for t in TARGETS)
+
+
+# finetuning_type -> (extra TrainConfig fields, which tensors must change (all others must not))
+CASES = {
+    "freeze": ({"freeze": {"layers": 1}}, lambda n: n.startswith("model.layers.1.")),
+    "lora": ({}, adapted),
+    "rslora": ({}, adapted),
+    "dora": ({}, adapted),
+    "pissa": ({}, adapted),
+    "loraplus": ({}, adapted),
+    "longlora": ({}, lambda n: adapted(n) or is_norm(n) or n == "model.embed_tokens.weight"),
+    "qlora": ({"quant": {"bits": 4}}, adapted),
+}
+
+
+def run_type(model: ModelRef, finetuning_type: str, **fields) -> train.TrainResult:
+    lr = 3e-3 if finetuning_type == "freeze" else 1e-2
+    config = TrainConfig(
+        method="sft",
+        finetuning_type=finetuning_type,
+        learning_rate=lr,
+        max_steps=16,
+        per_device_train_batch_size=16,
+        logging_steps=4,
+        **{"lora": LORA, **fields},
+    )
+    # Loss on every token: the warm model never learnt to predict the prompts, so each type has
+    # something to learn within a few steps (its answers plateau until much later).
+    data = tokenized("demo_sft", model, max_samples=256, train_on_prompt=True)
+    return train.run(
+        config, model, data, tokenized("demo_sft_eval", model, max_samples=48, train_on_prompt=True)
+    )
+
+
+@pytest.mark.parametrize("finetuning_type", sorted(CASES))
+def test_each_type_learns_and_moves_only_its_weights(warm_tiny, finetuning_type):
+    fields, should_change = CASES[finetuning_type]
+    result = run_type(warm_tiny, finetuning_type, **fields)
+    # Held-out loss, measured before and after on the same records: the update generalised.
+    assert result.eval_after["eval_loss"] < 0.95 * result.eval_before["eval_loss"], result.eval_after
+    before, after = weights(warm_tiny.path), weights(result.model_dir)
+    expected = {k for k in before if should_change(k)}
+    assert changed(before, after) == expected
+    assert 0 < result.trainable_params < result.total_params
+    if finetuning_type in EXTRA_CHECKS:
+        EXTRA_CHECKS[finetuning_type](warm_tiny, result)
+
+
+def loraplus_b_learns_faster(start: ModelRef, result: train.TrainResult) -> None:
+    state = torch.load(Path(result.stage_dir) / "checkpoints/checkpoint-16/optimizer.pt", weights_only=False)
+    groups = [(len(g["params"]), g["initial_lr"]) for g in state["param_groups"] if g["params"]]
+    # 2 layers x 2 targets: the 4 A matrices at the learning rate, the 4 B matrices at 16 x it.
+    assert sorted(groups) == [(4, 1e-2), (4, 16e-2)]
+
+
+def pissa_adapter_fits_the_original_base(start: ModelRef, result: train.TrainResult) -> None:
+    """PiSSA trains an adapter over a residual base; the saved adapter must apply to the original one."""
+    from peft import PeftModel
+
+    merged = PeftModel.from_pretrained(load_model(start), result.adapter_dir).merge_and_unload()
+    saved = weights(result.model_dir)
+    for name, tensor in merged.state_dict().items():
+        if name in saved:
+            torch.testing.assert_close(tensor, saved[name], atol=1e-5, rtol=1e-4)
+
+
+def qlora_as_asked(start: ModelRef, result: train.TrainResult) -> None:
+    assert result.choices["quant_bits"] == "4-bit (given)"
+
+
+EXTRA_CHECKS = {
+    "loraplus": loraplus_b_learns_faster,
+    "pissa": pissa_adapter_fits_the_original_base,
+    "qlora": qlora_as_asked,
+}
+
+
+def test_variants_are_the_lora_settings_that_name_them():
+    for finetuning_type, setting in [("rslora", "use_rslora"), ("dora", "use_dora")]:
+        via_type = adapters.lora_settings(TrainConfig(finetuning_type=finetuning_type))
+        via_flag = adapters.lora_settings(TrainConfig(finetuning_type="lora", lora={setting: True}))
+        assert via_type == via_flag and getattr(via_type, setting)
+    assert adapters.lora_settings(TrainConfig(finetuning_type="pissa")).init == "pissa"
+    assert adapters.lora_settings(TrainConfig(finetuning_type="loraplus")).loraplus_lr_ratio == 16.0
+    given = TrainConfig(finetuning_type="loraplus", lora={"loraplus_lr_ratio": 4.0})
+    assert adapters.lora_settings(given).loraplus_lr_ratio == 4.0
+
+
+def test_rslora_scales_by_the_square_root_of_the_rank():
+    base = load_model(tiny())
+    lora = {"r": 16, "alpha": 16, "target_modules": TARGETS}
+    model = adapters.adapt(
+        base, TrainConfig(finetuning_type="rslora", lora=lora), tiny(), Path("/nonexistent")
+    )
+    assert model.base_model.model.model.layers[0].self_attn.q_proj.scaling["default"] == pytest.approx(16 / 4)
+
+
+@pytest.mark.parametrize(("bits", "layer"), [(4, "Linear4bit"), (8, "Linear8bitLt")])
+def test_qlora_base_layers_are_bitsandbytes_modules(bits, layer):
+    config = TrainConfig(finetuning_type="qlora", quant={"bits": bits}, lora=LORA)
+    ref = tiny()
+    model = adapters.adapt(load_model(ref, **quant.load_kwargs(config)), config, ref, Path("/nonexistent"))
+    attn = model.base_model.model.model.layers[0].self_attn
+    assert type(attn.q_proj.base_layer).__name__ == layer  # adapted: LoRA over a quantized layer
+    assert type(attn.k_proj).__name__ == layer  # not adapted: quantized and frozen
+    assert all(not p.requires_grad for n, p in model.named_parameters() if "lora_" not in n)
+
+
+def test_qlora_bit_width_follows_memory():
+    params = 7_000_000_000  # 7B: an 8-bit LoRA base needs about 10 GiB by the registry's estimate
+    bits, why = quant.choose_bits(params, 80.0, "free on the GPU")
+    assert bits == 8 and "fits" in why
+    bits, why = quant.choose_bits(params, 8.0, "free on the GPU")
+    assert bits == 4 and "exceeds" in why and "4-bit estimate" in why
+    config, choices = quant.resolve(TrainConfig(finetuning_type="qlora"), tiny())
+    assert config.quant.bits in (4, 8) and choices["quant_bits"].startswith(f"{config.quant.bits}-bit")
+    assert config.optim == ("paged_adamw_8bit" if torch.cuda.is_available() else "adamw_bnb_8bit")
+
+
+def test_reference_mode_is_the_cheaper_one():
+    lora = TrainConfig(method="dpo", finetuning_type="lora", max_steps=10, per_device_train_batch_size=8)
+    short, why = reference.choose(lora, n_train=800, n_eval=100)  # 80 + 200 live < 900 precomputed
+    assert short.reference == "live" and "live" in why["reference"]
+    long, _ = reference.choose(lora.model_copy(update={"max_steps": 200}), n_train=800, n_eval=100)
+    assert long.reference == "precomputed"
+    full, why = reference.choose(lora.model_copy(update={"finetuning_type": "full"}), 800, 100)
+    assert full.reference == "precomputed" and "second copy" in why["reference"]
+    assert reference.choose(lora.model_copy(update={"method": "orpo"}), 800, 100)[1] == {}
+
+
+def dense_groups(q, k, v, allowed, group):
+    """The attention S2-Attn must equal: dense SDPA masked to groups, the second half of the heads
+    on groups shifted by half a group (rows left with nothing to attend see themselves)."""
+    n, pos, out = q.shape[2], torch.arange(q.shape[2]), []
+    k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+    half = q.shape[1] // 2
+    for heads, shift in ((slice(0, half), 0), (slice(half, None), group // 2)):
+        gid = (pos + shift) // group
+        mask = (allowed & (gid[:, None] == gid[None, :])) | torch.eye(n, dtype=torch.bool)
+        out.append(
+            torch.nn.functional.scaled_dot_product_attention(q[:, heads], k[:, heads], v[:, heads], mask)
+        )
+    return torch.cat(out, 1).transpose(1, 2)
+
+
+def test_s2attn_equals_dense_attention_within_shifted_groups():
+    class Attention(torch.nn.Module):
+        num_key_value_groups = 2
+
+    module = Attention()
+    setattr(module, s2attn._RATIO, 0.25)
+    b, h, n, d = 2, 4, 13, 8
+    q, k, v = torch.randn(b, h, n, d), torch.randn(b, h // 2, n, d), torch.randn(b, h // 2, n, d)
+    causal = torch.ones(n, n, dtype=torch.bool).tril()[None, None].expand(b, 1, n, n)
+    real = torch.ones(b, n, dtype=torch.bool)
+    real[1, 10:] = False  # the second sequence is right-padded
+    padded = causal & real[:, None, None, :]
+    module.train()
+    for mask, allowed in ((None, causal), (padded, padded)):
+        out, _ = s2attn.s2_attention_forward(module, q, k, v, mask, scaling=d**-0.5)
+        torch.testing.assert_close(out, dense_groups(q, k, v, allowed, group=4))  # 4 = ceil(13 x 0.25)
+    module.eval()  # inference: full attention, exactly SDPA
+    out, _ = s2attn.s2_attention_forward(module, q, k, v, padded, scaling=d**-0.5)
+    dense = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1), attn_mask=padded
+    )
+    torch.testing.assert_close(out, dense.transpose(1, 2))
+
+
+def test_longlora_switches_attention_and_trains_embeddings_and_norms():
+    ref = tiny()
+    config = TrainConfig(finetuning_type="longlora", lora=LORA)
+    model = adapters.adapt(load_model(ref), config, ref, Path("/nonexistent"))
+    assert model.config._attn_implementation == s2attn.NAME
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert any("embed_tokens" in n for n in trainable)
+    assert {n.split(".")[-4] for n in trainable if "norm" in n} >= {
+        "input_layernorm",
+        "post_attention_layernorm",
+    }
+    s2attn.disable(model.get_base_model())
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_freeze_names_what_exists_when_a_module_is_unknown():
+    ref = tiny()
+    with pytest.raises(ConfigError, match="self_attn, mlp"):
+        adapters.freeze(load_model(ref), TrainConfig(finetuning_type="freeze", freeze={"modules": ["attn"]}))
+    with pytest.raises(ConfigError, match="has 2 decoder layers"):
+        adapters.check(TrainConfig(finetuning_type="freeze", freeze={"layers": 3}), ref)
+
+
+def test_bad_adaptation_settings_fail_before_the_stage_starts(gym_home):
+    model = tiny()
+    data = tokenized("demo_sft", model, max_samples=8)
+    with pytest.raises(ConfigError, match="decoder layers"):
+        train.run(TrainConfig(finetuning_type="freeze", freeze={"layers": -5}), model, data)
+    with pytest.raises(ConfigError, match="PiSSA"):
+        train.run(TrainConfig(finetuning_type="qlora", lora={"init": "pissa"}), model, data)
+    assert not list((gym_home / "models").glob("sft-*")), "no stage directory, so no model was loaded"
+
+
+def test_longlora_names_what_a_model_without_the_attention_interface_lacks():
+    from tests.fixtures.legacy_attention import LegacyConfig, LegacyModel
+
+    with pytest.raises(ConfigError, match=r"AttentionInterface.*shift_attention false"):
+        s2attn.enable(LegacyModel(LegacyConfig()), 0.25)
