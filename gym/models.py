@@ -215,15 +215,33 @@ def load_tokenizer(ref: ModelRef) -> Any:
     return tok
 
 
-def load_model(ref: ModelRef, dtype: str = "auto") -> Any:
-    """AutoModelForCausalLM.from_pretrained with safetensors only and remote code off unless asked."""
+def load_model(
+    ref: ModelRef, dtype: str = "auto", attn_implementation: str | None = None, unsloth: bool = False
+) -> Any:
+    """AutoModelForCausalLM.from_pretrained with safetensors only and remote code off unless asked.
+
+    `attn_implementation` picks the attention kernel (sdpa, eager, flash_attention_2...; None lets
+    transformers choose); `unsloth` loads through Unsloth's FastLanguageModel instead (CUDA only:
+    gym.train.speed checks that first).
+    """
+    _require_local(ref)
+    if unsloth:
+        from unsloth import FastLanguageModel
+
+        model, _ = FastLanguageModel.from_pretrained(
+            model_name=ref.path,
+            dtype=None,
+            load_in_4bit=False,
+            trust_remote_code=ref.trust_remote_code,
+        )
+        return model
     from transformers import AutoModelForCausalLM
 
-    _require_local(ref)
     return AutoModelForCausalLM.from_pretrained(
         ref.path,
         revision=ref.revision,
         dtype=dtype,
+        attn_implementation=attn_implementation,
         trust_remote_code=ref.trust_remote_code,
         use_safetensors=True,
     )

@@ -24,7 +24,7 @@ from gym.data.ingest import load_meta
 from gym.errors import ConfigError
 from gym.hashing import hash_obj
 from gym.models import ModelRef, load_model, load_tokenizer
-from gym.train import dpo, sft
+from gym.train import dpo, sft, speed
 from gym.train.common import TrainResult, check_hardware, count_params, losses_from, peft_config
 from gym.train.config import TrainConfig, with_defaults
 
@@ -103,7 +103,7 @@ def _train(
     from datasets import load_from_disk
 
     tokenizer = load_tokenizer(model_ref)
-    model = load_model(model_ref)
+    model = load_model(model_ref, **speed.load_options(speed.resolve(config)))
     train_ds = load_from_disk(str(train_data))
     eval_ds = load_from_disk(str(eval_data)) if eval_data else None
     checkpoints = stage_dir / "checkpoints"

@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 
 from gym.errors import ConfigError
 from gym.models import ModelRef
+from gym.train import speed
 from gym.train.config import TrainConfig
 
 
@@ -76,6 +77,7 @@ def trl_args(config: TrainConfig, output_dir: Path) -> dict[str, Any]:
         "disable_tqdm": True,
         "dataloader_num_workers": 0,
         "use_cpu": not _cuda_available(),
+        **speed.trainer_args(speed.resolve(config)),
     }
 
 
@@ -91,6 +93,7 @@ def check_hardware(config: TrainConfig) -> None:
 
     if config.bf16 and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
         raise ConfigError("bf16=True needs a GPU with bfloat16 support (Ampere or newer); set bf16=False")
+    speed.resolve(config)  # GPU-only speed options asked for where they can't run
 
 
 def peft_config(config: TrainConfig, model_ref: ModelRef) -> Any | None:

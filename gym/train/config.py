@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gym.train.speed import SpeedSettings
+
 # Every method gym knows by name; `gym.train.METHODS` holds the ones implemented (one file each).
 Method = Literal[
     "sft",
@@ -101,6 +103,10 @@ class TrainConfig(BaseModel):
     )
     label_smoothing: float = Field(
         0.0, ge=0, lt=0.5, description="DPO: assumed label-noise rate; > 0 gives conservative DPO (cDPO)."
+    )
+    speed: SpeedSettings = Field(
+        default_factory=SpeedSettings,
+        description="Throughput: attention kernel, padding-free or packed batches, Liger, Unsloth, compile.",
     )
 
 
