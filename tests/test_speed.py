@@ -99,6 +99,7 @@ def test_padding_free_training_follows_the_padded_loss_curve():
     assert [s for s, _ in flat.losses] == [s for s, _ in padded.losses]
     assert [v for _, v in flat.losses] == pytest.approx([v for _, v in padded.losses], rel=1e-4)
     assert flat.losses[-1][1] < flat.losses[0][1]
+    assert flat.tokens_seen == padded.tokens_seen > 6 * 8 * 20, "both count real tokens, padding excluded"
 
 
 def test_packing_fills_rows_with_several_sequences_and_learns(tmp_path):

@@ -146,6 +146,7 @@ def _train(
         total_params=total,
         resumed_from=resume,
         train_seconds=round(seconds, 3),
+        tokens_seen=int(trainer.state.num_input_tokens_seen),
     )
     workspace.atomic_write_text(stage_dir / "result.json", result.model_dump_json(indent=2))
     return result

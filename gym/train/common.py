@@ -34,6 +34,7 @@ class TrainResult(BaseModel):
     total_params: int
     resumed_from: str | None = None
     train_seconds: float = 0.0
+    tokens_seen: int = Field(0, description="Input tokens the trainer processed, padding excluded.")
     metric_name: str = Field(
         "loss", description="The method's main training signal (loss, reward_accuracy, mean_reward...)."
     )

@@ -173,8 +173,12 @@ def load_options(resolved: Resolved) -> dict[str, Any]:
 
 
 def trainer_args(resolved: Resolved) -> dict[str, Any]:
-    """TrainingArguments fields shared by every TRL config."""
-    return {"use_liger_kernel": resolved.liger, "torch_compile": resolved.torch_compile}
+    """TrainingArguments fields shared by every TRL config (and a count of real tokens, for tokens/s)."""
+    return {
+        "use_liger_kernel": resolved.liger,
+        "torch_compile": resolved.torch_compile,
+        "include_num_input_tokens_seen": "non_padding",
+    }
 
 
 def sft_args(resolved: Resolved, max_length: int | None) -> dict[str, Any]:
