@@ -48,7 +48,6 @@ def sft_then_dpo(config: SftThenDpoConfig = DEFAULTS) -> dict[str, Any]:
     before = exact_match(model, held_out, "before", config.eval_limit, parent, uri) if held_out else None
     sft, sft_model = train_stage(config.sft, model, sft_data, None, parent, uri)
     dpo, final_model = train_stage(config.dpo, sft_model, dpo_data, dpo_eval, parent, uri)
-    after = exact_match(final_model, held_out, "after", config.eval_limit, parent, uri) if held_out else None
 
     name = config.output.register_as or f"{config.model.rsplit('/', 1)[-1]}-sft-dpo"
     lineage = {
@@ -57,9 +56,13 @@ def sft_then_dpo(config: SftThenDpoConfig = DEFAULTS) -> dict[str, Any]:
         "sft_stage": sft.digest,
         "dpo_stage": dpo.digest,
     }
-    registered = register_model(final_model, name, config.output.alias, lineage, parent, run_label, uri)
+    # Registration (mostly MLflow bookkeeping) runs beside the held-out evaluation (mostly torch).
+    alias = config.output.alias
+    registering = register_model.submit(final_model, name, alias, lineage, parent, run_label, uri)
+    after = exact_match(final_model, held_out, "after", config.eval_limit, parent, uri) if held_out else None
     if config.output.output_dir:
         export(final_model, config.output.output_dir)
+    registered = registering.result()
 
     stages = {"sft": sft, "dpo": dpo}
     summary = summarize(stages, before, after, registered, parent, final_model.path, run_label)

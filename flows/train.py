@@ -43,13 +43,16 @@ def train(config: TrainFlowConfig = DEFAULTS) -> dict[str, Any]:
 
     before = exact_match(model, held_out, "before", config.eval_limit, parent, uri) if held_out else None
     result, final_model = train_stage(config.train, model, data, method_eval, parent, uri)
-    after = exact_match(final_model, held_out, "after", config.eval_limit, parent, uri) if held_out else None
 
     name = config.output.register_as or f"{config.model.rsplit('/', 1)[-1]}-{method}"
     lineage = {"dataset": raw.digest, f"{method}_stage": result.digest}
-    registered = register_model(final_model, name, config.output.alias, lineage, parent, run_label, uri)
+    # Registration (mostly MLflow bookkeeping) runs beside the held-out evaluation (mostly torch).
+    alias = config.output.alias
+    registering = register_model.submit(final_model, name, alias, lineage, parent, run_label, uri)
+    after = exact_match(final_model, held_out, "after", config.eval_limit, parent, uri) if held_out else None
     if config.output.output_dir:
         export(final_model, config.output.output_dir)
+    registered = registering.result()
 
     summary = summarize({method: result}, before, after, registered, parent, final_model.path, run_label)
     finish_tracking(parent, summary, uri)

@@ -49,7 +49,7 @@ def _track(
             "trainable_params": result.trainable_params,
             "total_params": result.total_params,
             "train_seconds": result.train_seconds,
-            "train_tokens_per_second": _tokens_per_second(result),
+            "train_tokens_per_second": result.tokens_per_second,
             "global_step": result.global_step,
         },
         uri=uri,
@@ -59,10 +59,3 @@ def _track(
     )
     tracking.log_artifact(run_id, plot, uri=uri)
     tracking.end_run(run_id, uri=uri)
-
-
-def _tokens_per_second(result: TrainResult) -> float | None:
-    """Real (unpadded) tokens per second of training; unknown for a resumed stage."""
-    if result.resumed_from or result.train_seconds <= 0:
-        return None
-    return round(result.tokens_seen / result.train_seconds, 1)

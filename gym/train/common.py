@@ -49,6 +49,13 @@ class TrainResult(BaseModel):
     def loss_last(self) -> float | None:
         return self.losses[-1][1] if self.losses else None
 
+    @property
+    def tokens_per_second(self) -> float | None:
+        """Real (unpadded) training tokens per second; unknown for a resumed stage."""
+        if self.resumed_from or self.train_seconds <= 0:
+            return None
+        return round(self.tokens_seen / self.train_seconds, 1)
+
 
 def trl_args(config: TrainConfig, output_dir: Path) -> dict[str, Any]:
     """Keyword arguments common to every TRL *Config (they all extend TrainingArguments)."""
