@@ -166,8 +166,8 @@ def trainer_tok_s(log: Path) -> float | None:
 
 def gym_tok_s(log: Path) -> float | None:
     """gym prints its summary as JSON last: real tokens/s of the SFT stage."""
-    summary = json.loads(log.read_text().strip().splitlines()[-1])
-    return summary.get("sft_tokens_per_second")
+    last = [line for line in log.read_text().splitlines() if line.startswith("{")][-1]
+    return json.loads(last).get("sft_tokens_per_second")
 
 
 def main() -> None:
