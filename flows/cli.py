@@ -2,6 +2,7 @@
 
     gym train [--method M] [any flow parameter as --flag] [--json]     runs a Prefect flow
     gym registry list|show NAME        gym data preview DATASET          library commands
+    gym up [--worker] | gym status | gym down          Prefect and MLflow servers for the workspace
 
 It lives above the library (flows/ may import gym/, never the reverse), so `import gym` never
 pulls in Prefect. Commands that run flows are defined here; commands that only use the
@@ -25,6 +26,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("flows.commands:cmd_train", "Run a training flow (`gym train --method M --help`)."),
     "registry": ("gym.cli:cmd_registry", "List or show models in the registry."),
     "data": ("gym.cli:cmd_data", "Look at a dataset the way gym reads it."),
+    "up": ("flows.services:cmd_up", "Start the Prefect and MLflow servers (UIs) for this workspace."),
+    "status": ("flows.services:cmd_status", "Say which servers `gym up` started are running."),
+    "down": ("flows.services:cmd_down", "Stop what `gym up` started, leaving no process behind."),
 }
 
 

@@ -1,8 +1,13 @@
 """Command-line runner shared by every flow script and `gym train`.
 
-Parses flags generated from the flow's config (plus the flag names the Gym papers use),
-runs the flow with results persisted in the workspace, then prints a summary and, with
-`--json`, one final line of JSON. Not a flow itself; `python flows/<name>.py` calls it.
+Parses flags generated from the flow's config (plus the flag names the Gym papers use), checks
+the inputs (gym.preflight) before Prefect even starts, runs the flow with results persisted in the
+workspace, then prints a summary and, with `--json`, one final line of JSON. Not a flow itself;
+`python flows/<name>.py` calls it.
+
+A user's mistake (bad flag value, unknown model, template or dataset, a dataset the method can't
+train on, a broken record) ends the process with `error: <message>` as the last line of stderr
+and exit status 2, without a traceback. Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -12,15 +17,18 @@ import contextlib
 import contextvars
 import functools
 import json
+import logging
+import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 from pydantic import BaseModel, ValidationError
 
-from gym.cli_options import add_config_options, merge, overrides_from
+from gym import preflight, progress
+from gym.cli_options import ArgumentParser, add_config_options, merge, overrides_from
 from gym.errors import GymError
 from gym.train import METHODS
 
@@ -35,8 +43,13 @@ def stage_fields(config_cls: type[BaseModel]) -> list[str]:
 
 
 def build_parser(config_cls: type[BaseModel], prog: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=config_cls.__doc__)
+    parser = ArgumentParser(prog=prog, description=config_cls.__doc__)
     parser.add_argument("--json", action="store_true", help="End the output with one line of JSON.")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="Print every training log line and the libraries' progress bars on the console.",
+    )
     parser.add_argument(
         "--refresh-cache",
         action="store_true",
@@ -107,16 +120,61 @@ def main(
 ) -> int:
     parser = build_parser(config_cls, prog=prog)
     args = parser.parse_args(argv)
+    console_defaults(verbose=args.verbose)
     try:
         config = parse_config(config_cls, args)
+        preflight.check(config)  # before Prefect starts: a mistake is reported in about a second
         summary = run_flow(flow_fn, config, refresh_cache=args.refresh_cache)
-    except (GymError, ValidationError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except ValidationError as exc:
+        return user_error(describe(exc))
+    except GymError as exc:
+        return user_error(str(exc))
     print_summary(summary)
     if args.json:
         print(json.dumps(summary, sort_keys=True, default=str))
     return 0
+
+
+# What the console shows by default: Prefect's task lines, one progress bar per training stage, the
+# summary. Libraries' progress bars and info lines stay off unless `--verbose` (the environment wins).
+QUIET = {
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",  # also transformers' (loading and writing weights)
+    "TQDM_DISABLE": "1",  # TRL's reference log-prob pass
+    "MLFLOW_LOGGING_LEVEL": "ERROR",
+}
+
+
+def console_defaults(verbose: bool = False) -> None:
+    """Set the environment a run's console needs, before the libraries that read it are imported.
+
+    Environment variables rather than library calls: they also reach processes the run starts
+    (Prefect's temporary API, launched trainers).
+    """
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if verbose:
+        os.environ[progress.VERBOSE_ENV] = "1"
+        return
+    for key, value in QUIET.items():
+        os.environ.setdefault(key, value)
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # its CPU-kernel notice on every import
+
+
+def user_error(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def describe(exc: ValidationError) -> str:
+    """Pydantic's errors as parameter paths with what was wrong: `sft.learning_rate: Input should be ...`."""
+    parts = []
+    for err in exc.errors():
+        flag = ".".join(str(p) for p in err["loc"])
+        given = err.get("input")
+        got = "" if isinstance(given, (dict, type(None))) else f" (got {given!r})"
+        parts.append(f"{flag}: {err['msg']}{got}")
+    return "; ".join(parts)
 
 
 def run_script(flow_fn: Any, config_cls: type[BaseModel]) -> NoReturn:
@@ -161,17 +219,49 @@ def run_flow(flow_fn: Any, config: BaseModel, refresh_cache: bool = False) -> di
     """Run the flow with workspace-bound results; add the flow run id and how many tasks were cached."""
     from tasks._common import workspace_settings
 
-    with workspace_settings(refresh_cache=refresh_cache):
+    with workspace_settings(refresh_cache=refresh_cache), workspace_servers():
         starting = _start_temporary_api()
-        if starting is not None:
-            _open_tracking(config)
-            starting.join()
-        state = flow_fn(config=config, return_state=True)
-        summary = dict(state.result())
-        flow_run_id = str(state.state_details.flow_run_id)
-        summary["flow_run_id"] = flow_run_id
-        summary["cached_tasks"] = cached_task_count(flow_run_id)
+        try:
+            if starting is not None:
+                _open_tracking(config)
+                starting.join()
+            state = flow_fn(config=config, return_state=True)
+            flow_run_id = str(state.state_details.flow_run_id)
+            summary = dict(state.result())
+            summary["flow_run_id"] = flow_run_id
+            summary["cached_tasks"] = cached_task_count(flow_run_id)
+        finally:
+            if starting is not None:
+                _stop_temporary_api()
     return summary
+
+
+@contextlib.contextmanager
+def workspace_servers() -> Iterator[None]:
+    """Run against the Prefect server `gym up` started for this workspace, if one is answering and no
+    other API is configured: the run shows in its UI, and no temporary API has to start."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from gym import services
+
+    url = None if PREFECT_API_URL.value() else services.running("prefect")
+    if url is None:
+        yield
+        return
+    with temporary_settings({PREFECT_API_URL: f"{url}/api"}):
+        yield
+
+
+def _stop_temporary_api() -> None:
+    """Send the run's last logs and events, then stop the temporary API now rather than at exit, so
+    nothing Prefect prints follows the run's own last lines."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.server.api.server import SubprocessASGIServer
+
+    APILogWorker.drain_all(timeout=5)
+    EventsWorker.drain_all(timeout=5)
+    SubprocessASGIServer().stop()
 
 
 def cached_task_count(flow_run_id: str, settle_s: float = 0.2, timeout_s: float = 15.0) -> int:

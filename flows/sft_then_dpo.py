@@ -1,4 +1,4 @@
-"""SFT then DPO: ingest → template/tokenize → resolve model → SFT → DPO → evaluate → register.
+"""SFT then DPO: check inputs → ingest → resolve model → template/tokenize → SFT → DPO → evaluate → register.
 
 Run it with no set-up on the embedded gym-tiny model and the demo data:
 
@@ -21,29 +21,36 @@ from gym.summary import summarize
 from tasks.data import ingest_dataset, tokenize_dataset
 from tasks.evaluate import exact_match
 from tasks.model import resolve_model
+from tasks.preflight import check_inputs
 from tasks.register import export, register_model
-from tasks.tracking import finish_tracking, start_tracking
+from tasks.tracking import end_failed_tracking, finish_tracking, start_tracking
 from tasks.train import train_stage
 
 DEFAULTS = SftThenDpoConfig()
 
 
-@flow(name="sft-then-dpo")
+# Results persisted (a deployment run's result can be read; a retried run reuses finished tasks); a failed
+# or crashed run closes its MLflow runs as FAILED.
+@flow(
+    name="sft-then-dpo",
+    persist_result=True,
+    on_failure=[end_failed_tracking],
+    on_crashed=[end_failed_tracking],
+)
 def sft_then_dpo(config: SftThenDpoConfig = DEFAULTS) -> dict[str, Any]:
+    check_inputs(config)  # names, files, method/data pairing: fails in a second, before any model
     uri, run_label = config.output.tracking_uri, flow_run.get_id()
     parent = start_tracking("sft-then-dpo", config.model_dump(), run_label, uri)
 
-    model = resolve_model(config.model, config.template, config.trust_remote_code)
     sft_raw = ingest_dataset(config.sft_dataset)
     dpo_raw = ingest_dataset(config.dpo_dataset)
+    dpo_eval_raw = ingest_dataset(config.dpo_eval_dataset) if config.dpo_eval_dataset else None
+    held_out = ingest_dataset(config.eval_dataset) if config.eval_dataset else None
+
+    model = resolve_model(config.model, config.template, config.trust_remote_code)
     sft_data = tokenize_dataset(sft_raw, model, config.data)
     dpo_data = tokenize_dataset(dpo_raw, model, config.data)
-    dpo_eval = (
-        tokenize_dataset(ingest_dataset(config.dpo_eval_dataset), model, config.data)
-        if (config.dpo_eval_dataset)
-        else None
-    )
-    held_out = ingest_dataset(config.eval_dataset) if config.eval_dataset else None
+    dpo_eval = tokenize_dataset(dpo_eval_raw, model, config.data) if dpo_eval_raw else None
 
     before = exact_match(model, held_out, "before", config.eval_limit, parent, uri) if held_out else None
     sft, sft_model = train_stage(config.sft, model, sft_data, None, parent, uri)

@@ -1,4 +1,4 @@
-"""One training method on one dataset: ingest → tokenize → resolve model → train → evaluate → register.
+"""One training method: check inputs → ingest → resolve model → tokenize → train → evaluate → register.
 
     python flows/train.py --train.method sft --dataset demo_sft
     python flows/train.py --train.method dpo --dataset demo_dpo --method_eval_dataset demo_dpo_eval
@@ -19,27 +19,29 @@ from gym.summary import summarize
 from tasks.data import ingest_dataset, tokenize_dataset
 from tasks.evaluate import exact_match
 from tasks.model import resolve_model
+from tasks.preflight import check_inputs
 from tasks.register import export, register_model
-from tasks.tracking import finish_tracking, start_tracking
+from tasks.tracking import end_failed_tracking, finish_tracking, start_tracking
 from tasks.train import train_stage
 
 DEFAULTS = TrainFlowConfig()
 
 
-@flow(name="train")
+# Results persisted (a deployment run's result can be read; a retried run reuses finished tasks); a failed
+# or crashed run closes its MLflow runs as FAILED.
+@flow(name="train", persist_result=True, on_failure=[end_failed_tracking], on_crashed=[end_failed_tracking])
 def train(config: TrainFlowConfig = DEFAULTS) -> dict[str, Any]:
+    check_inputs(config)  # names, files, method/data pairing: fails in a second, before any model
     uri, run_label, method = config.output.tracking_uri, flow_run.get_id(), config.train.method
     parent = start_tracking(f"train-{method}", config.model_dump(), run_label, uri)
 
-    model = resolve_model(config.model, config.template, config.trust_remote_code)
     raw = ingest_dataset(config.dataset)
-    data = tokenize_dataset(raw, model, config.data)
-    method_eval = (
-        tokenize_dataset(ingest_dataset(config.method_eval_dataset), model, config.data)
-        if (config.method_eval_dataset)
-        else None
-    )
+    method_eval_raw = ingest_dataset(config.method_eval_dataset) if config.method_eval_dataset else None
     held_out = ingest_dataset(config.eval_dataset) if config.eval_dataset else None
+
+    model = resolve_model(config.model, config.template, config.trust_remote_code)
+    data = tokenize_dataset(raw, model, config.data)
+    method_eval = tokenize_dataset(method_eval_raw, model, config.data) if method_eval_raw else None
 
     before = exact_match(model, held_out, "before", config.eval_limit, parent, uri) if held_out else None
     result, final_model = train_stage(config.train, model, data, method_eval, parent, uri)

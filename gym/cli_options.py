@@ -8,13 +8,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import types
 import typing
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal, NoReturn, get_args, get_origin
 
 from pydantic import BaseModel
 
 SEP = "."
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, with a bad flag reported as `error: <message>` on the last line (status 2, as argparse)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, f"error: {message}\n")
 
 
 def _unwrap_optional(tp: Any) -> tuple[Any, bool]:

@@ -54,14 +54,21 @@ def resolve(name_or_path: str, template: str | None = None, trust_remote_code: b
     lets transformers run the model repository's own Python code: off unless asked for.
     """
     ref = _resolve(name_or_path, template)
+    assert ref is not None  # only a dry run returns None
     return ref.model_copy(update={"trust_remote_code": trust_remote_code}) if trust_remote_code else ref
 
 
-def _resolve(name_or_path: str, template: str | None) -> ModelRef:
+def check(name_or_path: str, template: str | None = None) -> None:
+    """Every check `resolve` makes (name, template, offline availability), without building gym-tiny
+    or downloading anything: a cheap way to reject a bad model name before any work starts."""
+    _resolve(name_or_path, template, dry_run=True)
+
+
+def _resolve(name_or_path: str, template: str | None, dry_run: bool = False) -> ModelRef | None:
     from gym import registry
 
     if name_or_path.startswith("models:/"):
-        return _resolve_mlflow(name_or_path, template)
+        return _resolve_mlflow(name_or_path, template, dry_run)
 
     models = registry.load_models()
     by_hub_id = {m.hub_id.lower(): m for m in models.values() if m.hub_id}
@@ -71,6 +78,8 @@ def _resolve(name_or_path: str, template: str | None) -> ModelRef:
         load_template(tmpl)  # fail early on an unknown template
         targets = list(spec.lora_target_modules)
         if spec.builder is not None:
+            if dry_run:
+                return None
             from gym.tiny import ensure_tiny
 
             built = ensure_tiny(spec.builder, tmpl)
@@ -132,19 +141,21 @@ def _resolve(name_or_path: str, template: str | None) -> ModelRef:
     )
 
 
-def _resolve_mlflow(model_uri: str, template: str | None) -> ModelRef:
+def _resolve_mlflow(model_uri: str, template: str | None, dry_run: bool = False) -> ModelRef | None:
     """A registered MLflow model version (`models:/name@alias`, `models:/name/3`), downloaded once
     into the workspace. Its template and base model come from the version's lineage tags."""
     from gym import tracking, workspace
 
     name, version, run_id, tags = tracking.resolve_model_uri(model_uri)
-    pinned = f"models:/{name}/{version}"  # an alias can move; the version can't
-    digest = hash_obj({"mlflow": pinned, "run": run_id, "uri": tracking.tracking_uri()})
-    local = tracking.download_model_version(pinned, workspace.path("models", f"mlflow-{digest}"))
     tmpl = template or tags.get("template")
     if tmpl is None:
         raise ConfigError(f"{model_uri} has no `template` tag: pass --template (one of registry/templates)")
     load_template(tmpl)
+    if dry_run:
+        return None
+    pinned = f"models:/{name}/{version}"  # an alias can move; the version can't
+    digest = hash_obj({"mlflow": pinned, "run": run_id, "uri": tracking.tracking_uri()})
+    local = tracking.download_model_version(pinned, workspace.path("models", f"mlflow-{digest}"))
     return ModelRef(
         name=model_uri,
         path=str(local),

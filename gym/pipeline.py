@@ -6,8 +6,11 @@ Defaults run the embedded gym-tiny on the demo data in a few minutes on a CPU.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from gym.cli_options import merge
 from gym.data.tokenize import TokenizeSettings
 from gym.train.config import TrainConfig
 
@@ -15,6 +18,28 @@ from gym.train.config import TrainConfig
 # were measured with scripts/check_demo_learnable.py) unless set here or on the command line.
 DEFAULT_SFT = TrainConfig(method="sft", save_steps=500)
 DEFAULT_DPO = TrainConfig(method="dpo")
+
+
+def registry_choices(kind: str, other: str) -> Any:
+    """JSON Schema for a form (the Prefect UI): pick a registry name from a list, or switch to `other` and
+    type any value (validation is unchanged: any string)."""
+
+    def extra(schema: dict[str, Any]) -> None:
+        if kind == "model":
+            from gym.registry import load_models
+
+            names = list(load_models())
+        else:
+            from gym.data.registry import load_registry
+
+            names = list(load_registry())
+        schema.pop("type", None)
+        schema["anyOf"] = [
+            {"type": "string", "enum": names, "title": "registry"},
+            {"type": "string", "title": other},
+        ]
+
+    return extra
 
 
 class OutputSettings(BaseModel):
@@ -40,7 +65,11 @@ class FlowConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str = Field("gym-tiny", description="Registry name, local model directory or hub id.")
+    model: str = Field(
+        "gym-tiny",
+        description="Registry name, local model directory, hub id or MLflow version (models:/name@alias).",
+        json_schema_extra=registry_choices("model", "folder, hub id or models:/name@alias"),
+    )
     template: str | None = Field(None, description="Chat template; default: the registry entry's.")
     trust_remote_code: bool = Field(
         False,
@@ -53,24 +82,76 @@ class FlowConfig(BaseModel):
     data: TokenizeSettings = Field(default_factory=TokenizeSettings, description="Templating, tokenization.")
     output: OutputSettings = Field(default_factory=OutputSettings, description="Registration and export.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _partial_sections(cls, data: Any) -> Any:
+        """A section given in part (`{"sft": {"max_steps": 10}}`, as a deployment's parameters or an API call
+        give it) is completed from this flow's default for the section, as the command line does, not from
+        the section class's own defaults: the same parameters make the same run (and cache keys) however
+        they arrive."""
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for name, field in cls.model_fields.items():
+            given = out.get(name)
+            if isinstance(given, dict) and field.default_factory is not None:
+                default = field.default_factory()  # type: ignore[call-arg]
+                if isinstance(default, BaseModel):
+                    out[name] = merge(default.model_dump(), given)
+        return out
+
+    def dataset_uses(self) -> dict[str, tuple[str, str]]:
+        """Each dataset field that is set -> (dataset name, what reads it: a method or `exact_match`).
+
+        gym.preflight checks, before any work, that each holds the record kind its reader needs.
+        """
+        return {"eval_dataset": (self.eval_dataset, "exact_match")} if self.eval_dataset else {}
+
 
 class SftThenDpoConfig(FlowConfig):
     """SFT on instruction data, then DPO on preference pairs, evaluated before and after."""
 
-    sft_dataset: str = Field("demo_sft", description="Dataset registry name or path for SFT.")
-    dpo_dataset: str = Field("demo_dpo", description="Preference dataset (registry name or path) for DPO.")
+    sft_dataset: str = Field(
+        "demo_sft",
+        description="Dataset registry name or path for SFT.",
+        json_schema_extra=registry_choices("dataset", "file, folder or hub id"),
+    )
+    dpo_dataset: str = Field(
+        "demo_dpo",
+        description="Preference dataset (registry name or path) for DPO.",
+        json_schema_extra=registry_choices("dataset", "file, folder or hub id"),
+    )
     dpo_eval_dataset: str | None = Field(
         "demo_dpo_eval", description="Held-out preference pairs for DPO reward accuracy (None to skip)."
     )
     sft: TrainConfig = Field(default_factory=lambda: DEFAULT_SFT.model_copy(), description="SFT stage.")
     dpo: TrainConfig = Field(default_factory=lambda: DEFAULT_DPO.model_copy(), description="DPO stage.")
 
+    def dataset_uses(self) -> dict[str, tuple[str, str]]:
+        uses = {
+            "sft_dataset": (self.sft_dataset, self.sft.method),
+            "dpo_dataset": (self.dpo_dataset, self.dpo.method),
+        }
+        if self.dpo_eval_dataset:
+            uses["dpo_eval_dataset"] = (self.dpo_eval_dataset, self.dpo.method)
+        return {**uses, **super().dataset_uses()}
+
 
 class TrainFlowConfig(FlowConfig):
     """One training method on one dataset, evaluated before and after."""
 
-    dataset: str = Field("demo_sft", description="Training dataset: registry name or path.")
+    dataset: str = Field(
+        "demo_sft",
+        description="Training dataset: registry name or path.",
+        json_schema_extra=registry_choices("dataset", "file, folder or hub id"),
+    )
     method_eval_dataset: str | None = Field(
         None, description="Held-out data in the training format (e.g. preference pairs for DPO)."
     )
     train: TrainConfig = Field(default_factory=lambda: DEFAULT_SFT.model_copy(), description="The stage.")
+
+    def dataset_uses(self) -> dict[str, tuple[str, str]]:
+        uses = {"dataset": (self.dataset, self.train.method)}
+        if self.method_eval_dataset:
+            uses["method_eval_dataset"] = (self.method_eval_dataset, self.train.method)
+        return {**uses, **super().dataset_uses()}

@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from gym import workspace
 
@@ -137,8 +138,77 @@ def end_run(run_id: str, status: str = "FINISHED", uri: str | None = None) -> No
     _client(uri).set_terminated(run_id, status)
 
 
-def run_url(run_id: str, uri: str | None = None) -> str:
-    return f"{tracking_uri(uri)}#/runs/{run_id}"
+@contextlib.contextmanager
+def span(
+    run_name: str,
+    params: Mapping[str, Any] | None = None,
+    tags: Mapping[str, str] | None = None,
+    parent_run_id: str | None = None,
+    uri: str | None = None,
+) -> Iterator[str]:
+    """An MLflow run that spans a block of work: created before it (so MLflow's start time and duration
+    are the work's), FINISHED after it, FAILED if the block raises (KILLED if interrupted)."""
+    run_id = start_run(run_name, params=params, tags=tags, parent_run_id=parent_run_id, uri=uri)
+    try:
+        yield run_id
+    except KeyboardInterrupt:
+        end_run(run_id, "KILLED", uri=uri)
+        raise
+    except BaseException:
+        end_run(run_id, "FAILED", uri=uri)
+        raise
+    end_run(run_id, uri=uri)
+
+
+def end_open_runs(tag: str, value: str, status: str = "FAILED", uri: str | None = None) -> list[str]:
+    """End every still-running run tagged `tag=value` (and their nested runs) with `status`: for a flow
+    run that failed or crashed before it could close its MLflow runs."""
+    client = _client(uri)
+    exp = experiment_id(uri=uri)
+    open_runs = client.search_runs(
+        [exp], filter_string=f"tags.`{tag}` = '{value}' and attributes.status = 'RUNNING'"
+    )
+    ended = []
+    for run in open_runs:
+        children = client.search_runs(
+            [exp],
+            filter_string=f"tags.mlflow.parentRunId = '{run.info.run_id}' and attributes.status = 'RUNNING'",
+        )
+        for child in [*children, run]:
+            client.set_terminated(child.info.run_id, status)
+            ended.append(child.info.run_id)
+    return ended
+
+
+def ui_url(uri: str | None = None) -> str | None:
+    """Where a browser finds the MLflow UI of this store: the tracking server itself, or the MLflow
+    server `gym up` runs over the workspace store; None when no server serves it."""
+    u = tracking_uri(uri)
+    if u.startswith(("http://", "https://")):
+        return u.rstrip("/")
+    from gym import services
+
+    server = services.read_state().get("mlflow")
+    if server is None or u not in server.command:  # it serves another store
+        return None
+    return services.running("mlflow")
+
+
+def run_url(run_id: str, uri: str | None = None) -> str | None:
+    """The run's page in the MLflow UI (None without a server, see `ui_url`)."""
+    base = ui_url(uri)
+    return f"{base}/#/experiments/{experiment_id(uri=uri)}/runs/{run_id}" if base else None
+
+
+def model_version_url(name: str, version: str, uri: str | None = None) -> str | None:
+    base = ui_url(uri)
+    return f"{base}/#/models/{quote(name)}/versions/{version}" if base else None
+
+
+def artifact_url(run_id: str, path: str, uri: str | None = None) -> str | None:
+    """A direct link to one logged artifact (e.g. the loss plot) through the MLflow server."""
+    base = ui_url(uri)
+    return f"{base}/get-artifact?path={quote(path)}&run_uuid={run_id}" if base else None
 
 
 @contextlib.contextmanager

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-KINDS = ("datasets", "tokenized", "models", "runs", "mlflow", "prefect")
+KINDS = ("datasets", "tokenized", "models", "runs", "mlflow", "prefect", "services")
 
 
 def home() -> Path:
@@ -73,3 +73,7 @@ def atomic_write_text(target: Path, text: str) -> None:
 
 def atomic_write_json(target: Path, obj: Any) -> None:
     atomic_write_text(target, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+
+
+if __name__ == "__main__":  # `python -m gym.workspace` prints the workspace root (deployments/prefect.yaml)
+    print(home())

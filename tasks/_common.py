@@ -1,8 +1,20 @@
-"""Shared task settings: the cache policy, result persistence and the workspace-bound Prefect settings."""
+"""Shared task settings: the cache policy, result persistence, operational policies (retries, timeouts,
+GPU concurrency) and how a user's mistake shows in the logs.
+
+Policies, by kind of task:
+- I/O that can fail for a moment (hub downloads, HTTP endpoints, a remote tracking server): `IO_RETRIES`,
+  three retries with exponential backoff and jitter, never for a user's mistake (a GymError).
+- Training: no retries (a retry inside the same run would repeat the failure, or train twice; re-running
+  the flow resumes the stage from its last checkpoint instead) and no timeout (a run can take days).
+- Everything else: a timeout (`*_TIMEOUT_S`), so a stuck task fails instead of holding a worker.
+- Tasks that put a model on the accelerator carry the `GPU_TAG` tag: a tag concurrency limit on the
+  Prefect server (`gym up` sets it to the number of GPUs) keeps two of them off one GPU.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -14,8 +26,10 @@ from prefect.settings import (
     PREFECT_TASKS_REFRESH_CACHE,
     temporary_settings,
 )
+from prefect.tasks import exponential_backoff
 
 from gym import workspace
+from gym.errors import GymError
 from gym.hashing import hash_obj, library_digest
 
 # Run labels never change a task's output, so they stay out of its cache key.
@@ -23,6 +37,29 @@ RUN_LABELS = ("parent_run_id", "flow_run_id")
 # gym's own code and registry (templates, model entries) are inputs of every task too.
 LIBRARY = CacheKeyFnPolicy(cache_key_fn=lambda _ctx, _inputs: library_digest())
 CACHE_POLICY = (INPUTS - RUN_LABELS[0] - RUN_LABELS[1]) + TASK_SOURCE + LIBRARY
+
+# Tag of every task that loads a model onto the accelerator (training, evaluation).
+GPU_TAG = "gym-gpu"
+HOUR = 3600
+# Timeouts: a task stuck on a dead connection or file share fails, instead of holding a worker (and a
+# GPU slot) forever. Generous: a 70B download or a hub dataset of millions of records fits.
+MODEL_TIMEOUT_S = 4 * HOUR
+DATA_TIMEOUT_S = 4 * HOUR
+EVAL_TIMEOUT_S = 8 * HOUR
+
+
+def transient(_task: Any, _task_run: Any, state: Any) -> bool:
+    """Retry condition: worth another try unless the failure is the user's mistake (a GymError)."""
+    return not isinstance(state.result(raise_on_failure=False), GymError)
+
+
+# Flaky I/O: retried after ~10, 20 and 40 s (each +-50%), unless the error is the user's.
+IO_RETRIES: dict[str, Any] = {
+    "retries": 3,
+    "retry_delay_seconds": exponential_backoff(backoff_factor=10),
+    "retry_jitter_factor": 0.5,
+    "retry_condition_fn": transient,
+}
 
 
 def gym_task(identity: Callable[..., Any] | None = None, **kwargs: Any) -> Callable[..., Any]:
@@ -37,6 +74,33 @@ def gym_task(identity: Callable[..., Any] | None = None, **kwargs: Any) -> Calla
     options: dict[str, Any] = {"cache_policy": policy, "persist_result": True, "retries": 0}
     options.update(kwargs)
     return task(**options)
+
+
+class UserErrorFilter(logging.Filter):
+    """Log a user's mistake (a GymError) as its one-line message, without the traceback.
+
+    Prefect logs a failed task or flow run with its traceback (on the console and in the run's logs
+    in the UI). For a GymError the message already says what and where; the traceback would only
+    bury it. Bugs (any other exception) keep their traceback.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], GymError):
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+def quiet_user_errors() -> None:
+    """Install `UserErrorFilter` on Prefect's run loggers (idempotent; filters run before handlers)."""
+    for name in ("prefect.task_runs", "prefect.flow_runs"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, UserErrorFilter) for f in logger.filters):
+            logger.addFilter(UserErrorFilter())
+
+
+# Every process that runs gym tasks (a CLI run, a worker's flow run, `flow.serve`) imports this module.
+quiet_user_errors()
 
 
 @contextlib.contextmanager

@@ -1,4 +1,7 @@
-"""Data tasks: ingest a dataset into an Arrow artifact; template and tokenize it for a model."""
+"""Data tasks: ingest a dataset into an Arrow artifact; template and tokenize it for a model.
+
+Ingest may read a hub dataset: it is retried with backoff on transient errors (not on bad data).
+"""
 
 from __future__ import annotations
 
@@ -9,16 +12,32 @@ from gym.data.ingest import ingest, source_stamp
 from gym.data.registry import resolve_dataset
 from gym.data.tokenize import TokenizeSettings, tokenize
 from gym.models import ModelRef
-from tasks._common import gym_task
+from tasks._common import DATA_TIMEOUT_S, IO_RETRIES, gym_task
+from tasks.tracking import publish, table
 
 
-@gym_task(name="ingest-dataset", task_run_name="ingest {name}", identity=source_stamp)
+@gym_task(
+    name="ingest-dataset",
+    task_run_name="ingest {name}",
+    identity=source_stamp,
+    timeout_seconds=DATA_TIMEOUT_S,
+    **IO_RETRIES,
+)
 def ingest_dataset(name: str) -> Any:
     """Read, validate and normalize a dataset (registry name, path or hub id) into an artifact."""
-    return ingest(resolve_dataset(name))
+    result = ingest(resolve_dataset(name))
+    publish(
+        "ingest",
+        f"## ingest {name}\n\n"
+        + table(
+            {"records": result.num_records, "kind": result.kind, "digest": result.digest, "path": result.path}
+        ),
+        f"Dataset {name} as gym read it",
+    )
+    return result
 
 
-@gym_task(name="tokenize-dataset", task_run_name="tokenize {dataset.digest}")
+@gym_task(name="tokenize-dataset", task_run_name="tokenize {dataset.digest}", timeout_seconds=DATA_TIMEOUT_S)
 def tokenize_dataset(dataset: Any, model: ModelRef, settings: TokenizeSettings) -> Any:
     """Render with the model's chat template, tokenize and mask labels into an artifact."""
     return tokenize(Path(dataset.path), model.path, model.template, settings, revision=model.revision)

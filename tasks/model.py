@@ -5,11 +5,19 @@ from __future__ import annotations
 from prefect.cache_policies import NO_CACHE
 
 from gym.models import ModelRef, resolve
-from tasks._common import gym_task
+from tasks._common import IO_RETRIES, MODEL_TIMEOUT_S, gym_task
 
 
 # Never cached: resolving is a lookup (~0.1 s) that must see the registry, a local model folder
 # and the built gym-tiny as they are now. Its ModelRef's digest keys every task downstream.
-@gym_task(name="resolve-model", task_run_name="resolve {name}", cache_policy=NO_CACHE, persist_result=False)
+# It may download a registered MLflow version: retried on transient errors, with a timeout.
+@gym_task(
+    name="resolve-model",
+    task_run_name="resolve {name}",
+    cache_policy=NO_CACHE,
+    persist_result=False,
+    timeout_seconds=MODEL_TIMEOUT_S,
+    **IO_RETRIES,
+)
 def resolve_model(name: str, template: str | None = None, trust_remote_code: bool = False) -> ModelRef:
     return resolve(name, template, trust_remote_code)

@@ -1,14 +1,98 @@
-"""Tracking tasks: open the flow's parent MLflow run, and close it with the run's summary."""
+"""Tracking tasks and what the Prefect UI shows of each stage.
+
+- `start_tracking` / `finish_tracking`: the flow's parent MLflow run (tagged with the Prefect flow run,
+  and its URL when the Prefect UI is known), closed with the run's summary.
+- `stage_run`: a nested MLflow run that spans one stage's work (gym.tracking.span).
+- `publish`: a markdown artifact on the task run (what the stage did, key numbers, links to MLflow).
+- `end_failed_tracking`: flow hook that marks the MLflow runs of a failed or crashed flow run FAILED.
+- `run_logs`: the gym library's log lines (per-step training logs) in the Prefect run's logs.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prefect import task
-from prefect.artifacts import create_markdown_artifact
+from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.context import FlowRunContext, TaskRunContext
+from prefect.utilities.urls import url_for
 
 from gym import tracking
+
+FLOW_RUN_TAG = "prefect_flow_run_id"
+FLOW_RUN_URL_TAG = "prefect_flow_run_url"
+
+
+def flow_run_url(flow_run_id: str | None) -> str | None:
+    """The flow run's page in the Prefect UI; None with Prefect's temporary API (it has no UI)."""
+    return url_for("flow-run", obj_id=flow_run_id) if flow_run_id else None
+
+
+def in_run() -> bool:
+    return TaskRunContext.get() is not None or FlowRunContext.get() is not None
+
+
+def publish(key: str, markdown: str, description: str) -> None:
+    """A markdown artifact on the current task run (no-op outside Prefect, e.g. `task.fn()` in tests)."""
+    if in_run():
+        create_markdown_artifact(key=key, markdown=markdown, description=description)
+
+
+def link(url: str | None, text: str) -> str:
+    return f"[{text}]({url})" if url else text
+
+
+def table(rows: Mapping[str, Any]) -> str:
+    body = "\n".join(f"| {k} | {fmt(v)} |" for k, v in rows.items() if v is not None)
+    return f"| | |\n|---|---|\n{body}\n"
+
+
+def fmt(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def cell(text: str, limit: int = 80) -> str:
+    """Text for one markdown table cell: on one line, pipes escaped, at most `limit` characters."""
+    shown = repr(text if len(text) <= limit else "…" + text[-limit:])
+    return shown.replace("|", "\\|")
+
+
+@contextlib.contextmanager
+def stage_run(
+    name: str, params: Mapping[str, Any], parent_run_id: str | None, uri: str | None
+) -> Iterator[str | None]:
+    """A nested MLflow run spanning the block (None, and nothing tracked, without a parent run)."""
+    if parent_run_id is None:
+        yield None
+        return
+    with tracking.span(name, params=params, parent_run_id=parent_run_id, uri=uri) as run_id:
+        yield run_id
+
+
+@contextlib.contextmanager
+def run_logs(name: str = "gym") -> Iterator[None]:
+    """Send the `name` logger's records (INFO and up) to the current Prefect run's logs for the block."""
+    if not in_run():
+        yield
+        return
+    from prefect.logging.handlers import APILogHandler
+
+    logger = logging.getLogger(name)
+    handler, level, propagate = APILogHandler(), logger.level, logger.propagate
+    logger.addHandler(handler)
+    if level == logging.NOTSET or level > logging.INFO:
+        logger.setLevel(logging.INFO)
+    logger.propagate = False  # the run's logs, not the console (Prefect's console handler is on the root)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
 
 
 @task(name="start-tracking", cache_policy=NO_CACHE)
@@ -18,8 +102,16 @@ def start_tracking(
     """Create the parent run of this flow run (params = the flow's config, secrets redacted)."""
     tags = {"gym.flow": flow_name}
     if flow_run_id:
-        tags["prefect_flow_run_id"] = flow_run_id
-    return tracking.start_run(flow_name, params=config, tags=tags, uri=tracking_uri)
+        tags[FLOW_RUN_TAG] = flow_run_id
+        if url := flow_run_url(flow_run_id):
+            tags[FLOW_RUN_URL_TAG] = url
+            tags["mlflow.note.content"] = f"Prefect flow run: {url}"
+    run_id = tracking.start_run(flow_name, params=config, tags=tags, uri=tracking_uri)
+    if in_run() and (url := tracking.run_url(run_id, tracking_uri)):
+        create_link_artifact(
+            key="mlflow-run", link=url, link_text=f"MLflow run {run_id}", description="MLflow run"
+        )
+    return run_id
 
 
 @task(name="finish-tracking", cache_policy=NO_CACHE)
@@ -28,13 +120,32 @@ def finish_tracking(run_id: str, summary: dict[str, Any], tracking_uri: str | No
     numbers = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     tracking.log_metrics(run_id, numbers, uri=tracking_uri)
     tracking.end_run(run_id, uri=tracking_uri)
-    rows = "\n".join(f"| {k} | {_fmt(v)} |" for k, v in sorted(summary.items()))
-    create_markdown_artifact(
-        key="gym-summary",
-        markdown=f"## gym run summary\n\n| field | value |\n|---|---|\n{rows}\n\nMLflow run: `{run_id}`",
-        description="Losses, rewards, exact match and the registered model of this run",
+    name, version = summary.get("model_name"), summary.get("model_version")
+    version_url = tracking.model_version_url(str(name), str(version), tracking_uri) if name else None
+    if version_url and in_run():
+        create_link_artifact(
+            key="registered-model",
+            link=version_url,
+            link_text=f"{name} version {version}",
+            description="Model",
+        )
+    links = [
+        f"MLflow run: {link(tracking.run_url(run_id, tracking_uri), f'`{run_id}`')}",
+        f"registered model: {link(version_url, f'{name} version {version}')}" if name else "",
+    ]
+    if tracking.ui_url(tracking_uri) is None:
+        links.append(f"(`gym up` serves the MLflow UI over `{tracking.tracking_uri(tracking_uri)}`)")
+    publish(
+        "gym-summary",
+        f"## gym run summary\n\n{table(dict(sorted(summary.items())))}\n"
+        + "  \n".join(p for p in links if p),
+        "Losses, rewards, exact match and the registered model of this run",
     )
 
 
-def _fmt(value: Any) -> str:
-    return f"{value:.4f}" if isinstance(value, float) else str(value)
+def end_failed_tracking(flow: Any, flow_run: Any, state: Any) -> None:
+    """Flow hook (on_failure, on_crashed): end this flow run's open MLflow runs as FAILED."""
+    config = (flow_run.parameters or {}).get("config") or {}
+    output = config.get("output") if isinstance(config, dict) else getattr(config, "output", None)
+    uri = output.get("tracking_uri") if isinstance(output, dict) else getattr(output, "tracking_uri", None)
+    tracking.end_open_runs(FLOW_RUN_TAG, str(flow_run.id), "FAILED", uri=uri)

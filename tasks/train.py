@@ -1,4 +1,8 @@
-"""Training task: run one stage (any method in gym.train.METHODS) and track it in a nested MLflow run."""
+"""Training task: run one stage (any method in gym.train.METHODS) inside a nested MLflow run that spans it.
+
+No retries (re-running the flow resumes the stage from its last checkpoint instead) and no timeout;
+tagged `gym-gpu`, so a tag concurrency limit keeps two training tasks off one GPU.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +13,14 @@ from gym import tracking
 from gym.models import ModelRef, derived
 from gym.plots import loss_plot
 from gym.train import TrainConfig, TrainResult, run
-from tasks._common import gym_task
+from tasks._common import GPU_TAG, gym_task
+from tasks.tracking import fmt, link, publish, run_logs, stage_run, table
+
+# Held-out numbers the stage's artifact shows (the Trainer reports many more; MLflow has them all).
+HELD_OUT = ("eval_loss", "eval_rewards/accuracies", "eval_rewards/margins", "eval_mean_token_accuracy")
 
 
-@gym_task(name="train", task_run_name="train {config.method}")
+@gym_task(name="train", task_run_name="train {config.method}", tags=[GPU_TAG])
 def train_stage(
     config: TrainConfig,
     model: ModelRef,
@@ -21,25 +29,23 @@ def train_stage(
     parent_run_id: str | None = None,
     tracking_uri: str | None = None,
 ) -> tuple[TrainResult, ModelRef]:
-    """Train, then log params, the loss curve, eval metrics and a loss plot under the flow's run."""
-    result = run(config, model, Path(train_data.path), Path(eval_data.path) if eval_data else None)
-    if parent_run_id:
-        _track(config, model, train_data, result, parent_run_id, tracking_uri)
-    return result, derived(model, Path(result.model_dir), result.digest)
-
-
-def _track(
-    config: TrainConfig, model: ModelRef, data: Any, result: TrainResult, parent: str, uri: str | None
-) -> None:
+    """Train; log params, the loss curve, eval metrics and a loss plot in a run under the flow's run."""
     params = {
         **config.model_dump(),
         "base_model": model.base_model,
         "start_model": model.path,
-        "dataset_digest": data.digest,
+        "dataset_digest": train_data.digest,
     }
-    run_id = tracking.start_run(
-        config.method, params=params, parent_run_id=parent, uri=uri, tags={"gym.stage_digest": result.digest}
-    )
+    with stage_run(config.method, params, parent_run_id, tracking_uri) as run_id, run_logs():
+        result = run(config, model, Path(train_data.path), Path(eval_data.path) if eval_data else None)
+        if run_id:
+            _track(config, result, run_id, tracking_uri)
+    _publish(config, result, run_id, tracking_uri)
+    return result, derived(model, Path(result.model_dir), result.digest)
+
+
+def _track(config: TrainConfig, result: TrainResult, run_id: str, uri: str | None) -> None:
+    tracking.set_tags(run_id, {"gym.stage_digest": result.digest}, uri=uri)
     tracking.log_curve(run_id, "train_loss", result.losses, uri=uri)
     tracking.log_metrics(run_id, {f"before_{k}": v for k, v in result.eval_before.items()}, uri=uri)
     tracking.log_metrics(run_id, {f"after_{k}": v for k, v in result.eval_after.items()}, uri=uri)
@@ -58,4 +64,36 @@ def _track(
         {config.method: result.losses}, Path(result.stage_dir) / "loss.png", f"{config.method} loss"
     )
     tracking.log_artifact(run_id, plot, uri=uri)
-    tracking.end_run(run_id, uri=uri)
+
+
+def _publish(config: TrainConfig, result: TrainResult, run_id: str | None, uri: str | None) -> None:
+    """The stage's markdown artifact: what it did, its numbers, and its MLflow run and loss plot."""
+    evals = {
+        f"held-out {k.removeprefix('eval_')}": f"{fmt(result.eval_before.get(k, float('nan')))} → {fmt(v)}"
+        for k, v in result.eval_after.items()
+        if k in HELD_OUT
+    }
+    first = result.metric_first if result.metric_first is not None else result.loss_first
+    last = result.metric_last if result.metric_last is not None else result.loss_last
+    rows = {
+        "method": f"{config.method} ({config.finetuning_type})",
+        "steps": result.global_step,
+        "resumed from": Path(result.resumed_from).name if result.resumed_from else None,
+        "training loss": f"{fmt(result.loss_first)} → {fmt(result.loss_last)}",
+        result.metric_name: f"{fmt(first)} → {fmt(last)}" if result.metric_name != "loss" else None,
+        "training time": f"{result.train_seconds:.1f} s",
+        "trainable / total parameters": f"{result.trainable_params:,} / {result.total_params:,}",
+        **evals,
+        "model": f"`{result.model_dir}`",
+    }
+    plot = Path(result.stage_dir) / "loss.png"
+    plot_url = tracking.artifact_url(run_id, "loss.png", uri) if run_id else None
+    lines = [f"## {config.method} stage\n", table(rows)]
+    if run_id:
+        lines.append(f"MLflow run: {link(tracking.run_url(run_id, uri), f'`{run_id}`')}  ")
+    lines.append(f"![{config.method} loss]({plot_url})" if plot_url else f"loss plot: `{plot}`")
+    publish(
+        f"stage-{config.method.replace('_', '-')}",
+        "\n".join(lines),
+        f"{config.method} stage: what it did and its numbers",
+    )

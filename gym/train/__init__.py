@@ -117,6 +117,7 @@ def _train(
         peft_config=peft_config(config, model_ref),
         max_length=max_length,
     )
+    _report_progress(trainer, config.method)
     resume = last_checkpoint(checkpoints)
     before_file = stage_dir / "eval_before.json"
     eval_before: dict[str, float] = {}
@@ -150,6 +151,16 @@ def _train(
     )
     workspace.atomic_write_text(stage_dir / "result.json", result.model_dump_json(indent=2))
     return result
+
+
+def _report_progress(trainer: Any, stage: str) -> None:
+    """A progress bar (and the per-step log on the `gym.train` logger) instead of printed log dicts."""
+    from transformers import PrinterCallback
+
+    from gym.train.progress import ProgressCallback
+
+    trainer.remove_callback(PrinterCallback)
+    trainer.add_callback(ProgressCallback(stage))
 
 
 def _numbers(metrics: dict[str, Any]) -> dict[str, float]:

@@ -1,0 +1,139 @@
+"""`gym up` / `gym down` / `gym status`: the Prefect and MLflow UIs for this workspace, one command each.
+
+    gym up                 Prefect server + MLflow server on 127.0.0.1; prints both URLs once they answer
+    gym up --worker        ... and a process worker on the `gym-process` pool (runs deployments)
+    gym status [--json]    what is running, where
+    gym down               stops them all with their process groups; no process is left behind
+
+While they run, `gym train` and `python flows/<flow>.py` in the same workspace (GYM_HOME, default
+./.gym) run against this Prefect server (runs show in its UI; no temporary API per process) and
+their MLflow runs show in this MLflow UI. Processes are managed by gym.services; this module adds
+what needs Prefect's client: the work pool and the GPU concurrency limit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from gym import services, workspace
+from gym.cli_options import ArgumentParser
+
+
+def gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def prepare_server(api_url: str, pool: str = services.WORK_POOL) -> dict[str, int | str]:
+    """Create gym's work pool (a process pool) and the tag concurrency limit that keeps training tasks
+    one per GPU (as many slots as this machine has GPUs, at least one)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectAlreadyExists
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.workers.process import ProcessWorker
+
+    from tasks._common import GPU_TAG
+
+    slots = max(gpu_count(), 1)
+    with temporary_settings({PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
+        with contextlib.suppress(ObjectAlreadyExists):
+            client.create_work_pool(
+                WorkPoolCreate(
+                    name=pool,
+                    type="process",
+                    base_job_template=ProcessWorker.get_default_base_job_template(),
+                    description="gym's deployments: flow runs as local processes",
+                )
+            )
+        client.create_concurrency_limit(tag=GPU_TAG, concurrency_limit=slots)
+    return {"work_pool": pool, "gpu_tag": GPU_TAG, "gpu_slots": slots}
+
+
+def _port(env: str) -> int | None:
+    value = os.environ.get(env)
+    return int(value) if value else None
+
+
+def cmd_up(argv: Sequence[str]) -> int:
+    parser = ArgumentParser(
+        prog="gym up", description="Start the Prefect and MLflow servers for this workspace."
+    )
+    parser.add_argument(
+        "--prefect-port",
+        type=int,
+        default=_port("GYM_PREFECT_PORT"),
+        help="Default: $GYM_PREFECT_PORT, else 4200 if free, else any (0: any).",
+    )
+    parser.add_argument(
+        "--mlflow-port",
+        type=int,
+        default=_port("GYM_MLFLOW_PORT"),
+        help="Default: $GYM_MLFLOW_PORT, else 5000 if free, else any (0: any).",
+    )
+    parser.add_argument("--worker", action="store_true", help="Also start a worker on the gym-process pool.")
+    parser.add_argument("--json", action="store_true", help="Print JSON.")
+    args = parser.parse_args(argv)
+    state = services.up(args.prefect_port, args.mlflow_port)
+    prefect_url, mlflow_url = str(state["prefect"].url), str(state["mlflow"].url)
+    prepared = prepare_server(f"{prefect_url}/api")
+    if args.worker:
+        services.start_worker()
+    if args.json:
+        print(json.dumps({"prefect": prefect_url, "mlflow": mlflow_url, **prepared, "worker": args.worker}))
+        return 0
+    print(f"Prefect UI  {prefect_url}   (prefect CLI: export PREFECT_API_URL={prefect_url}/api)")
+    print(f"MLflow UI   {mlflow_url}")
+    worker = (
+        "running"
+        if args.worker
+        else "not started: `gym up --worker` or `prefect worker start --pool gym-process`"
+    )
+    print(f"work pool   {prepared['work_pool']}, worker {worker}")
+    print(
+        f"workspace   {workspace.home()}  (runs of `gym train` / `python flows/...` here use these servers)"
+    )
+    print("stop with   gym down")
+    return 0
+
+
+def cmd_down(argv: Sequence[str]) -> int:
+    parser = ArgumentParser(prog="gym down", description="Stop the servers (and worker) `gym up` started.")
+    parser.parse_args(argv)
+    stopped = services.down()
+    print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+    return 0
+
+
+def cmd_status(argv: Sequence[str]) -> int:
+    parser = ArgumentParser(
+        prog="gym status", description="Say what `gym up` started and whether it answers."
+    )
+    parser.add_argument("--json", action="store_true", help="Print JSON.")
+    parser.add_argument(
+        "--env",
+        action="store_true",
+        help='Print `export PREFECT_API_URL=...` (for `eval "$(gym status --env)"`).',
+    )
+    args = parser.parse_args(argv)
+    state = services.status()
+    if args.env:
+        prefect = state.get("prefect")
+        if not prefect or not prefect["answering"]:
+            print("error: the Prefect server is not running: `gym up` first", file=sys.stderr)
+            return 3
+        print(f"export PREFECT_API_URL={prefect['url']}/api")
+        return 0
+    if args.json:
+        print(json.dumps(state, indent=2))
+    elif not state:
+        print("nothing running (start with `gym up`)")
+    for name, s in state.items() if not args.json else ():
+        health = "answering" if s["answering"] else ("running" if s["alive"] else "stopped")
+        print(f"{name:8s} {health:10s} {s['url'] or '':28s} log {s['log']}")
+    return 0 if state and all(s["alive"] for s in state.values()) else 3

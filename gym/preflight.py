@@ -1,0 +1,97 @@
+"""Preflight: reject a flow's bad inputs in about a second, before any model is built or loaded.
+
+    from gym.preflight import check
+    check(TrainFlowConfig(dataset="my_pairs.jsonl"))     # raises ConfigError / DataError
+
+Checks what can be checked without doing the work: every training method is implemented, the
+model name resolves (registry name, local folder, registered MLflow version, or hub id present
+in the cache when offline) with a known chat template, and every dataset named by the config
+resolves and holds the record kind its consumer trains on (the format is read from the first
+record). Errors name the config field, so `--<field>` is what to fix. A record that is broken
+further into a file is reported by ingest, which flows run before loading any model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from pydantic import BaseModel
+
+from gym.errors import ConfigError, DataError
+
+# Uses of a dataset other than training, and the record kind each reads.
+USE_KIND = {"exact_match": "sft"}
+
+
+class FlowInputs(Protocol):
+    """What a flow config exposes for preflight (gym.pipeline.FlowConfig does)."""
+
+    model: str
+    template: str | None
+
+    def dataset_uses(self) -> Mapping[str, tuple[str, str]]: ...
+
+
+def stages(config: BaseModel) -> dict[str, Any]:
+    """The config's training stages: field name -> TrainConfig."""
+    from gym.train.config import TrainConfig
+
+    return {name: value for name, value in config if isinstance(value, TrainConfig)}
+
+
+def check_methods(config: BaseModel) -> None:
+    from gym.train import METHODS
+
+    for field, stage in stages(config).items():
+        if stage.method not in METHODS:
+            raise ConfigError(
+                f"{field}.method: {stage.method!r} is not implemented yet; available: {', '.join(METHODS)}"
+            )
+
+
+def check_model(name: str, template: str | None) -> None:
+    from gym.models import check
+    from gym.templates import load_template
+
+    if template is not None:
+        try:
+            load_template(template)
+        except ConfigError as exc:
+            raise ConfigError(f"template: {exc}") from None
+    try:
+        check(name, template)
+    except ConfigError as exc:
+        raise ConfigError(f"model: {exc}") from None
+
+
+def check_dataset(field: str, name: str, use: str) -> None:
+    """`name` resolves, and holds the record kind `use` (a method, or `exact_match`) reads when its
+    format is known without reading the whole dataset (registry entries, local files)."""
+    from gym.data.formats import KIND_FORMATS, METHOD_KIND
+    from gym.data.registry import resolve_dataset
+
+    try:
+        spec = resolve_dataset(name)
+    except DataError as exc:
+        raise DataError(f"{field}: {exc}") from None
+    except ConfigError as exc:
+        raise ConfigError(f"{field}: {exc}") from None
+    need = {**METHOD_KIND, **USE_KIND}.get(use)
+    if need is not None and spec.kind is not None and spec.kind != need:
+        is_method = use in METHOD_KIND
+        other = f", or a method that trains on {spec.kind} data" if is_method else ""
+        reader = f"method {use!r}" if is_method else use.replace("_", " ")
+        raise ConfigError(
+            f"{field}: {reader} needs {need} records (format {KIND_FORMATS[need]}), but dataset {name!r} "
+            f"holds {spec.kind} records; pick a {need} dataset{other}"
+        )
+
+
+def check(config: FlowInputs) -> None:
+    """Raise the first problem found in a flow config (a GymError naming the field), else return."""
+    if isinstance(config, BaseModel):
+        check_methods(config)
+    check_model(config.model, config.template)
+    for field, (name, use) in config.dataset_uses().items():
+        check_dataset(field, name, use)

@@ -1,0 +1,278 @@
+"""Local Prefect and MLflow servers over the workspace, each in its own process group.
+
+    gym up [--worker]      start both on 127.0.0.1, print their URLs, return once both answer
+    gym status [--json]    what is running            gym down     stop everything, leaving no process
+
+The Prefect server keeps its database in the workspace (`prefect/server.db`); the MLflow server
+serves the UI and model registry over the workspace's store (`mlflow/mlflow.db`, artifacts beside
+it), the same one every run writes to. What runs is recorded in `services/services.json` (with each
+server's log beside it), so any process using the same workspace (`gym train`, `python flows/...`,
+a worker's flow runs) finds them. Library only: starting a server is running its command line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from gym import workspace
+from gym.errors import GymError
+
+HOST = "127.0.0.1"
+PREFERRED_PORTS = {"prefect": 4200, "mlflow": 5000}
+HEALTH_PATHS = {"prefect": "/api/health", "mlflow": "/health"}
+# Prefect's worker ignores SIGTERM; an interrupt stops it (and its flow runs) cleanly.
+STOP_SIGNALS = {"worker": signal.SIGINT}
+WORK_POOL = "gym-process"
+
+
+class Service(BaseModel):
+    """One server (or worker) gym started: its process group and where it answers."""
+
+    name: str
+    pid: int
+    url: str | None = None
+    log: str
+    command: list[str]
+
+
+def state_file() -> Path:
+    return workspace.path("services", "services.json")
+
+
+def read_state() -> dict[str, Service]:
+    """The services recorded for this workspace (running or not)."""
+    try:
+        raw = json.loads(state_file().read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+    return {name: Service.model_validate(s) for name, s in raw.items()}
+
+
+def write_state(services: dict[str, Service]) -> None:
+    if services:
+        workspace.atomic_write_json(state_file(), {n: s.model_dump() for n, s in services.items()})
+    else:
+        state_file().unlink(missing_ok=True)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group `pgid`."""
+    import psutil
+
+    members = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        with contextlib.suppress(psutil.Error, OSError):
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(proc.info["pid"]) == pgid:
+                members.append(proc.info["pid"])
+    return members
+
+
+def alive(service: Service) -> bool:
+    return bool(group_members(service.pid))
+
+
+def healthy(url: str, name: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + HEALTH_PATHS[name], timeout=timeout) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def running(name: str) -> str | None:
+    """The URL of this workspace's `name` server ("prefect" or "mlflow") if it is up and answering."""
+    service = read_state().get(name)
+    if service is None or service.url is None or not alive(service):
+        return None
+    return service.url if healthy(service.url, name, timeout=5.0) else None
+
+
+def free_port(preferred: int | None = None) -> int:
+    """`preferred` if nothing listens there, else a port the OS picks."""
+    for port in ([preferred] if preferred else []) + [0]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((HOST, port))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
+    raise GymError("no free TCP port on 127.0.0.1")
+
+
+def _bin(name: str) -> str:
+    """A console script of this Python environment (prefect, mlflow)."""
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else name
+
+
+def prefect_command(port: int) -> tuple[list[str], dict[str, str]]:
+    """`prefect server start` on loopback, with the UI calling the API on this port (not 4200)."""
+    api = f"http://{HOST}:{port}/api"
+    database = workspace.path("prefect", "server.db")
+    env = {
+        "PREFECT_SERVER_API_HOST": HOST,
+        "PREFECT_SERVER_API_PORT": str(port),
+        "PREFECT_UI_API_URL": api,
+        "PREFECT_API_URL": api,
+        "PREFECT_SERVER_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{database}",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    }
+    return [_bin("prefect"), "server", "start", "--host", HOST, "--port", str(port)], env
+
+
+def mlflow_command(port: int) -> tuple[list[str], dict[str, str]]:
+    """`mlflow server` over the workspace's store: the UI and registry of the runs gym writes there."""
+    from gym import tracking
+
+    store = tracking.tracking_uri()
+    artifacts = workspace.path("mlflow", "artifacts")
+    artifacts.mkdir(parents=True, exist_ok=True)
+    command = [
+        _bin("mlflow"), "server", "--host", HOST, "--port", str(port), "--workers", "1",
+        "--backend-store-uri", store, "--default-artifact-root", artifacts.as_uri(), "--no-serve-artifacts",
+    ]  # fmt: skip
+    return command, {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+
+
+def worker_command(api_url: str) -> tuple[list[str], dict[str, str]]:
+    """A Prefect process worker on gym's pool, running deployments against this workspace."""
+    env = {"PREFECT_API_URL": api_url, "GYM_HOME": str(workspace.home())}
+    return [_bin("prefect"), "worker", "start", "--pool", WORK_POOL, "--type", "process"], env
+
+
+def spawn(name: str, command: list[str], env: dict[str, str], url: str | None) -> Service:
+    """Start `command` in a new session (its own process group), output to the workspace's log."""
+    log = workspace.path("services", f"{name}.log")
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            command,
+            env={**os.environ, **env},
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return Service(name=name, pid=proc.pid, url=url, log=str(log), command=command)
+
+
+def wait_healthy(services: list[Service], deadline_s: float = 120.0) -> None:
+    """Return once every service answers its health check; raise (with its log's end) if one dies."""
+    deadline = time.monotonic() + deadline_s
+    waiting = [s for s in services if s.url]
+    while waiting:
+        for s in list(waiting):
+            if healthy(str(s.url), s.name):
+                waiting.remove(s)
+            elif not alive(s):
+                raise GymError(
+                    f"the {s.name} server exited while starting; the end of {s.log}:\n{tail(s.log)}"
+                )
+        if waiting and time.monotonic() > deadline:
+            names = ", ".join(s.name for s in waiting)
+            raise GymError(
+                f"{names} did not answer within {deadline_s:.0f} s (logs in {workspace.path('services')})"
+            )
+        time.sleep(0.2)
+
+
+def tail(path: str, lines: int = 15) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def up(
+    prefect_port: int | None = None, mlflow_port: int | None = None, deadline_s: float = 120.0
+) -> dict[str, Service]:
+    """Start whichever of the two servers is not running yet; return both once they answer."""
+    state = {n: s for n, s in read_state().items() if alive(s)}
+    started = []
+    for name, build, port in (
+        ("prefect", prefect_command, prefect_port),
+        ("mlflow", mlflow_command, mlflow_port),
+    ):
+        if name in state:
+            continue
+        chosen = port if port else free_port(PREFERRED_PORTS[name] if port is None else None)
+        command, env = build(chosen)
+        url = f"http://{HOST}:{chosen}"
+        state[name] = spawn(name, command, env, url)
+        started.append(state[name])
+    write_state(state)
+    try:
+        wait_healthy([state["prefect"], state["mlflow"]], deadline_s)
+    except GymError:
+        for s in started:
+            stop(s)
+        write_state({n: s for n, s in state.items() if s not in started})
+        raise
+    return state
+
+
+def start_worker() -> Service:
+    """Start (or find) a process worker on the `gym-process` pool of the running Prefect server."""
+    state = read_state()
+    if "worker" in state and alive(state["worker"]):
+        return state["worker"]
+    api = running("prefect")
+    if api is None:
+        raise GymError("the Prefect server is not running: `gym up` first")
+    command, env = worker_command(f"{api}/api")
+    state["worker"] = spawn("worker", command, env, None)
+    write_state(state)
+    return state["worker"]
+
+
+def stop(service: Service, grace_s: float = 15.0) -> None:
+    """Signal the service's whole process group, then kill what is left after `grace_s`."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(service.pid, STOP_SIGNALS.get(service.name, signal.SIGTERM))
+    deadline = time.monotonic() + grace_s
+    while group_members(service.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if group_members(service.pid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(service.pid, signal.SIGKILL)
+        while group_members(service.pid) and time.monotonic() < deadline + 5:
+            time.sleep(0.1)
+
+
+def down() -> list[str]:
+    """Stop every recorded service (worker first); return the names stopped."""
+    state = read_state()
+    order = sorted(state, key=lambda n: n != "worker")
+    stopped = []
+    for name in order:
+        if alive(state[name]):
+            stop(state[name])
+            stopped.append(name)
+    write_state({})
+    return stopped
+
+
+def status() -> dict[str, dict[str, Any]]:
+    """Each recorded service: URL, process group, alive, answering."""
+    out = {}
+    for name, s in read_state().items():
+        is_alive = alive(s)
+        out[name] = {
+            "url": s.url,
+            "pid": s.pid,
+            "alive": is_alive,
+            "answering": bool(s.url and is_alive and healthy(s.url, name)),
+            "log": s.log,
+        }
+    return out

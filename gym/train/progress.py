@@ -1,0 +1,64 @@
+"""The Trainer's progress for people and for logs (replaces transformers' PrinterCallback).
+
+On the console: one bar per stage on a terminal, a few lines otherwise (gym.progress), with steps,
+loss, tokens/s and ETA; with GYM_VERBOSE=1 every log dict, as transformers prints it. Always: each
+log dict as a line on the `gym.train` logger, which the task layer sends to Prefect's run logs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from transformers import TrainerCallback
+
+from gym import progress
+
+logger = logging.getLogger("gym.train")
+
+
+class ProgressCallback(TrainerCallback):  # type: ignore[misc]
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+        self.verbose = progress.verbose()
+        self.bar: progress.Progress | None = None
+        # (time, tokens seen) at the previous log, for tokens/s between logs
+        self._tokens: tuple[float, float] | None = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.is_local_process_zero and not self.verbose:
+            self.bar = progress.Progress(self.stage, state.max_steps, start=state.global_step)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.bar is not None:
+            self.bar.update(state.global_step)
+
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
+        if not state.is_local_process_zero or not logs:
+            return
+        logs = {k: v for k, v in logs.items() if k != "total_flos"}
+        logger.info("%s step %d/%d %s", self.stage, state.global_step, state.max_steps, json.dumps(logs))
+        if self.verbose:
+            print({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in logs.items()})
+            return
+        if self.bar is not None and "loss" in logs:
+            self.bar.update(state.global_step, loss=float(logs["loss"]), tokens_per_s=self._rate(logs))
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.bar is not None:
+            self.bar.done()
+            self.bar = None
+
+    def _rate(self, logs: dict[str, Any]) -> float | None:
+        """Tokens per second between two logs, from TRL's running `num_tokens` count."""
+        if "num_tokens" not in logs:
+            return None
+        now, seen = time.monotonic(), float(logs["num_tokens"])
+        previous, self._tokens = self._tokens, (now, seen)
+        if previous is None or now <= previous[0] or seen < previous[1]:
+            return None
+        return (seen - previous[1]) / (now - previous[0])

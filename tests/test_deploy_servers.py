@@ -1,0 +1,193 @@
+"""Operating gym through real servers on loopback, with the README's commands.
+
+`gym up` starts Prefect and MLflow; `prefect deploy` registers deployments/prefect.yaml; each deployment
+is triggered with parameters and run by a worker (`--run-once`); the runs complete, MLflow holds the
+registered versions, links go both ways, a local run is served from the deployment run's cache, the
+weekly schedule has the right next run, and a browser finds both in the UIs. One server pair per module.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from tests.ops_servers import REPO, Stack, gym_up, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("servers")]
+
+# The README's commands, run as they are written there (test_readme_shows_the_commands checks that).
+README_DEPLOY = [
+    'eval "$(gym status --env)"',
+    "prefect --no-prompt deploy --all --prefect-file deployments/prefect.yaml",
+]
+README_WORKER = "prefect worker start --pool gym-process --run-once"
+
+TRAIN = {
+    "train": {"method": "sft", "max_steps": 8},
+    "eval_limit": 4,
+    "output": {"register_as": "deployed-sft"},
+}
+WEEKLY = {
+    "sft": {"max_steps": 8},
+    "dpo": {"max_steps": 4},
+    "eval_limit": 4,
+    "data": {"max_samples": 256},
+    "output": {"register_as": "gym-tiny-sft-dpo", "alias": "challenger"},
+}
+LOCAL_TRAIN = "gym train --method sft --max-steps 8 --eval_limit 4 --output.register_as deployed-sft --json"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory):
+    with gym_up(tmp_path_factory.mktemp("ops") / "gym_home") as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def deployed(stack: Stack) -> Stack:
+    stack.sh(" && ".join(README_DEPLOY), timeout=240)
+    return stack
+
+
+def trigger(stack: Stack, deployment: str, config: dict) -> str:
+    params = shlex.quote(json.dumps({"config": config}))
+    out = stack.sh(f'eval "$(gym status --env)" && prefect deployment run {deployment} --params {params}')
+    return re.findall(r"flow-run/([0-9a-f-]{36})", out.stdout)[-1]
+
+
+@pytest.fixture(scope="module")
+def runs(deployed: Stack) -> dict[str, str]:
+    ids = {"train": trigger(deployed, "train/train", TRAIN)}
+    ids["weekly"] = trigger(deployed, "sft-then-dpo/retrain-weekly", WEEKLY)
+    deployed.sh(f'eval "$(gym status --env)" && {README_WORKER}', timeout=600)
+    return ids
+
+
+def test_readme_shows_the_commands():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    for command in [*README_DEPLOY, README_WORKER.removesuffix(" --run-once"), "gym up", "gym down"]:
+        assert command in readme, command
+
+
+def test_up_serves_both_uis_with_the_api_on_its_own_port(stack: Stack):
+    import urllib.request
+
+    with urllib.request.urlopen(f"{stack.prefect}/ui-settings", timeout=10) as resp:
+        assert json.loads(resp.read())["api_url"] == stack.api, "the UI must call this server, not :4200"
+    with urllib.request.urlopen(f"{stack.mlflow}/health", timeout=10) as resp:
+        assert resp.status == 200
+    assert stack.sh("gym status").stdout.count("answering") == 2
+    with stack.client() as client:
+        assert client.read_work_pool("gym-process").type == "process"
+        assert client.read_concurrency_limit_by_tag("gym-gpu").concurrency_limit >= 1
+
+
+def test_deployments_run_from_the_repo_in_this_workspace_with_forms(deployed: Stack):
+    with deployed.client() as client:
+        weekly = client.read_deployment_by_name("sft-then-dpo/retrain-weekly")
+        train = client.read_deployment_by_name("train/train")
+    for dep in (weekly, train):
+        assert dep.pull_steps == [
+            {"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}
+        ]
+        env = dep.job_variables["env"]
+        assert env["GYM_HOME"] == str(deployed.home)
+        assert env["PREFECT_LOCAL_STORAGE_PATH"] == str(deployed.home / "prefect" / "results")
+    definitions = train.parameter_openapi_schema["definitions"]
+    flow_form, stage = definitions["TrainFlowConfig"]["properties"], definitions["TrainConfig"]["properties"]
+    assert {"gym-tiny", "qwen3-8b", "llama-3.1-8b-instruct"} <= set(flow_form["model"]["anyOf"][0]["enum"])
+    assert {"demo_sft", "demo_dpo"} <= set(flow_form["dataset"]["anyOf"][0]["enum"])
+    assert {"sft", "dpo"} <= set(stage["method"]["enum"])
+    assert all(prop.get("description") for prop in stage.values()), "every hyperparameter is described"
+    assert weekly.parameters["config"]["output"]["alias"] == "challenger"
+
+
+def test_weekly_schedule_has_the_right_next_run(deployed: Stack):
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    with deployed.client() as client:
+        weekly = client.read_deployment_by_name("sft-then-dpo/retrain-weekly")
+        (schedule,) = weekly.schedules
+        only_weekly = DeploymentFilter(id=DeploymentFilterId(any_=[weekly.id]))
+
+        def upcoming() -> list[datetime]:  # the server's scheduler creates them within a minute or so
+            runs = client.read_flow_runs(deployment_filter=only_weekly)
+            return sorted(r.expected_start_time for r in runs if r.auto_scheduled)
+
+        scheduled = wait_for(upcoming, timeout=120, every=2)
+    assert schedule.schedule.cron == "0 3 * * 1" and schedule.schedule.timezone == "UTC" and schedule.active
+    now = datetime.now(UTC)
+    monday = (now + timedelta(days=(-now.weekday()) % 7)).replace(hour=3, minute=0, second=0, microsecond=0)
+    expected = monday if monday > now else monday + timedelta(days=7)
+    assert scheduled and scheduled[0] == expected
+
+
+def test_each_deployment_run_completes_and_registers_in_mlflow(runs: dict[str, str], deployed: Stack):
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    with deployed.client() as client:
+        states = {name: client.read_flow_run(run_id).state for name, run_id in runs.items()}
+        artifacts = client.read_artifacts()
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[runs["weekly"]])))
+    assert all(s is not None and s.is_completed() for s in states.values()), states
+    step_logs = [log.message for log in logs if log.message.startswith(("sft step", "dpo step"))]
+    assert len(step_logs) >= 3, "the per-step training log is in the run's logs"
+    mlflow = deployed.mlflow_client()
+    version = mlflow.get_model_version_by_alias("gym-tiny-sft-dpo", "challenger")
+    assert version.tags["prefect_flow_run_id"] == runs["weekly"]
+    assert (
+        mlflow.get_model_version_by_alias("deployed-sft", "challenger").tags["prefect_flow_run_id"]
+        == runs["train"]
+    )
+    # links both ways: the MLflow run names the Prefect flow run's page; Prefect's artifacts link MLflow
+    parent = mlflow.get_run(version.run_id)
+    parent = mlflow.get_run(parent.data.tags.get("mlflow.parentRunId", version.run_id))
+    assert parent.data.tags["prefect_flow_run_url"] == f"{deployed.prefect}/runs/flow-run/{runs['weekly']}"
+    weekly_artifacts = {a.key: a for a in artifacts if str(a.flow_run_id) == runs["weekly"]}
+    assert {"gym-summary", "stage-sft", "stage-dpo", "mlflow-run", "registered-model"} <= set(
+        weekly_artifacts
+    )
+    assert f"{deployed.mlflow}/#/models/gym-tiny-sft-dpo/versions/{version.version}" in str(
+        weekly_artifacts["gym-summary"].data
+    )
+    assert "/get-artifact?path=loss.png" in str(weekly_artifacts["stage-sft"].data)
+
+
+def test_a_local_run_is_served_from_the_deployment_runs_cache(runs: dict[str, str], deployed: Stack):
+    local = json.loads(deployed.sh(LOCAL_TRAIN, timeout=300).stdout.strip().splitlines()[-1])
+    assert local["cached_tasks"] >= 6, "ingest, tokenize, evaluate before/after, train and register"
+    with deployed.client() as client:  # it ran against `gym up`'s server: the UI shows it
+        assert client.read_flow_run(local["flow_run_id"]).state.is_completed()
+
+
+def test_browser_finds_the_deployment_and_the_registered_model(
+    runs: dict[str, str], deployed: Stack, tmp_path: Path
+):
+    if not Path("/usr/bin/chromium").exists():
+        pytest.skip("needs /usr/bin/chromium (apt-get install -y chromium; .ci/run installs it)")
+    from playwright.sync_api import sync_playwright
+
+    flags = [
+        "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--no-first-run",
+    ]  # fmt: skip
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=flags)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"{deployed.prefect}/deployments")
+            page.get_by_text("retrain-weekly").first.wait_for(timeout=60_000)
+            page.screenshot(path=str(tmp_path / "prefect-deployments.png"), full_page=True)
+            page.goto(f"{deployed.mlflow}/#/models")
+            page.get_by_text("gym-tiny-sft-dpo").first.wait_for(timeout=60_000)
+            page.keyboard.press("Escape")  # MLflow greets a new browser with a dialog
+            page.screenshot(path=str(tmp_path / "mlflow-models.png"), full_page=True)
+        finally:
+            browser.close()
+    assert (tmp_path / "prefect-deployments.png").stat().st_size > 10_000
+    assert (tmp_path / "mlflow-models.png").stat().st_size > 10_000

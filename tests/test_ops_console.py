@@ -1,0 +1,117 @@
+"""What a person sees while a stage trains, and MLflow runs that span the work they describe."""
+
+from __future__ import annotations
+
+import io
+import logging
+import time
+
+import pytest
+from mlflow import MlflowClient
+
+from gym import progress, tracking
+from gym.data.tokenize import TokenizeSettings
+from gym.train import TrainConfig
+from tasks.data import ingest_dataset, tokenize_dataset
+from tasks.model import resolve_model
+from tasks.train import train_stage
+
+
+class Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_not_a_terminal_gets_a_line_per_quarter_with_loss_speed_and_eta():
+    out = io.StringIO()
+    bar = progress.Progress("sft", 100, stream=out, now=0.0)
+    for step in range(1, 101):
+        bar.update(step, loss=10.0 / step, tokens_per_s=2500.0, now=step * 0.5)
+    bar.done(now=50.0)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "sft: 100 steps"
+    assert [line.split(" (")[0] for line in lines[1:4]] == ["sft: 25%", "sft: 50%", "sft: 75%"]
+    assert "loss 0.4  2.5k tok/s  ETA 0:38" in lines[1]  # 25 steps in 12.5 s: 75 more take 37.5 s
+    assert lines[-1] == "sft: done, 100 steps in 0:50, loss 10 -> 0.1, 2.5k tok/s"
+    assert len(lines) == 5
+
+
+def test_a_terminal_gets_one_bar_redrawn_in_place():
+    out = Tty()
+    bar = progress.Progress("dpo", 40, stream=out, now=0.0)
+    for step in range(1, 41):
+        bar.update(step, loss=0.69, now=step * 1.0)
+    bar.done(now=40.0)
+    text = out.getvalue()
+    assert text.count("\n") == 2, "the bar and the closing line, nothing else"
+    assert text.count("\r") >= 40 and "━" * progress.BAR_WIDTH in text
+    assert "40/40  loss 0.69" in text and text.endswith("dpo: done, 40 steps in 0:40, loss 0.69 -> 0.69\n")
+
+
+def test_clock_and_rate_read_naturally():
+    assert [progress.clock(s) for s in (0, 65, 3600 + 62)] == ["0:00", "1:05", "1:01:02"]
+    assert progress.rate(41234) == "41.2k" and progress.rate(950) == "950"
+
+
+@pytest.fixture
+def tiny_sft_data(gym_home):
+    model = resolve_model.fn("gym-tiny")
+    data = tokenize_dataset.fn(ingest_dataset.fn("demo_sft"), model, TokenizeSettings(max_samples=256))
+    return model, data
+
+
+def test_training_shows_a_bar_not_log_dicts_and_its_mlflow_run_spans_it(
+    tiny_sft_data, capfd, caplog, monkeypatch
+):
+    monkeypatch.delenv(progress.VERBOSE_ENV, raising=False)
+    model, data = tiny_sft_data
+    parent = tracking.start_run("flow")
+    config = TrainConfig(method="sft", learning_rate=3e-3, max_steps=20, per_device_train_batch_size=16)
+    before = time.time() * 1000
+    with caplog.at_level(logging.INFO, logger="gym.train"):
+        result, _ = train_stage.fn(config, model, data, None, parent)
+    after = time.time() * 1000
+
+    out, err = capfd.readouterr()
+    assert "{'loss'" not in out + err, "no raw Trainer log dictionaries on the console"
+    assert "sft: 20 steps" in err and "sft: done, 20 steps" in err
+    steps = [r.getMessage() for r in caplog.records if r.name == "gym.train" and '"loss"' in r.getMessage()]
+    assert len(steps) >= 4, "every logged step goes to the gym.train logger (Prefect's run logs)"
+
+    client = MlflowClient(tracking.tracking_uri())
+    child = client.search_runs(
+        [client.get_run(parent).info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent}'"
+    )[0]
+    assert child.info.status == "FINISHED"
+    assert before <= child.info.start_time and child.info.end_time <= after
+    assert (child.info.end_time - child.info.start_time) / 1000 >= result.train_seconds
+    assert child.data.tags["gym.stage_digest"] == result.digest
+
+
+def test_verbose_brings_back_every_log_line(tiny_sft_data, capfd, monkeypatch):
+    monkeypatch.setenv(progress.VERBOSE_ENV, "1")
+    model, data = tiny_sft_data
+    config = TrainConfig(method="sft", learning_rate=3e-3, max_steps=10, per_device_train_batch_size=16)
+    train_stage.fn(config, model, data)
+    out, err = capfd.readouterr()
+    assert out.count("{'loss'") >= 2 and "sft: done" not in err
+
+
+def test_a_span_is_open_during_the_work_and_failed_if_it_raises(gym_home):
+    client = MlflowClient(tracking.tracking_uri())
+    with tracking.span("stage", params={"lr": 0.1}) as run_id:
+        assert client.get_run(run_id).info.status == "RUNNING"
+    assert client.get_run(run_id).info.status == "FINISHED"
+    with pytest.raises(ValueError), tracking.span("broken") as failed:
+        raise ValueError("boom")
+    assert client.get_run(failed).info.status == "FAILED"
+
+
+def test_open_runs_of_a_failed_flow_run_are_ended(gym_home):
+    client = MlflowClient(tracking.tracking_uri())
+    parent = tracking.start_run("flow", tags={"prefect_flow_run_id": "abc"})
+    child = tracking.start_run("sft", parent_run_id=parent)
+    other = tracking.start_run("flow", tags={"prefect_flow_run_id": "other"})
+    assert set(tracking.end_open_runs("prefect_flow_run_id", "abc")) == {parent, child}
+    assert client.get_run(parent).info.status == client.get_run(child).info.status == "FAILED"
+    assert client.get_run(other).info.status == "RUNNING"

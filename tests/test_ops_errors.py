@@ -1,0 +1,162 @@
+"""A user's mistake ends a run with one clear message, exit status 2 and no traceback, before any work.
+
+Checked where people meet it: `gym train` and `python flows/<flow>.py` (console), and the Prefect
+run's logs and final state (what the UI shows for a deployment run).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flows.runner import main
+from flows.train import train
+from gym import preflight
+from gym.errors import ConfigError, DataError, GymError
+from gym.pipeline import SftThenDpoConfig, TrainFlowConfig
+from gym.train.config import TrainConfig
+from tasks._common import UserErrorFilter
+
+REPO = Path(__file__).resolve().parents[1]
+GYM = str(Path(sys.executable).parent / "gym")
+
+
+def truncated_jsonl(path: Path) -> Path:
+    path.write_text('{"instruction": "a", "output": "b"}\n{"instruction": "c", "out', encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("config", "error", "words"),
+    [
+        (TrainFlowConfig(model="gym-tinyy"), ConfigError, ["model:", "gym-tinyy", "did you mean: gym-tiny"]),
+        (TrainFlowConfig(template="chatmll"), ConfigError, ["template:", "chatmll", "chatml"]),
+        (
+            TrainFlowConfig(dataset="demo_sfft"),
+            ConfigError,
+            ["dataset:", "demo_sfft", "did you mean demo_sft"],
+        ),
+        (TrainFlowConfig(dataset="missing/data.jsonl"), ConfigError, ["dataset:", "no such file"]),
+        (TrainFlowConfig(dataset="demo_dpo"), ConfigError, ["dataset:", "method 'sft'", "preference"]),
+        (TrainFlowConfig(eval_dataset="demo_dpo"), ConfigError, ["eval_dataset:", "exact match needs sft"]),
+        (
+            TrainFlowConfig(train=TrainConfig(method="kto"), dataset="demo_kto"),
+            ConfigError,
+            ["train.method:", "'kto' is not implemented"],
+        ),
+        (
+            SftThenDpoConfig(dpo_dataset="demo_sft"),
+            ConfigError,
+            ["dpo_dataset:", "method 'dpo'", "preference"],
+        ),
+        (
+            TrainFlowConfig(model="Qwen/Qwen3-7B", template="qwen3"),
+            ConfigError,
+            ["model:", "not in the local Hugging Face cache", "HF_HUB_OFFLINE"],
+        ),
+    ],
+)
+def test_preflight_names_the_field_and_builds_nothing(gym_home, config, error, words):
+    with pytest.raises(error) as caught:
+        preflight.check(config)
+    message = str(caught.value).lower()
+    assert all(w.lower() in message for w in words), message
+    assert not (gym_home / "models").exists(), "no model is built or loaded to find a mistake"
+
+
+def test_preflight_passes_good_inputs_without_building_anything(gym_home, tmp_path):
+    good = tmp_path / "mine.jsonl"
+    good.write_text('{"instruction": "a", "output": "b"}\n', encoding="utf-8")
+    preflight.check(SftThenDpoConfig())
+    preflight.check(TrainFlowConfig(dataset=str(good)))
+    assert not (gym_home / "models").exists()
+
+
+def test_bad_flag_values_end_with_one_error_line(capsys):
+    assert main(train, TrainFlowConfig, ["--train.learning_rate", "-1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: train.learning_rate: Input should be greater than 0 (got -1.0)"]
+
+    with pytest.raises(SystemExit) as caught:
+        main(train, TrainFlowConfig, ["--train.method", "sftt"])
+    assert caught.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("error: argument --train.method: invalid choice: 'sftt'")
+
+
+def run_cli(args: list[str], gym_home: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "GYM_HOME": str(gym_home), "PREFECT_HOME": str(gym_home / "prefect-home")}
+    env.pop("PREFECT_API_URL", None)
+    return subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_flow_script_reports_an_unknown_model_in_a_line(gym_home):
+    proc = run_cli([sys.executable, "flows/sft_then_dpo.py", "--model", "llama-99b"], gym_home)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: model: unknown model 'llama-99b'")
+    assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_a_broken_record_fails_the_run_at_ingest_without_tracebacks(gym_home, tmp_path):
+    bad = truncated_jsonl(tmp_path / "bad.jsonl")
+    proc = run_cli([GYM, "train", "--dataset", str(bad)], gym_home)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: file {bad}, record 2: line 2 is not valid JSON"), last
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert not (gym_home / "models").exists(), "the model is resolved only after the data is read"
+
+
+def test_prefect_run_logs_carry_the_message_not_a_traceback(gym_home, tmp_path, prefect_server):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    bad = truncated_jsonl(tmp_path / "bad.jsonl")
+    state = train(config=TrainFlowConfig(dataset=str(bad)), return_state=True)
+    assert state.is_failed()
+    assert "record 2" in str(state.message) and "bad.jsonl" in str(state.message)
+    APILogWorker.drain_all(timeout=10)
+    EventsWorker.drain_all(timeout=10)
+    with get_client(sync_client=True) as client:
+        flow_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[state.state_details.flow_run_id]))
+        logs = client.read_logs(log_filter=flow_filter)
+    text = "\n".join(log.message for log in logs)
+    assert "line 2 is not valid JSON" in text
+    assert "Traceback" not in text
+    assert not (gym_home / "models").exists()
+    # the flow's failure hook closed the MLflow run it had opened
+    from mlflow import MlflowClient
+
+    from gym import tracking
+
+    client = MlflowClient(tracking.tracking_uri())
+    flow_run_id = str(state.state_details.flow_run_id)
+    (parent,) = client.search_runs(
+        [tracking.experiment_id()], filter_string=f"tags.prefect_flow_run_id = '{flow_run_id}'"
+    )
+    assert parent.info.status == "FAILED"
+
+
+def test_only_user_errors_lose_their_traceback():
+    def record(exc: BaseException) -> logging.LogRecord:
+        try:
+            raise exc
+        except BaseException:
+            return logging.LogRecord(
+                "prefect.task_runs", logging.ERROR, __file__, 1, "failed", None, sys.exc_info()
+            )
+
+    user, bug = record(DataError("bad record", file="x.jsonl", record=2)), record(KeyError("oops"))
+    assert UserErrorFilter().filter(user) and UserErrorFilter().filter(bug)
+    assert user.exc_info is None and user.exc_text is None
+    assert bug.exc_info is not None and bug.exc_info[0] is KeyError
+    assert any(isinstance(f, UserErrorFilter) for f in logging.getLogger("prefect.task_runs").filters)
+    assert any(isinstance(f, UserErrorFilter) for f in logging.getLogger("prefect.flow_runs").filters)
+    assert issubclass(DataError, GymError)

@@ -1,0 +1,82 @@
+"""`gym up` / `gym status` / `gym down`: real servers on loopback, found by runs, and gone afterwards."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gym import services
+from tests.ops_servers import gym_up, services_state
+
+pytestmark = pytest.mark.xdist_group("services")
+
+
+def test_up_status_down_and_runs_find_the_servers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    home = tmp_path / "gym_home"
+    with gym_up(home, "--worker") as stack:
+        status = json.loads(stack.sh("gym status --json").stdout)
+        assert {"prefect", "mlflow", "worker"} <= set(status)
+        assert status["prefect"]["answering"] and status["mlflow"]["answering"] and status["worker"]["alive"]
+        before = services_state(home)
+        assert json.loads(stack.sh("gym up --json").stdout.splitlines()[-1])["prefect"] == stack.prefect
+        assert services_state(home) == before, "a second `gym up` finds the running servers, starts nothing"
+
+        # A run in this workspace uses these servers: no temporary API, and the run shows in the UI.
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        from flows.runner import workspace_servers
+
+        monkeypatch.setenv("GYM_HOME", str(home))
+        with (
+            temporary_settings(restore_defaults={PREFECT_API_URL}),
+            workspace_servers(),
+        ):  # as a fresh process
+            assert PREFECT_API_URL.value() == stack.api
+        from gym import tracking
+
+        assert tracking.ui_url() == stack.mlflow
+
+        image_pools_deploy(stack)
+
+        groups = {name: s["pid"] for name, s in services_state(home).items()}
+        # Every process each server started (uvicorn, huey consumers, the worker's children) is in its group.
+        members = {name: services.group_members(pgid) for name, pgid in groups.items()}
+        assert all(members.values()), members
+
+        down = stack.sh("gym down")
+        assert set(down.stdout.removeprefix("stopped: ").strip().split(", ")) == {
+            "worker",
+            "mlflow",
+            "prefect",
+        }
+        left = {name: services.group_members(pgid) for name, pgid in groups.items()}
+        assert not any(left.values()), left
+        assert not (home / "services" / "services.json").exists()
+        assert stack.sh("gym status", check=False).returncode == 3
+        with temporary_settings(restore_defaults={PREFECT_API_URL}), workspace_servers():
+            assert PREFECT_API_URL.value() is None, "with the servers gone, runs start their own API again"
+
+
+def image_pools_deploy(stack) -> None:
+    """deployments/work-pools/README.md's commands: the job templates are valid pools, and the Python entry
+    deploys from an image (no local pull step or workspace) onto them."""
+    pools = "deployments/work-pools"
+    stack.sh(
+        'eval "$(gym status --env)"'
+        f" && prefect work-pool create gym-docker --type docker --base-job-template {pools}/docker.json"
+        f" && prefect work-pool create gym-k8s --type kubernetes --base-job-template {pools}/kubernetes.json"
+        " && python deployments/deploy.py --pool gym-docker --image gym:latest"
+    )
+    with stack.client() as client:
+        k8s = client.read_work_pool("gym-k8s").base_job_template
+        train = client.read_deployment_by_name("train/train")
+        weekly = client.read_deployment_by_name("sft-then-dpo/retrain-weekly")
+    assert k8s["variables"]["properties"]["gpu_count"]["default"] == 1
+    container = k8s["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "{{ gpu_count }}"
+    for dep in (train, weekly):
+        assert dep.work_pool_name == "gym-docker" and dep.job_variables == {"image": "gym:latest"}
+        assert not dep.pull_steps and dep.entrypoint.startswith("flows/")
+    assert weekly.schedules[0].schedule.cron == "0 3 * * 1"
