@@ -171,3 +171,15 @@ def test_padding_free_or_packing_for_a_method_without_it_fails_early():
     for settings in ({"padding_free": "on"}, {"packing": True}):
         with pytest.raises(ConfigError, match="not available for method"):
             speed.resolve(with_speed(TrainConfig(method="dpo"), **settings))
+
+
+def test_flow_preflight_names_the_stage_whose_speed_option_cant_run():
+    from gym import preflight
+    from gym.pipeline import TrainFlowConfig
+
+    preflight.check_methods(TrainFlowConfig())  # defaults are always valid
+    if torch.cuda.is_available():
+        pytest.skip("the failure path of a machine without CUDA")
+    config = TrainFlowConfig(train=with_speed(SFT, liger="on"))
+    with pytest.raises(ConfigError, match=r"^train\.speed: Liger kernels: needs a CUDA GPU"):
+        preflight.check_methods(config)
