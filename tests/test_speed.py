@@ -183,3 +183,20 @@ def test_flow_preflight_names_the_stage_whose_speed_option_cant_run():
     config = TrainFlowConfig(train=with_speed(SFT, liger="on"))
     with pytest.raises(ConfigError, match=r"^train\.speed: Liger kernels: needs a CUDA GPU"):
         preflight.check_methods(config)
+
+
+def test_training_keeps_the_collector_off_older_objects_and_hands_them_back():
+    import gc
+
+    assert gc.get_freeze_count() == 0
+    with speed.gc_frozen():
+        assert gc.get_freeze_count() > 1000, "what lived before training is frozen"
+    assert gc.get_freeze_count() == 0, "and handed back to the collector afterwards"
+    gc.freeze()  # a caller's own freeze is left alone
+    try:
+        frozen = gc.get_freeze_count()
+        with speed.gc_frozen():
+            assert gc.get_freeze_count() == frozen
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()

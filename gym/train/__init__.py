@@ -128,7 +128,8 @@ def _train(
             eval_before = _numbers(trainer.evaluate())
             workspace.atomic_write_json(before_file, eval_before)
     start = time.perf_counter()
-    trainer.train(resume_from_checkpoint=resume)
+    with speed.gc_frozen():
+        trainer.train(resume_from_checkpoint=resume)
     seconds = time.perf_counter() - start
     eval_after = _numbers(trainer.evaluate()) if eval_ds is not None else {}
     trainable, total = count_params(trainer.model)

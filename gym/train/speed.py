@@ -15,7 +15,10 @@ loaded, saying what is needed.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import importlib.util
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -192,3 +195,22 @@ def sft_args(resolved: Resolved, max_length: int | None) -> dict[str, Any]:
             raise ConfigError("packing needs the data's cutoff_len as row length")
         return {"packing": True, "packing_strategy": "bfd", "max_length": max_length, "padding_free": True}
     return {"packing": False, "max_length": None, "padding_free": resolved.padding_free}
+
+
+@contextlib.contextmanager
+def gc_frozen() -> Iterator[None]:
+    """Keep the garbage collector off what was alive before training (frameworks, the model).
+
+    The Trainer ends with a full collection (accelerate's free_memory) whose cost grows with every
+    object in the process; in a flow's process (Prefect, MLflow, transformers: ~850k objects) it
+    took ~0.5 s. Frozen objects are skipped, then handed back to the collector afterwards. Left
+    alone when the caller froze objects itself.
+    """
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
