@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # Everything the tests exercise on CPU; GPU-only extras (flash-attn, unsloth, deepspeed) stay out.
-EXTRAS := dev,eval,quant,ui,embed
+EXTRAS := dev,eval,quant,ui,embed,api
 export HF_HUB_OFFLINE ?= 1
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export TOKENIZERS_PARALLELISM ?= false

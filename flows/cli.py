@@ -29,6 +29,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "up": ("flows.services:cmd_up", "Start the Prefect and MLflow servers (UIs) for this workspace."),
     "status": ("flows.services:cmd_status", "Say which servers `gym up` started are running."),
     "down": ("flows.services:cmd_down", "Stop what `gym up` started, leaving no process behind."),
+    "serve": ("gym.serve.cli:cmd_serve", "Serve a model over an OpenAI-compatible HTTP API."),
+    "export": ("gym.export:cmd_export", "Write a hub-style model directory (merged, sharded, with card)."),
+    "chat": ("gym.chat:cmd_chat", "Chat with a model in the terminal, or a Gradio page with --ui."),
+    "deploy": ("gym.deploy:cmd_deploy", "Push a model (and a chat Space) to the hub, or write the bundle."),
+    "promote": ("gym.promotion:cmd_promote", "Move `champion` to the challenger if it wins on a score."),
+    "tfgrpo": ("gym.tfgrpo.cli:cmd_tfgrpo", "Training-Free GRPO tools (`gym tfgrpo simulate --json`)."),
 }
 
 

@@ -1,6 +1,7 @@
 """Subcommands of `gym` that run Prefect flows (the console itself is flows/cli.py).
 
-    gym train [--method sft|dpo|sft_then_dpo|...] [any flow parameter as --flag] [--json]
+    gym train [--method sft|dpo|sft_then_dpo|tf_grpo|...] [any flow parameter as --flag] [--json]
+    gym train --finetuning_type grpo --training_free_grpo --group_size 5 --num_train_epochs 3 --output_dir D
 
 `gym train` picks the flow for the method (flows/train.py for one method, a pipeline flow such
 as flows/sft_then_dpo.py for several stages) and runs it through flows/runner.py.
@@ -14,28 +15,47 @@ import sys
 from collections.abc import Sequence
 
 # Pipelines of several stages: method name -> (flow module, flow function, config class in gym.pipeline)
-PIPELINES = {"sft_then_dpo": ("flows.sft_then_dpo", "sft_then_dpo", "SftThenDpoConfig")}
+PIPELINES = {
+    "sft_then_dpo": ("flows.sft_then_dpo", "sft_then_dpo", "SftThenDpoConfig"),
+    "tf_grpo": ("flows.tf_grpo", "tf_grpo", "TfGrpoFlowConfig"),
+}
+# The Gym papers' spellings of Training-Free GRPO's flags -> gym's.
+TF_GRPO_FLAGS = {"--grpo_group_size": "--group_size", "--grpo_experience_lib_path": "--experience_lib_path"}
 # Demo data per method when --dataset is not given: (training dataset, held-out data in the same format)
 DEMO_DATA = {"sft": ("demo_sft", None), "dpo": ("demo_dpo", "demo_dpo_eval")}
+DEMO_DATA |= {m: ("demo_prompts", "demo_prompts_eval") for m in ("ppo", "grpo", "gspo")}
 FINETUNING_TYPES = ("full", "lora")
 
 
-def cmd_train(argv: Sequence[str]) -> int:
+def method_of(argv: Sequence[str]) -> tuple[str, str | None, list[str]]:
+    """(method, finetuning_type, the other arguments) from `gym train`'s command line."""
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--method", default="sft")
     pre.add_argument("--finetuning_type")
+    pre.add_argument(
+        "--training_free_grpo", "--grpo_training_free", dest="training_free", action="store_true"
+    )
     known, rest = pre.parse_known_args(argv)
     method = known.method
     if known.finetuning_type and known.finetuning_type not in FINETUNING_TYPES:
         method = known.finetuning_type  # the papers spell the method this way
+    if known.training_free and method in ("sft", "grpo"):  # `--finetuning_type grpo --training_free_grpo`
+        method = "tf_grpo"
+    if method == "tf_grpo":
+        rest = [_renamed(a, TF_GRPO_FLAGS) for a in rest]
+    return method, known.finetuning_type, rest
+
+
+def cmd_train(argv: Sequence[str]) -> int:
+    method, finetuning_type, rest = method_of(argv)
     from gym.train import METHODS
 
     if method not in METHODS and method not in PIPELINES:
         available = ", ".join([*METHODS, *PIPELINES])
         print(f"error: method {method!r} is not available; available: {available}", file=sys.stderr)
         return 2
-    if known.finetuning_type in FINETUNING_TYPES:
-        rest = [*rest, "--finetuning_type", known.finetuning_type]
+    if finetuning_type in FINETUNING_TYPES:
+        rest = [*rest, "--finetuning_type", finetuning_type]
     from flows.runner import main
 
     prog = f"gym train --method {method}"
@@ -45,6 +65,10 @@ def cmd_train(argv: Sequence[str]) -> int:
         return main(getattr(importlib.import_module(module), fn), pipeline_cls, rest, prog=prog)
     from gym.pipeline import TrainFlowConfig
 
+    if method in ("ppo", "grpo", "gspo"):  # --reward, --reward-weight, --group-size; the demo's warm start
+        from flows.online_rl import rl_args
+
+        rest = rl_args(rest, demo=not _given(rest, "--dataset"))
     extra = ["--train.method", method]
     dataset, method_eval = DEMO_DATA.get(method, (None, None))
     if dataset and not _given(rest, "--dataset"):
@@ -53,6 +77,11 @@ def cmd_train(argv: Sequence[str]) -> int:
             extra += ["--method_eval_dataset", method_eval]
     flow_module = importlib.import_module("flows.train")
     return main(flow_module.train, TrainFlowConfig, [*extra, *rest], prog=prog)
+
+
+def _renamed(arg: str, names: dict[str, str]) -> str:
+    flag, eq, value = arg.partition("=")
+    return f"{names[flag]}{eq}{value}" if flag in names else arg
 
 
 def _given(argv: Sequence[str], *flags: str) -> bool:

@@ -93,6 +93,8 @@ def parse_config(config_cls: type[BaseModel], args: argparse.Namespace) -> BaseM
         alias["sft_dataset"] = args.alias_dataset
     if args.alias_output_dir:
         alias["output"] = {"output_dir": args.alias_output_dir}
+    if args.alias_epochs is not None and "epochs" in config_cls.model_fields:  # Training-Free GRPO's epochs
+        alias["epochs"] = max(1, round(args.alias_epochs))
     for stage in stages:
         s: dict[str, Any] = {}
         if args.alias_max_steps is not None:

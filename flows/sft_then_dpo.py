@@ -22,6 +22,7 @@ from tasks.data import ingest_dataset, tokenize_dataset
 from tasks.evaluate import exact_match
 from tasks.model import resolve_model
 from tasks.preflight import check_inputs
+from tasks.promote import promote_model
 from tasks.register import export, register_model
 from tasks.tracking import end_failed_tracking, finish_tracking, start_tracking
 from tasks.train import train_stage
@@ -55,24 +56,39 @@ def sft_then_dpo(config: SftThenDpoConfig = DEFAULTS) -> dict[str, Any]:
     before = exact_match(model, held_out, "before", config.eval_limit, parent, uri) if held_out else None
     sft, sft_model = train_stage(config.sft, model, sft_data, None, parent, uri)
     dpo, final_model = train_stage(config.dpo, sft_model, dpo_data, dpo_eval, parent, uri)
+    after = exact_match(final_model, held_out, "after", config.eval_limit, parent, uri) if held_out else None
 
     name = config.output.register_as or f"{config.model.rsplit('/', 1)[-1]}-sft-dpo"
+    stages = {"sft": sft, "dpo": dpo}
     lineage = {
         "sft_dataset": sft_raw.digest,
         "dpo_dataset": dpo_raw.digest,
         "sft_stage": sft.digest,
         "dpo_stage": dpo.digest,
     }
-    # Registration (mostly MLflow bookkeeping) runs beside the held-out evaluation (mostly torch).
-    alias = config.output.alias
-    registering = register_model.submit(final_model, name, alias, lineage, parent, run_label, uri)
-    after = exact_match(final_model, held_out, "after", config.eval_limit, parent, uri) if held_out else None
+    registered = register_model(
+        final_model,
+        name,
+        config.output.alias,
+        lineage,
+        parent,
+        run_label,
+        uri,
+        config=config.model_dump(),
+        stages=stages,
+        before=before,
+        after=after,
+    )
+    out = config.output
+    promotion = (
+        promote_model(name, out.promote_metric, out.promote_margin, out.promote_mode, uri)
+        if out.promote_metric
+        else None
+    )
     if config.output.output_dir:
-        export(final_model, config.output.output_dir)
-    registered = registering.result()
+        export(final_model, config.output.output_dir, registered, uri)
 
-    stages = {"sft": sft, "dpo": dpo}
-    summary = summarize(stages, before, after, registered, parent, final_model.path, run_label)
+    summary = summarize(stages, before, after, registered, parent, final_model.path, run_label, promotion)
     finish_tracking(parent, summary, uri)
     return summary
 

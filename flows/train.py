@@ -2,6 +2,8 @@
 
     python flows/train.py --train.method sft --dataset demo_sft
     python flows/train.py --train.method dpo --dataset demo_dpo --method_eval_dataset demo_dpo_eval
+    python flows/train.py --train.method grpo --dataset demo_prompts --method_eval_dataset demo_prompts_eval \
+        --warm_start.dataset demo_format_sft      # SFT first, then GRPO from the result
     gym train --method dpo --dataset demo_dpo --json          # the same flow through the CLI
 
 Defaults: SFT of the embedded gym-tiny on the demo data.
@@ -14,12 +16,13 @@ from typing import Any
 from prefect import flow
 from prefect.runtime import flow_run
 
-from gym.pipeline import TrainFlowConfig
+from gym.pipeline import TfGrpoFlowConfig, TrainFlowConfig
 from gym.summary import summarize
 from tasks.data import ingest_dataset, tokenize_dataset
 from tasks.evaluate import exact_match
 from tasks.model import resolve_model
 from tasks.preflight import check_inputs
+from tasks.promote import promote_model
 from tasks.register import export, register_model
 from tasks.tracking import end_failed_tracking, finish_tracking, start_tracking
 from tasks.train import train_stage
@@ -33,30 +36,57 @@ DEFAULTS = TrainFlowConfig()
 def train(config: TrainFlowConfig = DEFAULTS) -> dict[str, Any]:
     check_inputs(config)  # names, files, method/data pairing: fails in a second, before any model
     uri, run_label, method = config.output.tracking_uri, flow_run.get_id(), config.train.method
+    if method == "tf_grpo":  # learns an experience library for the frozen model: its own flow
+        from flows.tf_grpo import tf_grpo
+
+        return tf_grpo(TfGrpoFlowConfig.from_train_flow(config))
     parent = start_tracking(f"train-{method}", config.model_dump(), run_label, uri)
 
     raw = ingest_dataset(config.dataset)
     method_eval_raw = ingest_dataset(config.method_eval_dataset) if config.method_eval_dataset else None
     held_out = ingest_dataset(config.eval_dataset) if config.eval_dataset else None
+    warm_raw = ingest_dataset(config.warm_start.dataset) if config.warm_start else None
 
     model = resolve_model(config.model, config.template, config.trust_remote_code)
+    warm = None
+    if config.warm_start and warm_raw:  # SFT first; the method starts from its result
+        warm_data = tokenize_dataset(warm_raw, model, config.data)
+        warm, model = train_stage(config.warm_start.train, model, warm_data, None, parent, uri)
     data = tokenize_dataset(raw, model, config.data)
     method_eval = tokenize_dataset(method_eval_raw, model, config.data) if method_eval_raw else None
 
     before = exact_match(model, held_out, "before", config.eval_limit, parent, uri) if held_out else None
     result, final_model = train_stage(config.train, model, data, method_eval, parent, uri)
+    after = exact_match(final_model, held_out, "after", config.eval_limit, parent, uri) if held_out else None
 
     name = config.output.register_as or f"{config.model.rsplit('/', 1)[-1]}-{method}"
     lineage = {"dataset": raw.digest, f"{method}_stage": result.digest}
-    # Registration (mostly MLflow bookkeeping) runs beside the held-out evaluation (mostly torch).
-    alias = config.output.alias
-    registering = register_model.submit(final_model, name, alias, lineage, parent, run_label, uri)
-    after = exact_match(final_model, held_out, "after", config.eval_limit, parent, uri) if held_out else None
+    if warm:
+        lineage["warm_start_stage"] = warm.digest
+    stages = {"sft": warm, method: result} if warm else {method: result}
+    registered = register_model(
+        final_model,
+        name,
+        config.output.alias,
+        lineage,
+        parent,
+        run_label,
+        uri,
+        config=config.model_dump(),
+        stages=stages,
+        before=before,
+        after=after,
+    )
+    out = config.output
+    promotion = (
+        promote_model(name, out.promote_metric, out.promote_margin, out.promote_mode, uri)
+        if out.promote_metric
+        else None
+    )
     if config.output.output_dir:
-        export(final_model, config.output.output_dir)
-    registered = registering.result()
+        export(final_model, config.output.output_dir, registered, uri)
 
-    summary = summarize({method: result}, before, after, registered, parent, final_model.path, run_label)
+    summary = summarize(stages, before, after, registered, parent, final_model.path, run_label, promotion)
     finish_tracking(parent, summary, uri)
     return summary
 

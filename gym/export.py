@@ -1,27 +1,234 @@
-"""Export a trained model directory to a user-chosen path (atomically, never clobbering user files)."""
+"""Export a model to a hub-style directory: merged, sharded safetensors, config, generation config,
+tokenizer with its chat template, a model card, and optionally GGUF notes and an Ollama Modelfile.
+
+    gym export --model M --out DIR [--shard-size 2GB] [--adapter-only] [--gguf] [--ollama]
+
+M is a model directory, a PEFT adapter directory (merged into its base), a training stage
+directory (`models/<method>-<digest>/`), a registry name or an MLflow URI (`models:/name@alias`,
+whose lineage tags fill the card). Adapters merge exactly for LoRA, rsLoRA and DoRA, and for
+PiSSA/OLoRA/CorDA adapters saved in converted (plain LoRA) form; merging into a quantized base, or
+an unconverted PiSSA-style adapter into its original base, would not reproduce the trained model,
+so it is refused with a pointer to `--adapter-only`. The directory is staged and renamed into
+place; an existing DIR is replaced only if gym wrote it.
+"""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import json
 import shutil
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
 
 from gym import workspace
+from gym.card import render
 from gym.errors import ConfigError
+from gym.lineage import Lineage
+from gym.ollama import gguf_notes, modelfile
+from gym.templates import load_template
+from gym.tfgrpo.injection import EXPERIENCE_FILE
 
 MARKER = "gym_model.json"
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+# Initialisations that rewrite the base weights: such an adapter is relative to the rewritten base.
+BASE_REWRITING_INITS = ("pissa", "olora", "corda")
 
 
-def export_model(model_dir: Path, output_dir: Path) -> Path:
-    """Copy `model_dir` to `output_dir`. An existing `output_dir` is replaced only if gym wrote it."""
-    output_dir = Path(output_dir).expanduser().resolve()
-    if output_dir.exists() and any(output_dir.iterdir()) and not (output_dir / MARKER).is_file():
-        raise ConfigError(
-            f"output_dir {output_dir} exists and was not written by gym; choose an empty or new directory"
+class ExportSettings(BaseModel):
+    """What `gym export` writes besides the weights."""
+
+    shard_size: str = Field("5GB", description="Largest safetensors shard (e.g. 500MB, 2GB).")
+    adapter_only: bool = Field(False, description="Export the PEFT adapter alone, unmerged (with its card).")
+    gguf: bool = Field(False, description="Add GGUF.md: how to convert with llama.cpp.")
+    ollama: bool = Field(False, description="Add an Ollama Modelfile with the chat template and stop tokens.")
+
+
+@dataclass
+class Source:
+    """What an export reads: full weights and/or an adapter, and where its facts come from."""
+
+    name: str
+    weights: str | None  # from_pretrained directory (or hub id) of full weights
+    adapter: Path | None
+    base: str | None  # the adapter's base
+    lineage: Lineage
+    meta_dir: Path | None  # the directory holding gym_model.json / experiences.json
+
+
+def locate(model: str, base: str | None = None, template: str | None = None) -> Source:
+    """Find the weights, adapter and facts behind `model` (see the module docstring)."""
+    if model.startswith("models:/"):
+        from gym import tracking
+        from gym.serve.loading import resolve_served
+
+        served = resolve_served(model, template)
+        name, _, _, tags = tracking.resolve_model_uri(model)
+        return Source(name, served.path, None, None, Lineage.from_tags(tags), Path(served.path))
+    local = Path(model).expanduser()
+    if not local.is_dir():
+        from gym.serve.loading import resolve_served
+
+        served = resolve_served(model, template)  # a registry name
+        lineage = Lineage(base_model=served.ref.base_model, template=served.template_name)
+        return Source(model, served.path, None, None, lineage, None)
+    if (local / "adapter_config.json").is_file():
+        base = base or json.loads((local / "adapter_config.json").read_text()).get("base_model_name_or_path")
+        if not base:
+            raise ConfigError(f"adapter {local} does not name its base model: pass --base")
+        return Source(local.name, None, local, base, _local_lineage(local, base, template), local)
+    if (local / "model" / "config.json").is_file():  # a training stage directory
+        adapter = local / "adapter" if (local / "adapter" / "adapter_config.json").is_file() else None
+        inner = locate(str(local / "model"), base, template)
+        return Source(
+            local.name, inner.weights, adapter, inner.lineage.base_model, inner.lineage, local / "model"
         )
-    staged = output_dir.with_name(f".{output_dir.name}.export")
+    if not (local / "config.json").is_file():
+        raise ConfigError(
+            f"{local} holds neither a model (config.json) nor a PEFT adapter (adapter_config.json)"
+        )
+    return Source(local.name, str(local), None, None, _local_lineage(local, None, template), local)
+
+
+def _local_lineage(directory: Path, base: str | None, template: str | None) -> Lineage:
+    meta = json.loads((directory / MARKER).read_text()) if (directory / MARKER).is_file() else {}
+    lineage = Lineage(
+        base_model=meta.get("base_model") or base or str(directory),
+        template=template or meta.get("template"),
+    )
+    result = directory.parent / "result.json"  # inside a stage directory: what training reported
+    if result.is_file():
+        facts = json.loads(result.read_text())
+        scores = {f"{facts['method']}_{k}": float(v) for k, v in facts.get("eval_after", {}).items()}
+        if facts.get("losses"):
+            scores[f"{facts['method']}_loss_last"] = float(facts["losses"][-1][1])
+        lineage = lineage.model_copy(
+            update={"method": facts["method"], "stages": {facts["method"]: facts["digest"]}, "scores": scores}
+        )
+    return lineage
+
+
+def check_mergeable(adapter: Path, base: str) -> None:
+    """Refuse merges that would not reproduce the trained model, before loading anything."""
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    init = str(config.get("init_lora_weights", True)).lower()
+    if init.startswith(BASE_REWRITING_INITS):
+        raise ConfigError(
+            f"adapter {adapter} was initialised with {init}, which rewrites the base weights: merged into "
+            f"the original base {base} it would not give the trained model. Export the training stage's "
+            "merged model instead, save the adapter converted (PEFT's "
+            "path_initial_model_for_weight_conversion), or pass --adapter-only"
+        )
+    base_config = Path(base) / "config.json"
+    if base_config.is_file() and "quantization_config" in json.loads(base_config.read_text()):
+        raise ConfigError(
+            f"base model {base} is quantized: merging adapter {adapter} into it cannot be exact (the merged "
+            "weights would be re-quantized). Pass --adapter-only to export the adapter alone, or point "
+            "--base at the unquantized weights"
+        )
+
+
+def export_model(
+    model: str | Path,
+    output_dir: Path,
+    settings: ExportSettings | None = None,
+    *,
+    base: str | None = None,
+    template: str | None = None,
+    lineage: Lineage | None = None,
+    name: str | None = None,
+) -> Path:
+    """Write the hub-style directory for `model` to `output_dir` (see the module docstring)."""
+    settings = settings or ExportSettings()
+    source = locate(str(model), base, template)
+    if lineage is not None:
+        source.lineage = lineage
+    if template is not None:
+        source.lineage = source.lineage.model_copy(update={"template": template})
+    if settings.adapter_only and source.adapter is None:
+        raise ConfigError(f"{model} has no adapter to export alone (--adapter-only needs a PEFT adapter)")
+    if source.adapter is not None and source.weights is None and not settings.adapter_only:
+        check_mergeable(source.adapter, str(source.base))
+    with replace_dir(Path(output_dir), MARKER) as tmp:
+        _write(source, tmp, settings, name or source.name)
+    return Path(output_dir).expanduser().resolve()
+
+
+def _write(source: Source, out: Path, settings: ExportSettings, name: str) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer_from = source.weights or (
+        str(source.adapter)
+        if source.adapter and (source.adapter / "tokenizer_config.json").is_file()
+        else source.base
+    )
+    tokenizer: Any = AutoTokenizer.from_pretrained(str(tokenizer_from))
+    if source.lineage.template:
+        tokenizer.chat_template = load_template(source.lineage.template)
+    if settings.adapter_only:
+        for f in ADAPTER_FILES:
+            shutil.copy2(source.adapter / f, out / f)  # type: ignore[operator]
+        model_type = "adapter"
+    else:
+        model = _load(source)
+        # generate() should stop at the end of a turn: the tokenizer's eos joins the model's own.
+        eos = sorted(set(_ids(model.generation_config.eos_token_id)) | set(_ids(tokenizer.eos_token_id)))
+        model.generation_config.eos_token_id = eos[0] if len(eos) == 1 else (eos or None)
+        model.save_pretrained(out, max_shard_size=settings.shard_size, safe_serialization=True)
+        model_type = str(model.config.model_type)
+    tokenizer.save_pretrained(out)
+    meta = {"template": source.lineage.template, "base_model": source.lineage.base_model}
+    workspace.atomic_write_json(out / MARKER, meta)
+    if source.meta_dir is not None and (source.meta_dir / EXPERIENCE_FILE).is_file():
+        shutil.copy2(source.meta_dir / EXPERIENCE_FILE, out / EXPERIENCE_FILE)
+    card = render(name, source.lineage)
+    if settings.adapter_only:
+        card += f"\nThis directory holds a PEFT adapter only: load `{source.base}` and apply it with PEFT.\n"
+    (out / "README.md").write_text(card, encoding="utf-8")
+    if settings.gguf:
+        (out / "GGUF.md").write_text(gguf_notes(model_type, source.lineage.template, tokenizer.eos_token))
+    if settings.ollama:
+        (out / "Modelfile").write_text(
+            modelfile(source.lineage.template, tokenizer.eos_token), encoding="utf-8"
+        )
+    out.chmod(0o755)  # mkdtemp makes it 0700; an exported model is meant to be shared
+
+
+def _load(source: Source) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    if source.weights is not None:
+        return AutoModelForCausalLM.from_pretrained(source.weights, dtype="auto", use_safetensors=True)
+    from peft import PeftModel
+
+    base = AutoModelForCausalLM.from_pretrained(str(source.base), dtype="auto", use_safetensors=True)
+    return PeftModel.from_pretrained(base, str(source.adapter)).merge_and_unload()
+
+
+def _ids(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+
+@contextlib.contextmanager
+def replace_dir(output_dir: Path, marker: str) -> Iterator[Path]:
+    """Yield a staging directory that replaces `output_dir` if the block succeeds.
+
+    An existing, non-empty `output_dir` is replaced only if it holds `marker` (gym wrote it);
+    a failure leaves it as it was.
+    """
+    output_dir = output_dir.expanduser().resolve()
+    if output_dir.exists() and any(output_dir.iterdir()) and not (output_dir / marker).is_file():
+        raise ConfigError(f"{output_dir} exists and was not written by gym; choose an empty or new directory")
+    staged = output_dir.with_name(f".{output_dir.name}.staged")
     shutil.rmtree(staged, ignore_errors=True)
     with workspace.atomic_dir(staged) as tmp:
-        shutil.copytree(model_dir, tmp, dirs_exist_ok=True)
+        yield tmp
     if output_dir.exists():
         old = output_dir.with_name(f".{output_dir.name}.old")
         shutil.rmtree(old, ignore_errors=True)
@@ -30,4 +237,27 @@ def export_model(model_dir: Path, output_dir: Path) -> Path:
         shutil.rmtree(old, ignore_errors=True)
     else:
         staged.rename(output_dir)
-    return output_dir
+
+
+def cmd_export(argv: Sequence[str]) -> int:
+    """`gym export --model M --out DIR [...]`."""
+    parser = argparse.ArgumentParser(prog="gym export", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--model", required=True, help="Model/adapter/stage directory, registry name or models:/ URI."
+    )
+    parser.add_argument("--out", required=True, help="Directory to write (replaced only if gym wrote it).")
+    parser.add_argument(
+        "--base", default=None, help="Base model for an adapter (default: its adapter_config)."
+    )
+    parser.add_argument("--template", default=None, help="Chat template to ship (default: the model's).")
+    parser.add_argument("--shard-size", default="5GB", help="Largest safetensors shard (e.g. 500MB).")
+    parser.add_argument("--adapter-only", action="store_true", help="Export the adapter alone, unmerged.")
+    parser.add_argument("--gguf", action="store_true", help="Add GGUF.md (llama.cpp conversion notes).")
+    parser.add_argument("--ollama", action="store_true", help="Add an Ollama Modelfile.")
+    args = parser.parse_args(argv)
+    settings = ExportSettings(
+        shard_size=args.shard_size, adapter_only=args.adapter_only, gguf=args.gguf, ollama=args.ollama
+    )
+    out = export_model(args.model, Path(args.out), settings, base=args.base, template=args.template)
+    print(f"exported {args.model} to {out}")
+    return 0

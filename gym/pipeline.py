@@ -6,13 +6,15 @@ Defaults run the embedded gym-tiny on the demo data in a few minutes on a CPU.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gym.cli_options import merge
 from gym.data.tokenize import TokenizeSettings
+from gym.tfgrpo.config import TfGrpoSettings
 from gym.train.config import TrainConfig
+from gym.train.warm_start import WarmStart
 
 # Learning rate, epochs and batch size come from the model's registry `train_defaults` (gym-tiny's
 # were measured with scripts/check_demo_learnable.py) unless set here or on the command line.
@@ -54,6 +56,13 @@ class OutputSettings(BaseModel):
         "challenger", description="Alias set on the new model version (promotion is a later step)."
     )
     output_dir: str | None = Field(None, description="Also copy the final model directory here.")
+    promote_metric: str | None = Field(
+        None,
+        description="Then promote the new version to `champion` if it beats the current one on this score "
+        "(exact_match_after, <method>_reward_accuracy, <method>_loss_last...); None: never promote.",
+    )
+    promote_margin: float = Field(0.0, ge=0, description="Promotion needs a win by more than this margin.")
+    promote_mode: Literal["max", "min"] = Field("max", description="max: higher scores win; min: lower win.")
     experiment: str = Field("gym", description="MLflow experiment name.")
     tracking_uri: str | None = Field(
         None, description="MLflow tracking URI; default: $MLFLOW_TRACKING_URI or SQLite in the workspace."
@@ -149,9 +158,63 @@ class TrainFlowConfig(FlowConfig):
         None, description="Held-out data in the training format (e.g. preference pairs for DPO)."
     )
     train: TrainConfig = Field(default_factory=lambda: DEFAULT_SFT.model_copy(), description="The stage.")
+    warm_start: WarmStart | None = Field(
+        None, description="SFT first, then the method from the result (online RL on gym-tiny needs it)."
+    )
 
     def dataset_uses(self) -> dict[str, tuple[str, str]]:
         uses = {"dataset": (self.dataset, self.train.method)}
         if self.method_eval_dataset:
             uses["method_eval_dataset"] = (self.method_eval_dataset, self.train.method)
+        if self.warm_start:
+            uses["warm_start.dataset"] = (self.warm_start.dataset, self.warm_start.train.method)
         return {**uses, **super().dataset_uses()}
+
+
+class TfGrpoFlowConfig(TfGrpoSettings):
+    """Training-Free GRPO: learn an experience library for a frozen model, evaluated on held-out questions.
+
+    The model runs behind `endpoint` (any OpenAI-compatible API) or, without one, locally.
+    """
+
+    model: str = Field(
+        "gym-tiny", description="Model at the endpoint, or a registry name / checkpoint dir to run locally."
+    )
+    template: str | None = Field(
+        None, description="Chat template for a local model; default: the registry's."
+    )
+    trust_remote_code: bool = Field(False, description="Let transformers run the model repo's code (local).")
+    dataset: str = Field("demo_sft", description="Training questions: registry name or path (sft format).")
+    eval_dataset: str | None = Field(
+        "demo_sft_eval", description="Held-out questions for Mean@k / Pass@k before and after (None to skip)."
+    )
+    output: OutputSettings = Field(default_factory=OutputSettings, description="Registration and export.")
+
+    def settings(self) -> TfGrpoSettings:
+        return TfGrpoSettings.model_validate(self.model_dump(include=set(TfGrpoSettings.model_fields)))
+
+    @property
+    def model_is_remote(self) -> bool:
+        """The policy runs behind an endpoint: `model` is a name there, not one gym must resolve."""
+        return bool(self.endpoint or self.policy.endpoint)
+
+    def dataset_uses(self) -> dict[str, tuple[str, str]]:
+        """None for gym.preflight: the run's first task reads the datasets (question/answer files too,
+        which preflight's format detection does not know) and rejects a bad one before any LLM call."""
+        return {}
+
+    @classmethod
+    def from_train_flow(cls, config: TrainFlowConfig) -> TfGrpoFlowConfig:
+        """The train flow's config with method tf_grpo: its model, data and output; its stage's
+        epochs and seed over the paper's defaults."""
+        epochs = config.train.num_train_epochs
+        return cls(
+            model=config.model,
+            template=config.template,
+            trust_remote_code=config.trust_remote_code,
+            dataset=config.dataset,
+            eval_dataset=config.eval_dataset,
+            output=config.output,
+            seed=config.train.seed,
+            **({"epochs": max(1, round(epochs))} if epochs is not None else {}),
+        )

@@ -49,6 +49,7 @@ def check_methods(config: BaseModel) -> None:
                 f"{field}.method: {stage.method!r} is not implemented yet; available: {', '.join(METHODS)}"
             )
         check_speed(field, stage)
+        check_online(field, stage)
 
 
 def check_speed(field: str, stage: Any) -> None:
@@ -61,6 +62,16 @@ def check_speed(field: str, stage: Any) -> None:
             speed.resolve(stage)
         except ConfigError as exc:
             raise ConfigError(f"{field}.speed: {exc}") from exc
+
+
+def check_online(field: str, stage: Any) -> None:
+    """Online RL stages: rewards that load, a batch of whole groups, an environment, vLLM if asked."""
+    from gym.train import rl_common
+
+    try:
+        rl_common.check(stage)
+    except ConfigError as exc:
+        raise ConfigError(f"{field}.rl: {exc}") from None
 
 
 def check_model(name: str, template: str | None) -> None:
@@ -105,6 +116,7 @@ def check(config: FlowInputs) -> None:
     """Raise the first problem found in a flow config (a GymError naming the field), else return."""
     if isinstance(config, BaseModel):
         check_methods(config)
-    check_model(config.model, config.template)
+    if not getattr(config, "model_is_remote", False):  # a model known only to an API endpoint (TF-GRPO)
+        check_model(config.model, config.template)
     for field, (name, use) in config.dataset_uses().items():
         check_dataset(field, name, use)

@@ -6,7 +6,9 @@ model_version, flow_run_id, and the last stage's main signal: metric_name, metri
 metric_last (the training loss unless the method reports another). Each stage adds
 `<method>_loss_first/last` and `<method>_tokens_per_second` (real training tokens/s), and
 stages evaluated on preference pairs add `<method>_reward_accuracy[_before]` and
-`<method>_reward_margin[_before]`.
+`<method>_reward_margin[_before]`. Registration adds `model_alias` and `model_reused`
+(model_version is the version the alias points to now); a promotion adds `promoted`,
+`champion_version` and `promotion_reason`.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ def summarize(
     mlflow_run_id: str,
     model_dir: str,
     flow_run_id: str | None,
+    promotion: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     out: dict[str, Any] = dict.fromkeys(REQUIRED)
     for name, result in stages.items():
@@ -54,5 +57,13 @@ def summarize(
         model_version=registered["version"],
         model_dir=model_dir,
         flow_run_id=flow_run_id,
+        model_alias=registered.get("alias"),
+        model_reused=registered.get("reused"),
     )
+    if promotion is not None:
+        out.update(
+            promoted=promotion["promoted"],
+            champion_version=promotion["champion"],
+            promotion_reason=promotion["reason"],
+        )
     return out

@@ -119,6 +119,16 @@ def log_curve(run_id: str, key: str, points: Iterable[tuple[int, float]], uri: s
         client.log_batch(run_id, metrics=items[i : i + 1000])
 
 
+def log_table(run_id: str, rows: list[dict[str, Any]], artifact_file: str, uri: str | None = None) -> None:
+    """Log rows (dicts) as an MLflow table artifact, e.g. sample completions per training step."""
+    if not rows:
+        return
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    _client(uri).log_table(
+        run_id, data={k: [row.get(k) for row in rows] for k in columns}, artifact_file=artifact_file
+    )
+
+
 def _safe(key: str) -> str:
     """MLflow metric names allow alphanumerics, _ - . / and spaces; map anything else to _."""
     return re.sub(r"[^\w\-./ ]", "_", key)
@@ -295,3 +305,46 @@ def download_model_version(model_uri: str, target: Path, uri: str | None = None)
         with workspace.atomic_dir(target) as tmp, using_uri(tracking_uri(uri)):
             mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(tmp))
     return target / "model"
+
+
+def find_version_by_tag(name: str, key: str, value: str, uri: str | None = None) -> str | None:
+    """The newest version of registered model `name` whose tag `key` equals `value` (None if none)."""
+    from mlflow.exceptions import MlflowException
+
+    client = _client(uri)
+    try:
+        versions = client.search_model_versions(f"name = '{_quote(name)}'")
+    except MlflowException:
+        return None
+    matches = [int(v.version) for v in versions if v.tags.get(key) == value]
+    return str(max(matches)) if matches else None
+
+
+def _quote(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("'", "\\'")
+
+
+def version_by_alias(name: str, alias: str, uri: str | None = None) -> tuple[str, dict[str, str]] | None:
+    """(version, tags) that `name@alias` points to, or None when the model or alias doesn't exist."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        mv = _client(uri).get_model_version_by_alias(name, alias)
+    except MlflowException:
+        return None
+    return str(mv.version), dict(mv.tags)
+
+
+def set_alias(name: str, alias: str, version: str, uri: str | None = None) -> None:
+    _client(uri).set_registered_model_alias(name, alias, version)
+
+
+def set_version_tags(name: str, version: str, tags: Mapping[str, Any], uri: str | None = None) -> None:
+    client = _client(uri)
+    for k, v in tags.items():
+        client.set_model_version_tag(name, version, k, str(v))
+
+
+def set_version_description(name: str, version: str, text: str, uri: str | None = None) -> None:
+    """The version's description: gym puts its model card here."""
+    _client(uri).update_model_version(name, version, description=text)

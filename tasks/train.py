@@ -12,7 +12,8 @@ from typing import Any
 from gym import tracking
 from gym.models import ModelRef, derived
 from gym.plots import loss_plot
-from gym.train import TrainConfig, TrainResult, run
+from gym.train import TrainConfig, TrainResult, rl_common, run
+from gym.train.rl_config import ONLINE_METHODS
 from tasks._common import GPU_TAG, gym_task
 from tasks.tracking import fmt, link, publish, run_logs, stage_run, table
 
@@ -64,6 +65,8 @@ def _track(config: TrainConfig, result: TrainResult, run_id: str, uri: str | Non
         {config.method: result.losses}, Path(result.stage_dir) / "loss.png", f"{config.method} loss"
     )
     tracking.log_artifact(run_id, plot, uri=uri)
+    if config.method in ONLINE_METHODS:  # reward curves, KL, clip fraction, sample completions
+        rl_common.track(run_id, result.stage_dir, uri=uri)
 
 
 def _publish(config: TrainConfig, result: TrainResult, run_id: str | None, uri: str | None) -> None:

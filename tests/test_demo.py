@@ -17,12 +17,13 @@ import pytest
 from gym.data.demo import DEMO_DATASETS, demo_records
 from gym.errors import ConfigError
 
-TRAIN = ("demo_sft", "demo_dpo", "demo_kto", "demo_chat")
+TRAIN = ("demo_sft", "demo_dpo", "demo_kto", "demo_chat", "demo_format_sft", "demo_prompts")
 EVAL = ("demo_sft_eval", "demo_dpo_eval")
 FIELDS = {
     "alpaca": {"instruction": str, "input": str, "output": str},
     "preference": {"instruction": str, "input": str, "chosen": str, "rejected": str},
     "kto": {"instruction": str, "input": str, "output": str, "label": bool},
+    "prompt": {"prompt": str, "answer": str, "metadata": dict},
 }
 ZH = "〇一二三四五六七八九"
 
@@ -54,6 +55,8 @@ def problems(name: str) -> list[tuple[str, str, str]]:
     for r in demo_records(name):
         if DEMO_DATASETS[name] == "sharegpt":
             pairs = [t["value"].split("\n", 1) for t in r["conversations"] if t["from"] == "human"]
+        elif DEMO_DATASETS[name] == "prompt":
+            pairs = [r["prompt"].split("\n", 1)]
         else:
             pairs = [(r["instruction"], r["input"])]
         out += [(ins, inp, solve(ins, inp)[0]) for ins, inp in pairs]
@@ -72,6 +75,9 @@ def test_names_and_formats() -> None:
         "demo_dpo_eval": "preference",
         "demo_kto": "kto",
         "demo_chat": "sharegpt",
+        "demo_format_sft": "alpaca",
+        "demo_prompts": "prompt",
+        "demo_prompts_eval": "prompt",
     }
 
 
@@ -162,6 +168,6 @@ def test_both_languages_and_every_task(name: str) -> None:
     if DEMO_DATASETS[name] == "sharegpt":
         texts = [t["value"] for r in demo_records(name) for t in r["conversations"]]
     else:
-        texts = [r["instruction"] for r in demo_records(name)]
+        texts = [r.get("instruction", r.get("prompt", "")) for r in demo_records(name)]
     assert any(has_cjk(t) for t in texts) and any(t.isascii() for t in texts)
     assert {task for _, _, task in problems(name)} == {task for task, _, _ in SOLVERS}

@@ -99,8 +99,14 @@ def stats_for(ds: datasets.Dataset, kind: str, cutoff_len: int) -> dict[str, int
             "mean_len": float(pc.sum(lengths).as_py() or 0) / n,
             "num_label_tokens": int(pc.sum(pc.not_equal(labels, -100)).as_py() or 0),
         }
-    answers = ("chosen_ids", "rejected_ids") if kind == "preference" else ("completion_ids",)
     prompt = _lengths(ds, "prompt_ids")
+    if kind == "prompt":
+        return {
+            "max_prompt_len": int(pc.max(prompt).as_py() or 0),
+            "mean_len": float(pc.sum(prompt).as_py() or 0) / n,
+            "num_over_cutoff": int(pc.sum(pc.greater(prompt, cutoff_len)).as_py() or 0),
+        }
+    answers = ("chosen_ids", "rejected_ids") if kind == "preference" else ("completion_ids",)
     longest = _lengths(ds, answers[0])
     for column in answers[1:]:
         longest = pc.max_element_wise(longest, _lengths(ds, column))

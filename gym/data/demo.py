@@ -16,6 +16,17 @@ Splits are cut from one stream of distinct problem instances (task, input), so n
 appears in two datasets: the eval splits share nothing with any training split. As a chat
 turn, an alpaca record is `instruction + "\n" + input` (how demo_chat writes its human turns).
 
+Online RL (PPO, GRPO, GSPO) gets an answer-format task built on the same problems: every question
+ends with a request to reply as `Answer: <answer>` (English) or `答案：<answer>` (Chinese).
+`demo_format_sft` (the problems of demo_sft) follows that request in a random half of its answers
+and answers plainly in the other half, so a model fine-tuned on it does both: rewards differ within
+a group of sampled completions from the first step (gym-tiny starts from random weights, and a
+reward that is always 0 teaches nothing). `demo_prompts` (prompts of 512 of demo_sft's problems) and
+`demo_prompts_eval` (those of demo_sft_eval: held out) carry the answer as ground truth and the
+task and language as metadata; the reward functions `final_answer` and `answer_format`
+(gym.rewards) check the answer and the form. Asking plainly is what SFT on demo_sft teaches; only
+reinforcement with the reward teaches the form consistently.
+
     from gym.data.demo import DEMO_DATASETS, demo_records
     records = demo_records("demo_sft")   # [{"instruction": ..., "input": ..., "output": ...}, ...]
 
@@ -41,6 +52,15 @@ DEMO_DATASETS: dict[str, str] = {
     "demo_dpo_eval": "preference",
     "demo_kto": "kto",
     "demo_chat": "sharegpt",
+    "demo_format_sft": "alpaca",
+    "demo_prompts": "prompt",
+    "demo_prompts_eval": "prompt",
+}
+# Datasets that reuse the problem instances of another (same problems, asked for the answer format).
+SAME_PROBLEMS = {
+    "demo_format_sft": "demo_sft",
+    "demo_prompts": "demo_sft",
+    "demo_prompts_eval": "demo_sft_eval",
 }
 
 # Problem instances per dataset (demo_chat: conversations, each of 2-3 instances).
@@ -54,6 +74,12 @@ SIZES: dict[str, int] = {
 }
 _CHAT_TURNS = (2, 3)
 _SYSTEM = {"en": "You are a helpful assistant.", "zh": "你是一个乐于助人的助手。"}
+
+# The answer format the online-RL demo asks for, and the request that ends its questions.
+ANSWER_PREFIX = {"en": "Answer: ", "zh": "答案："}
+FORMAT_REQUEST = {"en": ' Reply in the form "Answer: <answer>".', "zh": "请用“答案：<答案>”的格式回答。"}
+# Share of demo_format_sft answers written in the requested form.
+FORMAT_SHARE = 0.5
 
 ZH_NUMERALS = dict(zip("123456789", "一二三四五六七八九", strict=True))
 
@@ -320,7 +346,36 @@ def _sharegpt(problems: tuple[Problem, ...], rng: random.Random) -> list[dict]:
     return out
 
 
+def _ask_format(p: Problem, rng: random.Random) -> tuple[str, str]:
+    """(language, question asking for the answer format) of a problem."""
+    lang = rng.choice(("en", "zh"))
+    ins, inp = _ask(p, rng, lang)
+    return lang, f"{ins}{FORMAT_REQUEST[lang]}\n{inp}"
+
+
+def _format_sft(problems: tuple[Problem, ...], rng: random.Random) -> list[dict]:
+    out = []
+    for p in problems:
+        lang, question = _ask_format(p, rng)
+        ins, inp = question.split("\n", 1)
+        formatted = rng.random() < FORMAT_SHARE
+        out.append({"instruction": ins, "input": inp, "output": ANSWER_PREFIX[lang] * formatted + p.output})
+    return out
+
+
+def _prompts(problems: tuple[Problem, ...], rng: random.Random) -> list[dict]:
+    out = []
+    for p in problems:
+        lang, question = _ask_format(p, rng)
+        out.append({"prompt": question, "answer": p.output, "metadata": {"task": p.task.name, "lang": lang}})
+    return out
+
+
 _BUILDERS = {"alpaca": _alpaca, "preference": _preference, "kto": _kto, "sharegpt": _sharegpt}
+_OWN_BUILDERS = {"demo_format_sft": _format_sft, "demo_prompts": _prompts, "demo_prompts_eval": _prompts}
+# demo_prompts asks the first PROMPTS problems of demo_sft: one epoch of GRPO with 8 prompts a step
+# (batch 64, group size 8) is 64 steps, about a minute on a 2-core CPU.
+PROMPTS = 512
 
 
 def demo_records(name: str) -> list[dict]:
@@ -329,6 +384,9 @@ def demo_records(name: str) -> list[dict]:
         raise ConfigError(f"unknown demo dataset {name!r}; available: {', '.join(DEMO_DATASETS)}")
     # A per-dataset rng: the wording of one dataset does not depend on the sizes of the others.
     rng = random.Random(f"{SEED}:{name}")
+    if name in _OWN_BUILDERS:
+        problems = _problems()[SAME_PROBLEMS[name]]
+        return _OWN_BUILDERS[name](problems[:PROMPTS] if name == "demo_prompts" else problems, rng)
     return _BUILDERS[DEMO_DATASETS[name]](_problems()[name], rng)
 
 

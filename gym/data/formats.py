@@ -6,6 +6,9 @@ Canonical kinds (what `ingest` writes and `tokenize` reads):
   system message, then user/assistant turns alternating, ending with an assistant turn.
 - `preference`: `{"prompt": [messages ending with a user turn], "chosen": str, "rejected": str}`.
 - `kto`: `{"prompt": [messages ending with a user turn], "completion": str, "label": bool}`.
+- `prompt`: `{"prompt": [messages ending with a user turn], "answer": str | None, "metadata": JSON text}`:
+  what online RL (PPO, GRPO, GSPO) samples completions for; `answer` is the optional ground truth
+  reward functions compare against, `metadata` any extra fields they may use (a JSON object).
 
 Source formats (the `format` of a dataset registry entry) and the kind each gives:
 
@@ -20,6 +23,8 @@ Source formats (the `format` of a dataset registry entry) and the kind each give
   alpaca fields + `chosen`/`rejected` strings, or `conversations` + `chosen`/`rejected` message objects.
 - `kto`: alpaca fields + `output` + `label`, TRL style `{prompt, completion, label}`, or a conversation
   whose last turn is the completion, + `label`. Labels: booleans, 0/1, or "true"/"false" (csv).
+- `prompt`: a prompt (`prompt` text or messages, alpaca instruction/input, or a conversation ending with
+  a user turn), an optional `answer` (text or number) and an optional `metadata` object.
 
 `columns` (from the dataset registry) renames source fields first: `{"output": "answer"}` reads the
 canonical field `output` from the source column `answer`.
@@ -27,13 +32,21 @@ canonical field `output` from the source column `answer`.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from gym.errors import ConfigError, DataError
 
-FORMAT_KIND = {"alpaca": "sft", "sharegpt": "sft", "openai": "sft", "preference": "preference", "kto": "kto"}
+FORMAT_KIND = {
+    "alpaca": "sft",
+    "sharegpt": "sft",
+    "openai": "sft",
+    "preference": "preference",
+    "kto": "kto",
+    "prompt": "prompt",
+}
 # Methods and the record kind each trains on; preference-tuning variants all read the same kind.
 METHOD_KIND = {
     "sft": "sft",
@@ -43,8 +56,16 @@ METHOD_KIND = {
     "simpo": "preference",
     "cpo": "preference",
     "kto": "kto",
+    "ppo": "prompt",
+    "grpo": "prompt",
+    "gspo": "prompt",
 }
-KIND_FORMATS = {"sft": "alpaca, sharegpt or openai", "preference": "preference", "kto": "kto"}
+KIND_FORMATS = {
+    "sft": "alpaca, sharegpt or openai",
+    "preference": "preference",
+    "kto": "kto",
+    "prompt": "prompt",
+}
 ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant"}
 TOOL_ROLES = ("observation", "function_call", "function", "tool", "tool_call", "ipython")
 MAPPING_HINT = "map other column names with `columns` in the dataset registry"
@@ -277,6 +298,24 @@ def to_kto(rec: dict[str, Any], w: Where) -> dict[str, Any]:
     return {"prompt": prompt, "completion": text, "label": parse_label(rec.get("label"), w)}
 
 
+def to_prompt(rec: dict[str, Any], w: Where) -> dict[str, Any]:
+    need = (
+        "prompt records need a prompt (prompt, instruction/input or a conversation ending with a user turn)"
+    )
+    msgs = prompt_of(rec, w, need)
+    answer = rec.get("answer")
+    if isinstance(answer, bool) or not (answer is None or isinstance(answer, str | int | float)):
+        raise w.error(f"must be text or a number, got {type(answer).__name__} {answer!r:.60}", "answer")
+    metadata = rec.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise w.error(f"must be an object of extra fields, got {type(metadata).__name__}", "metadata")
+    return {
+        "prompt": msgs,
+        "answer": None if answer is None else str(answer),
+        "metadata": json.dumps(metadata or {}, ensure_ascii=False, sort_keys=True),
+    }
+
+
 def normalize(record: dict[str, Any], fmt: str, where: Where) -> dict[str, Any]:
     """One raw record (columns already mapped) as a canonical record of kind `FORMAT_KIND[fmt]`."""
     if fmt not in FORMAT_KIND:
@@ -286,6 +325,8 @@ def normalize(record: dict[str, Any], fmt: str, where: Where) -> dict[str, Any]:
         return to_sft(record, fmt, where)
     if kind == "preference":
         return to_preference(record, where)
+    if kind == "prompt":
+        return to_prompt(record, where)
     return to_kto(record, where)
 
 
@@ -302,6 +343,8 @@ def detect_format(columns: Iterable[str]) -> str | None:
         return "sharegpt"
     if {"instruction", "output"} <= cols:
         return "alpaca"
+    if "prompt" in cols or {"instruction", "answer"} <= cols:
+        return "prompt"
     return None
 
 

@@ -42,6 +42,7 @@ def features(kind: str) -> datasets.Features:
         "sft": Features({"messages": messages}),
         "preference": Features({"prompt": messages, "chosen": Value("string"), "rejected": Value("string")}),
         "kto": Features({"prompt": messages, "completion": Value("string"), "label": Value("bool")}),
+        "prompt": Features({"prompt": messages, "answer": Value("string"), "metadata": Value("string")}),
     }[kind]
 
 
@@ -60,7 +61,7 @@ class IngestResult(BaseModel):
     digest: str
     """Content digest naming the folder."""
     kind: str
-    """Canonical record kind: sft, preference or kto."""
+    """Canonical record kind: sft, preference, kto or prompt."""
     num_records: int
     """Number of records written."""
 

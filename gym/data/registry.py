@@ -30,7 +30,7 @@ from gym.data.readers import EXTENSIONS, looks_like_hub_id, read_source
 from gym.errors import ConfigError, DataError, RegistryError
 from gym.paths import registry_dir
 
-Format = Literal["alpaca", "sharegpt", "openai", "preference", "kto"]
+Format = Literal["alpaca", "sharegpt", "openai", "preference", "kto", "prompt"]
 
 
 class DatasetSpec(BaseModel):
@@ -70,7 +70,7 @@ class DatasetSpec(BaseModel):
 
     @property
     def kind(self) -> str | None:
-        """Canonical record kind (sft, preference, kto), or None while the format is unknown."""
+        """Canonical record kind (sft, preference, kto, prompt), or None while the format is unknown."""
         return FORMAT_KIND[self.format] if self.format else None
 
     @property

@@ -10,7 +10,9 @@ Columns by record kind (no padding: collators pad each batch):
   exact text the template renders for that assistant turn, end-of-turn token included, trailing
   whitespace after it removed) and `prompt_ids`, `chosen_ids`, `rejected_ids`.
 - kto: `prompt`, `completion`, `label`, `prompt_ids`, `completion_ids`.
-Preference and kto texts are not cut: TRL truncates them with its `max_length`; `stats` counts
+- prompt (online RL): `prompt` (the messages, which TRL renders with the same chat template),
+  `prompt_text` (rendered with the generation prompt), `prompt_ids`, `answer`, `metadata` (JSON).
+Preference, kto and prompt texts are not cut: TRL truncates them with its `max_length`; `stats` counts
 the records longer than `cutoff_len`.
 
 The digest hashes the dataset digest, the template text, the tokenizer files (or hub id +
@@ -60,6 +62,10 @@ def features(kind: str) -> datasets.Features:
             {"prompt": Value("string"), "completion": Value("string"), "label": Value("bool")}
             | {"prompt_ids": ids, "completion_ids": ids}
         ),
+        "prompt": Features(
+            {"prompt": List({"role": Value("string"), "content": Value("string")}), "prompt_ids": ids}
+            | {n: Value("string") for n in ("prompt_text", "answer", "metadata")}
+        ),
     }[kind]
 
 
@@ -93,7 +99,7 @@ class TokenizeResult(BaseModel):
     digest: str
     """Content digest naming the folder."""
     kind: str
-    """Record kind: sft, preference or kto."""
+    """Record kind: sft, preference, kto or prompt."""
     num_records: int
     """Records written."""
     num_truncated: int = 0
@@ -190,6 +196,17 @@ def _pair_batch(tokenizer: Any, template: str, kind: str, file: str) -> BatchFn:
     return fn
 
 
+def _prompt_batch(tokenizer: Any, template: str) -> BatchFn:
+    def fn(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
+        texts = [
+            templates.render(tokenizer, p, template, add_generation_prompt=True) for p in batch["prompt"]
+        ]
+        ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        return {**batch, "prompt_text": texts, "prompt_ids": ids}
+
+    return fn
+
+
 def tokenize(
     dataset_dir: str | Path,
     tokenizer_dir: str | Path,
@@ -222,6 +239,8 @@ def tokenize(
         ds = ds.select(range(min(settings.max_samples, len(ds))))
     if kind == "sft":
         fn = _sft_batch(tokenizer, template, settings)
+    elif kind == "prompt":
+        fn = _prompt_batch(tokenizer, template)
     else:
         fn = _pair_batch(tokenizer, template, kind, str(dataset_dir))
     # Map cache files go to a scratch dir beside the artifact: never into the dataset artifact.

@@ -24,14 +24,21 @@ from gym.data.ingest import load_meta
 from gym.errors import ConfigError
 from gym.hashing import hash_obj
 from gym.models import ModelRef, load_model, load_tokenizer
-from gym.train import dpo, sft, speed
+from gym.train import dpo, gspo, ppo, rl_common, sft, speed, tf_grpo
 from gym.train.common import TrainResult, check_hardware, count_params, losses_from, peft_config
 from gym.train.config import TrainConfig, with_defaults
+from gym.train.grpo import online as grpo_online
 
 METHODS: dict[str, Callable[..., Any]] = {
     "sft": sft.build_trainer,
     "dpo": dpo.build_trainer,
+    "ppo": ppo.build_trainer,
+    "grpo": grpo_online.build_trainer,
+    "gspo": gspo.build_trainer,
+    "tf_grpo": tf_grpo.build_trainer,  # trains no weights: `run` hands it to gym.train.tf_grpo.run
 }
+# Methods whose main signal is an eval metric rather than the loss: method -> metric name.
+METRICS = {m: rl_common.METRIC for m in ("ppo", "grpo", "gspo")}
 
 __all__ = ["METHODS", "TrainConfig", "TrainResult", "run", "stage_digest"]
 
@@ -72,10 +79,13 @@ def run(
     eval_data: Path | None = None,
 ) -> TrainResult:
     """Train one stage, or return it finished (or resume it) from its content-addressed directory."""
+    if config.method == "tf_grpo":  # an experience library, no weights; reads ingested (untokenized) data
+        return tf_grpo.run(config, model, Path(train_data), Path(eval_data) if eval_data else None)
     if config.method not in METHODS:
         raise ConfigError(f"unknown method {config.method!r}; available: {', '.join(METHODS)}")
     config = with_defaults(config, model.train_defaults)
     check_hardware(config)
+    rl_common.check(config)
     meta = load_meta(train_data)
     require_kind(meta["result"]["kind"], config.method, str(train_data))
     digest = stage_digest(config, model, train_data, eval_data)
@@ -134,6 +144,7 @@ def _train(
     eval_after = _numbers(trainer.evaluate()) if eval_ds is not None else {}
     trainable, total = count_params(trainer.model)
     model_dir, adapter_dir = _save_final(trainer, tokenizer, model_ref, stage_dir)
+    metric = METRICS.get(config.method)
     result = TrainResult(
         method=config.method,
         digest=digest,
@@ -149,6 +160,15 @@ def _train(
         resumed_from=resume,
         train_seconds=round(seconds, 3),
         tokens_seen=int(trainer.state.num_input_tokens_seen),
+        **(
+            {
+                "metric_name": metric,
+                "metric_first": eval_before.get(metric),
+                "metric_last": eval_after.get(metric),
+            }
+            if metric
+            else {}
+        ),
     )
     workspace.atomic_write_text(stage_dir / "result.json", result.model_dump_json(indent=2))
     return result

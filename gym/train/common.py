@@ -51,8 +51,8 @@ class TrainResult(BaseModel):
 
     @property
     def tokens_per_second(self) -> float | None:
-        """Real (unpadded) training tokens per second; unknown for a resumed stage."""
-        if self.resumed_from or self.train_seconds <= 0:
+        """Real (unpadded) training tokens per second; unknown for a resumed stage or uncounted tokens."""
+        if self.resumed_from or self.train_seconds <= 0 or self.tokens_seen <= 0:
             return None
         return round(self.tokens_seen / self.train_seconds, 1)
 
@@ -85,7 +85,7 @@ def trl_args(config: TrainConfig, output_dir: Path) -> dict[str, Any]:
         "disable_tqdm": True,
         "dataloader_num_workers": 0,
         "use_cpu": not _cuda_available(),
-        **speed.trainer_args(speed.resolve(config)),
+        **speed.trainer_args(speed.resolve(config), config.method),
     }
 
 

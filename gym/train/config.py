@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gym.train.rl_config import RLSettings
 from gym.train.speed import SpeedSettings
 
 # Every method gym knows by name; `gym.train.METHODS` holds the ones implemented (one file each).
@@ -108,6 +109,10 @@ class TrainConfig(BaseModel):
         default_factory=SpeedSettings,
         description="Throughput: attention kernel, padding-free or packed batches, Liger, Unsloth, compile.",
     )
+    rl: RLSettings = Field(
+        default_factory=RLSettings,
+        description="Online RL (ppo, grpo, gspo): rewards, rollouts, KL, clipping.",
+    )
 
 
 # Defaults per method and finetuning type where the user and the model's registry entry are silent:
@@ -121,6 +126,20 @@ METHOD_DEFAULTS: dict[str, dict[str, dict[str, float]]] = {
     "dpo": {
         "full": {"learning_rate": 1e-6, "num_train_epochs": 1, "per_device_train_batch_size": 8},
         "lora": {"learning_rate": 5e-6, "num_train_epochs": 1, "per_device_train_batch_size": 8},
+    },
+    # Online RL: TRL's GRPO (1e-6) and PPO (3e-6) rates for full fine-tuning; the batch counts
+    # completions (GRPO: group_size per prompt, so it must be a multiple of it).
+    "grpo": {
+        "full": {"learning_rate": 1e-6, "num_train_epochs": 1, "per_device_train_batch_size": 8},
+        "lora": {"learning_rate": 1e-5, "num_train_epochs": 1, "per_device_train_batch_size": 8},
+    },
+    "gspo": {
+        "full": {"learning_rate": 1e-6, "num_train_epochs": 1, "per_device_train_batch_size": 8},
+        "lora": {"learning_rate": 1e-5, "num_train_epochs": 1, "per_device_train_batch_size": 8},
+    },
+    "ppo": {
+        "full": {"learning_rate": 3e-6, "num_train_epochs": 1, "per_device_train_batch_size": 8},
+        "lora": {"learning_rate": 1e-5, "num_train_epochs": 1, "per_device_train_batch_size": 8},
     },
 }
 

@@ -38,6 +38,8 @@ PADDING_FREE_METHODS = ("sft",)
 # Methods where "auto" turns Liger on. DPO-style trainers are left out: gym precomputes the reference
 # log-probs, which TRL's Liger DPO loss does not support.
 LIGER_METHODS = ("sft",)
+# Methods whose TRL batches carry `input_ids` (+ attention mask) the Trainer can count tokens from.
+TOKEN_COUNTED_METHODS = ("sft", "dpo", "ipo", "cdpo", "hinge")
 GPU_EXTRAS = "pip install 'gym[flash-attn]' on a machine with a CUDA GPU"
 
 
@@ -175,12 +177,14 @@ def load_options(resolved: Resolved) -> dict[str, Any]:
     return {"attn_implementation": resolved.attn_implementation, "unsloth": resolved.unsloth}
 
 
-def trainer_args(resolved: Resolved) -> dict[str, Any]:
-    """TrainingArguments fields shared by every TRL config (and a count of real tokens, for tokens/s)."""
+def trainer_args(resolved: Resolved, method: str) -> dict[str, Any]:
+    """TrainingArguments fields shared by every TRL config (and a count of real tokens, for tokens/s,
+    where the method's batches hold `input_ids`: online RL batches don't, and the Trainer would warn
+    at every step)."""
     return {
         "use_liger_kernel": resolved.liger,
         "torch_compile": resolved.torch_compile,
-        "include_num_input_tokens_seen": "non_padding",
+        "include_num_input_tokens_seen": "non_padding" if method in TOKEN_COUNTED_METHODS else "no",
     }
 
 

@@ -6,3 +6,22 @@ experience library learned in context), under the module names the Gym papers do
     gym.train.grpo.semantic_extractor   the three LLM stages (summarize, extract, consolidate)
     gym.train.grpo.api_model_adapter    black-box API models as policy / optimizer
 """
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["ExperienceManager", "GRPOTrainer"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, so `import gym.train.grpo.<module>` never pulls in the trainer's imports.
+    if name == "GRPOTrainer":
+        from gym.train.grpo.trainer import GRPOTrainer
+
+        return GRPOTrainer
+    if name == "ExperienceManager":
+        from gym.train.grpo.experience_manager import ExperienceManager
+
+        return ExperienceManager
+    raise AttributeError(name)

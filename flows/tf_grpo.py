@@ -1,0 +1,120 @@
+"""Training-Free GRPO: learn an experience library for a frozen model, step by step, as Prefect tasks.
+
+    python flows/tf_grpo.py --endpoint http://127.0.0.1:8000/v1 --model gym-tiny --json
+    gym train --method tf_grpo --endpoint URL --dataset D --group-size 5 --epochs 3 --json
+    gym train --finetuning_type grpo --training_free_grpo --group_size 5 --num_train_epochs 3 --output_dir DIR
+
+Each step: rollouts (mapped over questions x samples) -> reward -> summarize (informative groups
+only) -> extract -> consolidate (once per batch, skipped when nothing was proposed) -> apply,
+which writes the step's manifest and the new library version; then the version goes to MLflow and
+its diff to a Prefect markdown artifact. Held-out Mean@k is measured before and after each epoch.
+A re-run of the same config resumes: finished steps are read back, and every LLM call already
+made comes from gym's call cache. The final library ships with the model (experiences.json).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prefect import flow
+from prefect.runtime import flow_run
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from gym.pipeline import TfGrpoFlowConfig
+from gym.tfgrpo.data import Question, StepPlan
+from gym.tfgrpo.library import LibraryRef
+from gym.train.tf_grpo import TfGrpoRun, summary
+from tasks.preflight import check_inputs
+from tasks.register import register_model
+from tasks.tfgrpo import (
+    apply_step,
+    consolidate,
+    evaluate_library,
+    export_model_dir,
+    extract,
+    finish_run,
+    prepare_run,
+    publish_step,
+    resume_step,
+    reward,
+    rollout,
+    ship_model,
+    start_library,
+    start_stage_tracking,
+    summarize,
+)
+from tasks.tracking import end_failed_tracking, finish_tracking, start_tracking
+
+DEFAULTS = TfGrpoFlowConfig()
+
+
+def run_step(
+    run: TfGrpoRun,
+    step: StepPlan,
+    library: LibraryRef,
+    questions: list[Question],
+    tracked: str,
+    uri: str | None,
+) -> LibraryRef:
+    """One step's task graph; each group moves on as soon as its own rollouts are back."""
+    batch = [questions[i] for i in step.questions]
+    chunks = {q.id: [rollout.submit(run, step, q, library, c) for c in range(len(run.chunks))] for q in batch}
+    rewards = {q.id: reward.submit(run, step, q, chunks[q.id]) for q in batch}
+    summaries = {q.id: summarize.submit(run, step, q, chunks[q.id], rewards[q.id], library) for q in batch}
+    extractions = {q.id: extract.submit(run, step, q, rewards[q.id], summaries[q.id], library) for q in batch}
+    consolidation = consolidate.submit(run, step, library, [extractions[q.id] for q in batch])
+    manifest, new_library = apply_step(
+        run, step, library, batch, chunks, rewards, summaries, extractions, consolidation
+    )
+    publish_step(run, manifest, tracked, uri)
+    return new_library
+
+
+# Like the other training flows: results persisted, a failed or crashed run closes its MLflow runs as FAILED.
+@flow(
+    name="tf-grpo",
+    task_runner=ThreadPoolTaskRunner(max_workers=64),
+    persist_result=True,
+    on_failure=[end_failed_tracking],
+    on_crashed=[end_failed_tracking],
+)
+def tf_grpo(config: TfGrpoFlowConfig = DEFAULTS) -> dict[str, Any]:
+    check_inputs(config)  # model name (unless it lives behind an endpoint), template: in a second
+    started, uri, run_label = time.time(), config.output.tracking_uri, flow_run.get_id()
+    parent = start_tracking("tf-grpo", config.model_dump(), run_label, uri)
+
+    run = prepare_run(config)
+    tracked = start_stage_tracking(run, parent, uri)
+    questions, held_out = run.questions(), run.eval_questions()
+    library = start_library(run)
+    evals = [evaluate_library(run, library, "before")] if held_out else []
+    for planned in run.steps:
+        step, done = resume_step(run, planned, library)
+        library = done or run_step(run, step, library, questions, tracked, uri)
+        if held_out and (step.index + 1 == len(run.steps) or run.steps[step.index + 1].epoch != step.epoch):
+            evals.append(evaluate_library(run, library, f"epoch{step.epoch + 1}"))
+    result = finish_run(run, library, evals, tracked, uri, started)
+
+    model_dir, model = ship_model(run, result)
+    registered = {"name": None, "version": None}
+    if model is not None:
+        name = config.output.register_as or f"{config.model.rsplit('/', 1)[-1]}-tf-grpo"
+        lineage = {
+            "dataset": run.dataset_digest,
+            "tf_grpo_run": run.config_hash,
+            "library": result.library_hash,
+        }
+        registered = register_model(model, name, config.output.alias, lineage, parent, run_label, uri)
+    if config.output.output_dir:
+        export_model_dir(model_dir, config.output.output_dir)
+
+    out = summary(run, result, model_dir, registered, parent, run_label)
+    finish_tracking(parent, out, uri)
+    return out
+
+
+if __name__ == "__main__":
+    from flows.runner import run_script
+
+    run_script(tf_grpo, TfGrpoFlowConfig)

@@ -1,0 +1,98 @@
+"""The model card: a Hugging Face README.md (YAML metadata + Markdown) written from a `Lineage`.
+
+The same text goes into an exported directory (README.md) and onto the registered MLflow model
+version (its description), so the hub, the registry and a folder on disk tell the same story:
+base model, method, datasets with digests, hyperparameters, eval scores, and how to run it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gym.lineage import Lineage
+
+
+def _yaml_list(key: str, items: list[str]) -> list[str]:
+    return [f"{key}:", *(f"- {json.dumps(i)}" for i in items)] if items else []
+
+
+def _table(header: tuple[str, str], rows: list[tuple[str, str]]) -> list[str]:
+    if not rows:
+        return ["(none recorded)"]
+    return [f"| {header[0]} | {header[1]} |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)]
+
+
+def _flat(prefix: str, value: Any) -> list[tuple[str, str]]:
+    if isinstance(value, dict):
+        return [row for k, v in value.items() for row in _flat(f"{prefix}.{k}" if prefix else k, v)]
+    return [(f"`{prefix}`", f"`{value}`")]
+
+
+def render(name: str, lineage: Lineage, stop_tokens: list[str] | None = None) -> str:
+    """README.md text for model `name`."""
+    front = [
+        "---",
+        "library_name: transformers",
+        "pipeline_tag: text-generation",
+        f"base_model: {json.dumps(lineage.base_model)}",
+        *_yaml_list("tags", ["gym", *(lineage.method.split("+") if lineage.method else [])]),
+        *_yaml_list("datasets", [str(d["name"]) for d in lineage.datasets.values() if d.get("name")]),
+        "---",
+    ]
+    datasets = [
+        (role, f"{d.get('name') or '(unnamed)'} — digest `{d.get('digest')}`")
+        for role, d in lineage.datasets.items()
+    ]
+    hyper = [row for stage, cfg in lineage.hyperparameters.items() for row in _flat(stage, cfg)]
+    scores = [(k, f"{v:.4f}") for k, v in sorted(lineage.scores.items())]
+    entry = "(not from gym's registry)"
+    if lineage.registry_entry:
+        entry = f"`{lineage.registry_entry}` (digest `{lineage.registry_digest}`)"
+    facts = [
+        ("base model", f"`{lineage.base_model}`"),
+        ("method", lineage.method or "(not recorded)"),
+        ("chat template", f"`{lineage.template}`" if lineage.template else "(the tokenizer's own)"),
+        ("gym registry entry", entry),
+        ("config digest", f"`{lineage.config_digest}`" if lineage.config_digest else "(not recorded)"),
+        ("stages", ", ".join(f"{s} `{d}`" for s, d in lineage.stages.items()) or "(none)"),
+        ("Prefect flow run", f"`{lineage.flow_run_id}`" if lineage.flow_run_id else "(none)"),
+        ("gym version", lineage.gym_version),
+    ]
+    body = [
+        f"# {name}",
+        "",
+        f"Fine-tuned from `{lineage.base_model}` with gym ({lineage.method or 'method not recorded'}).",
+        "",
+        "## Lineage",
+        "",
+        *_table(("", ""), facts),
+        "",
+        "## Datasets",
+        "",
+        *_table(("role", "dataset"), datasets),
+        "",
+        "## Evaluation",
+        "",
+        *_table(("metric", "value"), scores),
+        "",
+        "## Hyperparameters",
+        "",
+        *_table(("setting", "value"), hyper),
+        "",
+        "## Use",
+        "",
+        "```python",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        'tokenizer = AutoTokenizer.from_pretrained("PATH_OR_REPO")',
+        'model = AutoModelForCausalLM.from_pretrained("PATH_OR_REPO")',
+        'messages = [{"role": "user", "content": "Hello"}]',
+        "ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors='pt')",
+        "print(tokenizer.decode(model.generate(ids, max_new_tokens=64)[0][ids.shape[1]:]))",
+        "```",
+        "",
+        "or serve it over an OpenAI-compatible API: `gym serve --model PATH_OR_REPO`.",
+    ]
+    if stop_tokens:
+        body += ["", f"Generation ends at: {', '.join(f'`{t}`' for t in stop_tokens)}."]
+    return "\n".join([*front, "", *body]) + "\n"

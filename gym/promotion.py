@@ -1,0 +1,161 @@
+"""Promotion: move the `champion` alias to the `challenger` version only when it beats the champion
+on a chosen score by more than a margin, and record why it did or didn't.
+
+    gym promote --name gym-tiny-sft --metric exact_match_after [--margin 0.02] [--mode max] [--json]
+
+Scores are the `score.<name>` tags registration writes (exact_match_after, dpo_reward_accuracy,
+sft_loss_last...; `--mode min` for losses). The first challenger with the score becomes champion;
+a challenger without it, or a champion without it, keeps the champion where it is. Every decision
+is written on the challenger's version as `promotion.*` tags (and, from a flow, a Prefect artifact).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import BaseModel
+
+from gym import tracking
+from gym.errors import ConfigError
+from gym.lineage import scores_of
+
+Mode = Literal["max", "min"]
+
+
+class Promotion(BaseModel):
+    """One promotion decision."""
+
+    name: str
+    metric: str
+    margin: float
+    mode: Mode
+    challenger: str
+    challenger_score: float | None
+    previous_champion: str | None
+    champion_score: float | None
+    champion: str | None  # where the champion alias points now
+    promoted: bool
+    reason: str
+
+    def markdown(self) -> str:
+        verdict = "promoted" if self.promoted else "kept the champion"
+        before = f"v{self.previous_champion}" if self.previous_champion else "none"
+        rows = [
+            ("challenger", f"v{self.challenger}", _fmt(self.challenger_score)),
+            ("champion before", before, _fmt(self.champion_score)),
+            ("champion now", f"v{self.champion}" if self.champion else "none", ""),
+        ]
+        table = "\n".join(f"| {a} | {b} | {c} |" for a, b, c in rows)
+        return (
+            f"## Promotion of `{self.name}`: {verdict}\n\n{self.reason}\n\n"
+            f"Metric `{self.metric}` ({'higher' if self.mode == 'max' else 'lower'} is better), "
+            f"margin {self.margin}.\n\n| | version | {self.metric} |\n|---|---|---|\n{table}\n"
+        )
+
+
+def _fmt(value: float | None) -> str:
+    return "—" if value is None else f"{value:.4f}"
+
+
+def promote(
+    name: str,
+    metric: str,
+    margin: float = 0.0,
+    mode: Mode = "max",
+    challenger_alias: str = "challenger",
+    champion_alias: str = "champion",
+    uri: str | None = None,
+) -> Promotion:
+    """Decide, move `champion_alias` if the challenger wins, and tag the challenger with the decision."""
+    if margin < 0:
+        raise ConfigError(f"--margin must be >= 0, got {margin}")
+    challenger = tracking.version_by_alias(name, challenger_alias, uri)
+    if challenger is None:
+        raise ConfigError(
+            f"{name}@{challenger_alias} does not exist in {tracking.tracking_uri(uri)}: register one first"
+        )
+    version, tags = challenger
+    score = scores_of(tags).get(metric)
+    current = tracking.version_by_alias(name, champion_alias, uri)
+    champion, champion_score = (current[0], scores_of(current[1]).get(metric)) if current else (None, None)
+    promoted, reason = _decide(
+        version, score, champion, champion_score, metric, margin, mode, sorted(scores_of(tags))
+    )
+    if promoted:
+        tracking.set_alias(name, champion_alias, version, uri)
+    decision = Promotion(
+        name=name,
+        metric=metric,
+        margin=margin,
+        mode=mode,
+        challenger=version,
+        challenger_score=score,
+        previous_champion=champion,
+        champion_score=champion_score,
+        champion=version if promoted else champion,
+        promoted=promoted,
+        reason=reason,
+    )
+    tracking.set_version_tags(
+        name,
+        version,
+        {
+            "promotion.decision": "promoted" if promoted else "kept",
+            "promotion.reason": reason,
+            "promotion.metric": metric,
+            "promotion.margin": margin,
+            "promotion.compared_with": champion or "none",
+            "promotion.time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        },
+        uri,
+    )
+    return decision
+
+
+def _decide(
+    version: str,
+    score: float | None,
+    champion: str | None,
+    champion_score: float | None,
+    metric: str,
+    margin: float,
+    mode: Mode,
+    available: list[str],
+) -> tuple[bool, str]:
+    if score is None:
+        have = ", ".join(available) or "none"
+        return False, f"challenger v{version} has no {metric!r} score (it has: {have}); champion unchanged"
+    if champion == version:
+        return False, f"v{version} is already the champion"
+    if champion is None:
+        return True, f"no champion yet: v{version} ({metric} {score:.4f}) becomes champion"
+    if champion_score is None:
+        return False, f"champion v{champion} has no {metric!r} score to compare with; champion unchanged"
+    gain = score - champion_score if mode == "max" else champion_score - score
+    versus = f"{metric} {score:.4f} vs {champion_score:.4f}"
+    if gain > margin:
+        return True, f"v{version} beats champion v{champion}: {versus} (by {gain:.4f} > margin {margin})"
+    return False, f"v{version} does not beat champion v{champion} by more than {margin}: {versus}"
+
+
+def cmd_promote(argv: Sequence[str]) -> int:
+    """`gym promote`: decide and print the decision (Markdown, or JSON with --json)."""
+    parser = argparse.ArgumentParser(prog="gym promote", description=__doc__.splitlines()[0])
+    parser.add_argument("--name", required=True, help="Registered model name.")
+    parser.add_argument("--metric", required=True, help="Score to compare (a score.<metric> version tag).")
+    parser.add_argument(
+        "--margin", type=float, default=0.0, help="The challenger must win by more than this."
+    )
+    parser.add_argument("--mode", choices=["max", "min"], default="max", help="max: higher is better.")
+    parser.add_argument(
+        "--tracking-uri", default=None, help="MLflow tracking URI (default: the workspace's)."
+    )
+    parser.add_argument("--json", action="store_true", help="Print the decision as JSON.")
+    args = parser.parse_args(argv)
+    decision = promote(args.name, args.metric, args.margin, args.mode, uri=args.tracking_uri)
+    print(json.dumps(decision.model_dump()) if args.json else decision.markdown())
+    return 0

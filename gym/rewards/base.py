@@ -1,0 +1,197 @@
+"""Reward functions by name: built-ins, parameterised built-ins, reward models and any Python callable,
+all called one way (TRL's): `reward(prompts=..., completions=..., answer=[...], metadata=[...]) -> floats`.
+
+    from gym.rewards import load_rewards
+    rewards, weights = load_rewards(["exact_match", "my_pkg.rewards:fn"], [1.0, 0.5])
+
+Specs (what `--reward` takes):
+
+    exact_match, numeric_match       the completion equals / numerically equals the ground-truth answer
+    final_answer, answer_format      the answer after `Answer:`/`答案：`/`####` is right / the form is right
+    regex:PATTERN                    1.0 when the stripped completion fully matches PATTERN
+    length_penalty:MAX[,CACHE]       DAPO's soft overlong penalty over completion tokens (TRL's): 0 up to
+                                     MAX-CACHE tokens, falling linearly to -1 at MAX (CACHE default MAX/4)
+    reward_model:SOURCE              a sequence-classification model: registry name, hub id or directory
+    pkg.module:function              any importable callable (also pkg.module.function)
+
+A callable is either per completion, `fn(completion, answer=None, *, prompt, metadata, completion_ids)
+-> float` taking only the arguments it names (like gym.rewards.match), or TRL-style batched,
+`fn(prompts, completions, **kwargs) -> list[float]`, recognised by a parameter named `completions`
+(so TRL's own reward functions, e.g. `trl.rewards:think_format_reward`, work as they are). Batched
+functions get TRL's columns: conversational prompts and completions, `answer`, `metadata` (JSON text).
+In multi-turn episodes per-completion rewards score the last assistant turn.
+A reward may return None for a completion it does not apply to; it is then left out, as in TRL.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import math
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from gym.errors import ConfigError
+from gym.rewards import answer as answer_rewards
+from gym.rewards import match
+
+# Arguments a per-completion reward may name, besides the completion and the answer.
+CONTEXT = ("prompt", "metadata", "completion_ids")
+
+
+def completion_text(completion: Any) -> str:
+    """The text of a completion given as a string or as TRL's conversational list of messages."""
+    if isinstance(completion, str):
+        return completion
+    return str(completion[-1]["content"]) if completion else ""
+
+
+def metadata_of(value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return value
+    return json.loads(value) if isinstance(value, str) and value else {}
+
+
+class Reward:
+    """A named reward function with TRL's batched calling convention."""
+
+    def __init__(self, name: str, fn: Callable[..., Any], *, batched: bool = False, spec: str | None = None):
+        self.name = self.__name__ = name  # TRL names the reward's metrics after __name__
+        self.fn = fn
+        self.batched = batched
+        self.spec = spec or name
+        if not batched:
+            params = inspect.signature(fn).parameters
+            self._takes_answer = "answer" in params or len(params) >= 2
+            var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+            self._context = [k for k in CONTEXT if var_kw or k in params]
+
+    def __repr__(self) -> str:
+        return f"Reward({self.spec!r})"
+
+    def __call__(
+        self, prompts: Sequence[Any], completions: Sequence[Any], **columns: Any
+    ) -> list[float | None]:
+        if self.batched:
+            return list(self.fn(prompts=prompts, completions=completions, **columns))
+        n = len(completions)
+        answers = columns.get("answer") or [None] * n
+        metadata = columns.get("metadata") or [None] * n
+        ids = columns.get("completion_ids") or [None] * n
+        # Multi-turn episodes (gym/train/grpo/multiturn.py): score the last assistant turn.
+        texts = columns.get("last_turn") or [completion_text(c) for c in completions]
+        out: list[float | None] = []
+        for i in range(n):
+            context = {"prompt": prompts[i], "metadata": metadata_of(metadata[i]), "completion_ids": ids[i]}
+            args = (texts[i], answers[i]) if self._takes_answer else (texts[i],)
+            value = self.fn(*args, **{k: context[k] for k in self._context})
+            out.append(None if value is None else float(value))
+        return out
+
+
+def weighted_sum(scores: Sequence[Sequence[float | None]], weights: Sequence[float]) -> list[float]:
+    """Per completion, the weighted sum of the rewards that apply (None skipped); NaN when none does."""
+    out = []
+    for column in zip(*scores, strict=True):
+        given = [(w, s) for w, s in zip(weights, column, strict=True) if s is not None and not math.isnan(s)]
+        out.append(sum(w * s for w, s in given) if given else math.nan)
+    return out
+
+
+def _length_penalty(arg: str) -> Reward:
+    from trl.rewards import get_soft_overlong_punishment
+
+    parts = [p.strip() for p in arg.split(",")]
+    try:
+        max_len = int(parts[0])
+        cache = int(parts[1]) if len(parts) > 1 else max_len // 4
+    except ValueError:
+        raise ConfigError(
+            f"length_penalty:{arg}: expected length_penalty:MAX or MAX,CACHE (integers)"
+        ) from None
+    if not 0 < cache <= max_len:
+        raise ConfigError(f"length_penalty:{arg}: need 0 < CACHE <= MAX")
+    return Reward("length_penalty", get_soft_overlong_punishment(max_len, cache), batched=True)
+
+
+def _reward_model(arg: str) -> Reward:
+    from gym.rewards.model import RewardModel
+
+    return Reward("reward_model", RewardModel(arg), batched=True)
+
+
+BUILTINS: dict[str, Callable[..., Any]] = {
+    "exact_match": match.exact_match,
+    "numeric_match": match.numeric_match,
+    "final_answer": answer_rewards.final_answer,
+    "answer_format": answer_rewards.answer_format,
+}
+FACTORIES: dict[str, Callable[[str], Reward]] = {
+    "regex": lambda arg: Reward("regex", answer_rewards.regex_reward(arg)),
+    "length_penalty": _length_penalty,
+    "reward_model": _reward_model,
+}
+
+
+def _import(spec: str) -> Callable[..., Any]:
+    module_name, sep, attr = spec.partition(":")
+    if not sep:
+        module_name, _, attr = spec.rpartition(".")
+    if not module_name or not attr:
+        raise ConfigError(
+            f"unknown reward {spec!r}: not a built-in ({', '.join([*BUILTINS, *FACTORIES])}) "
+            "nor a dotted path to a function (pkg.module:function)"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(
+            f"reward {spec!r}: cannot import module {module_name!r} ({e}); install it or put its folder on "
+            "PYTHONPATH"
+        ) from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ConfigError(f"reward {spec!r}: module {module_name!r} has no function {attr!r}")
+    return fn  # type: ignore[no-any-return]
+
+
+def load_reward(spec: str) -> Reward:
+    """The reward a spec names (see the module docstring). Reward models load their weights on first use."""
+    spec = spec.strip()
+    if spec in BUILTINS:
+        return Reward(spec, BUILTINS[spec])
+    kind, sep, arg = spec.partition(":")
+    if sep and kind in FACTORIES:
+        if not arg:
+            raise ConfigError(f"reward {spec!r}: {kind} needs an argument ({kind}:...)")
+        reward = FACTORIES[kind](arg)
+        reward.spec = spec
+        return reward
+    fn = _import(spec)
+    batched = "completions" in inspect.signature(fn).parameters
+    name = re.sub(r"\W", "_", getattr(fn, "__name__", spec.rsplit(":", 1)[-1]))
+    return Reward(name, fn, batched=batched, spec=spec)
+
+
+def load_rewards(
+    specs: Sequence[str], weights: Sequence[float] | None = None
+) -> tuple[list[Reward], list[float]]:
+    """The rewards of `specs` with unique names, and their weights (1.0 each unless given)."""
+    if not specs:
+        raise ConfigError("no reward function given; pass at least one (e.g. --reward exact_match)")
+    if weights is not None and len(weights) != len(specs):
+        raise ConfigError(
+            f"{len(weights)} reward weights for {len(specs)} rewards; give one weight per reward"
+        )
+    rewards, seen = [], set()
+    for spec in specs:
+        reward = load_reward(spec)
+        base, i = reward.name, 2
+        while reward.name in seen:
+            reward.name = reward.__name__ = f"{base}_{i}"
+            i += 1
+        seen.add(reward.name)
+        rewards.append(reward)
+    return rewards, [float(w) for w in weights] if weights is not None else [1.0] * len(specs)

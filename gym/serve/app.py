@@ -1,0 +1,290 @@
+"""The OpenAI-compatible HTTP API over an `Engine` (FastAPI).
+
+    GET  /v1/models              the served model
+    POST /v1/chat/completions    chat, streamed over SSE with "stream": true
+    POST /v1/completions         raw-prompt completion, streamed likewise
+    GET  /health                 liveness (no key needed)
+
+Every error is a JSON body in OpenAI's shape: bad input is a 400 (never a 500), an unknown model
+a 404, a missing or wrong key a 401, and requests beyond the concurrency cap a 429 with
+Retry-After. The API key is compared in constant time and never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.sse import EventSourceResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gym.serve.engine import Delta, Engine, Finished, RequestError
+from gym.serve.params import SamplingParams
+from gym.serve.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerationRequest,
+    envelope,
+    error_body,
+    new_id,
+    usage,
+)
+from gym.serve.settings import Limits
+
+log = logging.getLogger("gym.serve")
+
+
+class APIError(Exception):
+    def __init__(
+        self, status: int, message: str, kind: str, param: str | None = None, code: str | None = None
+    ):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
+
+
+class _Gate:
+    """Counts requests in progress; refuses one beyond the cap (a single event loop: no lock needed)."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap, self.active = cap, 0
+
+    def enter(self) -> None:
+        if self.active >= self.cap:
+            raise APIError(
+                429, f"server busy: {self.cap} requests in progress; retry shortly", "rate_limit_error"
+            )
+        self.active += 1
+
+    def leave(self) -> None:
+        self.active -= 1
+
+
+def build_app(engine: Engine, limits: Limits | None = None, api_key: str | None = None) -> FastAPI:
+    """The API for `engine`. `api_key`: the bearer token clients must send (None: no auth)."""
+    limits = limits or Limits()
+    gate = _Gate(limits.max_concurrent)
+    app = FastAPI(title="gym serve", description=f"OpenAI-compatible API serving {engine.name}")
+    app.state.gate = gate
+
+    _install_error_handlers(app)
+
+    @app.middleware("http")
+    async def authorize(request: Request, call_next: Any) -> Any:
+        # A middleware, not a dependency: unauthenticated callers learn nothing, not even validation errors.
+        if api_key is not None and request.url.path.startswith("/v1/"):
+            scheme, _, token = request.headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not secrets.compare_digest(token.encode(), api_key.encode()):
+                message = "invalid or missing API key (send it as a bearer token)"
+                body = error_body(message, "invalid_request_error", code="invalid_api_key")
+                return JSONResponse(body, 401, headers={"WWW-Authenticate": "Bearer"})
+        return await call_next(request)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {"id": engine.name, "object": "model", "created": 0, "owned_by": "gym"}
+        if engine.context_length:
+            card["max_model_len"] = engine.context_length
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest) -> Any:
+        _check_model(engine, body)
+        prompt = engine.encode_chat([m.as_dict() for m in body.messages])
+        params = _params(engine, limits, body, len(prompt), default_budget=None)
+        return await _respond(engine, gate, body, [prompt], params, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest) -> Any:
+        _check_model(engine, body)
+        prompts = [engine.encode_text(p) if isinstance(p, str) else list(p) for p in body.prompts()]
+        if not prompts:
+            raise APIError(400, "prompt is empty", "invalid_request_error", "prompt")
+        params = _params(engine, limits, body, max(len(p) for p in prompts), default_budget=16)
+        return await _respond(engine, gate, body, prompts, params, chat=False)
+
+    return app
+
+
+def _check_model(engine: Engine, body: GenerationRequest) -> None:
+    if body.model != engine.name:
+        raise APIError(
+            404,
+            f"model {body.model!r} does not exist; this server serves {engine.name!r}",
+            "invalid_request_error",
+            "model",
+            "model_not_found",
+        )
+
+
+def _params(
+    engine: Engine,
+    limits: Limits,
+    body: ChatCompletionRequest | CompletionRequest,
+    prompt_len: int,
+    default_budget: int | None,
+) -> SamplingParams:
+    if prompt_len > limits.max_prompt_tokens:
+        raise APIError(
+            400,
+            f"the prompt has {prompt_len} tokens; this server accepts at most {limits.max_prompt_tokens}",
+            "invalid_request_error",
+            "messages",
+            "context_length_exceeded",
+        )
+    budget = body.budget()
+    if budget is not None and budget > limits.max_tokens:
+        raise APIError(
+            400,
+            f"max_tokens={budget} exceeds this server's cap of {limits.max_tokens}",
+            "invalid_request_error",
+            "max_tokens",
+        )
+    if budget is None:  # chat: as much as fits; completions: OpenAI's 16
+        room = (engine.context_length or limits.max_tokens + prompt_len) - prompt_len
+        budget = default_budget or max(1, min(limits.max_tokens, room))
+    return SamplingParams(
+        max_tokens=budget,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        n=body.n,
+        stop=body.stops(),
+        seed=body.seed,
+        ignore_eos=body.ignore_eos,
+    )
+
+
+async def _respond(
+    engine: Engine,
+    gate: _Gate,
+    body: GenerationRequest,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    chat: bool,
+) -> Any:
+    for prompt in prompts:
+        try:
+            engine.check(prompt, params)
+        except RequestError as exc:
+            raise APIError(400, str(exc), "invalid_request_error", exc.param) from exc
+    gate.enter()
+    if body.stream:
+        return EventSourceResponse(_stream(engine, gate, body, prompts, params, chat))
+    try:
+        results = await asyncio.gather(*(engine.agenerate(p, params) for p in prompts))
+    finally:
+        gate.leave()
+    choices = []
+    for i, result in enumerate(results):
+        for c in result.choices:
+            item: dict[str, Any] = {
+                "index": i * params.n + c.index,
+                "finish_reason": c.finish_reason,
+                "logprobs": None,
+            }
+            item.update({"message": {"role": "assistant", "content": c.text}} if chat else {"text": c.text})
+            choices.append(item)
+    prompt_tokens = sum(r.prompt_tokens for r in results)
+    kind, prefix = ("chat.completion", "chatcmpl") if chat else ("text_completion", "cmpl")
+    return envelope(
+        kind,
+        new_id(prefix),
+        engine.name,
+        choices,
+        usage=usage(prompt_tokens, sum(r.completion_tokens for r in results)),
+    )
+
+
+async def _stream(
+    engine: Engine,
+    gate: _Gate,
+    body: GenerationRequest,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    chat: bool,
+) -> AsyncIterator[str]:
+    """SSE lines: one chunk per text delta and per finished choice, optionally usage, then [DONE]."""
+    kind, rid = ("chat.completion.chunk", new_id("chatcmpl")) if chat else ("text_completion", new_id("cmpl"))
+    completion_tokens = 0
+
+    def chunk(choices: list[dict[str, Any]], **extra: Any) -> str:
+        return (
+            "data: "
+            + json.dumps(envelope(kind, rid, engine.name, choices, **extra), ensure_ascii=False)
+            + "\n\n"
+        )
+
+    try:
+        for p_index, prompt in enumerate(prompts):
+            if chat:
+                yield chunk(
+                    [
+                        {"index": j, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+                        for j in range(params.n)
+                    ]
+                )
+            async for event in engine.astream(prompt, params):
+                index = p_index * params.n + event.index
+                if isinstance(event, Delta):
+                    piece: dict[str, Any] = (
+                        {"delta": {"content": event.text}} if chat else {"text": event.text}
+                    )
+                    yield chunk([{"index": index, **piece, "finish_reason": None, "logprobs": None}])
+                elif isinstance(event, Finished):
+                    completion_tokens += event.completion_tokens
+                    piece = {"delta": {}} if chat else {"text": ""}
+                    yield chunk(
+                        [{"index": index, **piece, "finish_reason": event.finish_reason, "logprobs": None}]
+                    )
+        if body.stream_options and body.stream_options.include_usage:
+            yield chunk([], usage=usage(sum(len(p) for p in prompts), completion_tokens))
+        yield "data: [DONE]\n\n"
+    except Exception as exc:  # headers are sent: report in-band, as OpenAI does
+        log.exception("generation failed")
+        yield "data: " + json.dumps(error_body(f"generation failed: {exc}", "server_error")) + "\n\n"
+    finally:
+        gate.leave()
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, exc: APIError) -> JSONResponse:
+        headers = {"Retry-After": "1"} if exc.status == 429 else None
+        return JSONResponse(
+            error_body(exc.message, exc.kind, exc.param, exc.code), exc.status, headers=headers
+        )
+
+    @app.exception_handler(RequestError)
+    async def bad_request(_: Request, exc: RequestError) -> JSONResponse:
+        return JSONResponse(error_body(str(exc), "invalid_request_error", exc.param), 400)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first: dict[str, Any] = dict(exc.errors()[0]) if exc.errors() else {"loc": (), "msg": "invalid"}
+        if first.get("type") == "json_invalid":
+            detail = (first.get("ctx") or {}).get("error", "")
+            return JSONResponse(
+                error_body(f"the request body is not valid JSON: {detail}", "invalid_request_error"), 400
+            )
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        message = f"{where or 'body'}: {first.get('msg', 'invalid')}"
+        return JSONResponse(error_body(message, "invalid_request_error", where or None), 400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(error_body(str(exc.detail), "invalid_request_error"), exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def internal(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("request failed")
+        return JSONResponse(error_body("internal server error", "server_error"), 500)

@@ -1,0 +1,78 @@
+"""`gym serve`: an OpenAI-compatible API over a registry model, model directory or MLflow model URI.
+
+    gym serve --model gym-tiny --host 127.0.0.1 --port 8000 [--api-key-env GYM_API_KEY]
+    gym serve --model models:/gym-tiny-sft@champion --port 0          # any free port, printed
+    gym serve --model ./out --template chatml --limits.max_concurrent 16
+
+Serves until SIGINT or SIGTERM, then finishes the requests in progress and exits with status 0.
+The key is read from the environment variable `--api-key-env` names, never from the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from pydantic import ValidationError
+
+from gym.cli_options import add_config_options, overrides_from
+from gym.errors import ConfigError
+from gym.serve.settings import ServeSettings
+
+
+def parse_settings(argv: Sequence[str], prog: str = "gym serve") -> ServeSettings:
+    parser = argparse.ArgumentParser(prog=prog, description=ServeSettings.__doc__)
+    add_config_options(parser, ServeSettings)
+    args = parser.parse_args(argv)
+    try:
+        return ServeSettings.model_validate(overrides_from(args, ServeSettings))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"--{field}: {first['msg']}") from exc
+
+
+def api_key(env_var: str | None) -> str | None:
+    """The key from `env_var` (None when no variable is named); a named but empty variable is an error."""
+    if env_var is None:
+        return None
+    key = os.environ.get(env_var, "")
+    if not key:
+        raise ConfigError(
+            f"--api-key-env {env_var}: that environment variable is not set (export the key in it)"
+        )
+    return key
+
+
+def cmd_serve(argv: Sequence[str]) -> int:
+    settings = parse_settings(argv)
+    key = api_key(settings.api_key_env)
+    if settings.backend != "transformers":
+        from gym.serve.backends import exec_backend
+
+        return exec_backend(settings, key)
+    from gym.serve.app import build_app
+    from gym.serve.engine import Engine
+    from gym.serve.server import bind, run
+
+    sock = bind(settings.host, settings.port)  # a busy port fails before the model loads
+    engine = Engine.load(
+        settings.model,
+        template=settings.template,
+        name=settings.served_model_name,
+        trust_remote_code=settings.trust_remote_code,
+        max_batch_size=settings.max_batch_size,
+    )
+
+    def ready(url: str) -> None:
+        auth = f", bearer key from ${settings.api_key_env}" if key else ""
+        print(f"gym serve: {engine.name} at {url}/v1 (OpenAI-compatible{auth}); Ctrl-C stops", flush=True)
+
+    try:
+        run(build_app(engine, settings.limits, key), sock, on_ready=ready)
+    finally:
+        engine.close()
+    print("gym serve: stopped", file=sys.stderr, flush=True)
+    return 0

@@ -1,0 +1,314 @@
+"""The serving engine: one loaded model, a scheduler thread that batches waiting requests into one
+`generate` call, and per-request sampling, stop strings, token budgets and streaming.
+
+    engine = Engine.load("gym-tiny")                        # registry name, model dir or models:/ URI
+    result = engine.chat([{"role": "user", "content": "hi"}], max_tokens=32, temperature=0)
+    print(result.choices[0].text)
+
+Every request (HTTP or in-process) goes through `submit`: its prompt ids and `SamplingParams` join a
+queue; the scheduler takes everything waiting (up to `max_batch_size` rows, one row per choice),
+left-pads it into one batch and runs `generate` once. `RowSampler` (sampling.py) samples each
+row with its own parameters; `RowTracker` (requests.py), a stopping criterion called after every
+step, ends each row on its own end-of-sequence token, stop string or budget and publishes its
+text to the request as it grows. The engine stays usable as a library: `generate`/`chat` block, `agenerate`/
+`astream` await, and `submit` takes any callback. A TF-GRPO model's shipped experience library is
+injected into every chat prompt (gym.tfgrpo.injection).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import queue
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+
+from gym.errors import GymError
+from gym.serve.params import SamplingParams
+from gym.serve.requests import Delta, Event, Failed, Finished, Request, RequestError, Result, Row, RowTracker
+from gym.serve.sampling import RowSampler, row_generator
+from gym.tfgrpo.injection import inject
+
+__all__ = ["Delta", "Engine", "Event", "Failed", "Finished", "Request", "RequestError", "Result"]
+
+
+class Engine:
+    """A loaded model serving generation requests in batches (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        name: str,
+        chat_template: str,
+        experiences: list[str] | None = None,
+        max_batch_size: int = 32,
+    ) -> None:
+        self.model, self.name, self.chat_template = model.eval(), name, chat_template
+        self.experiences = experiences
+        self.max_batch_size = max_batch_size
+        config = model.config.get_text_config()
+        self.context_length: int | None = getattr(config, "max_position_embeddings", None)
+        self.vocab_size = int(model.get_input_embeddings().num_embeddings)
+        defaults = model.generation_config
+        eos = defaults.eos_token_id if defaults.eos_token_id is not None else config.eos_token_id
+        eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        if tokenizer.eos_token_id is not None:
+            eos_ids.add(tokenizer.eos_token_id)
+        self.eos = frozenset(eos_ids)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos), 0)
+        self.pad_id = int(pad)
+        # The engine owns this model instance: generation is configured per row (RowSampler, RowTracker),
+        # so the batch-wide config only pads; end-of-sequence is each row's own decision.
+        model.generation_config = GenerationConfig(
+            pad_token_id=self.pad_id, bos_token_id=defaults.bos_token_id
+        )
+        # Requests are encoded on callers' threads while the scheduler decodes: tokenizers must not be
+        # shared across threads (a Rust tokenizer raises "Already borrowed"), hence two and a lock.
+        self._encoder, self._decoder = tokenizer, copy.deepcopy(tokenizer)
+        self._encode_lock = threading.Lock()
+        self.stats = {
+            "batches": 0,
+            "rows": 0,
+            "largest_batch": 0,
+        }  # batching at work, for tests and benchmarks
+        self._queue: queue.Queue[Request | None] = queue.Queue()
+        self._carry: deque[Request] = deque()
+        self._thread = threading.Thread(target=self._loop, name=f"gym-serve:{name}", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def load(
+        cls,
+        model: str,
+        *,
+        template: str | None = None,
+        name: str | None = None,
+        trust_remote_code: bool = False,
+        max_batch_size: int = 32,
+        dtype: str = "auto",
+    ) -> Engine:
+        """Load a registry name, model directory or MLflow model URI (gym/serve/loading.py)."""
+        from transformers import AutoTokenizer
+
+        from gym.models import load_model
+        from gym.serve.loading import resolve_served
+
+        served = resolve_served(model, template, trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(
+            served.path, revision=served.ref.revision, trust_remote_code=served.ref.trust_remote_code
+        )
+        return cls(
+            load_model(served.ref, dtype=dtype),
+            tokenizer,
+            name=name or model,
+            chat_template=served.chat_template,
+            experiences=served.experiences,
+            max_batch_size=max_batch_size,
+        )
+
+    # ---- prompts --------------------------------------------------------------------------------------
+
+    def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
+        """The prompt for `messages`: experiences injected, chat template applied, assistant cue added."""
+        from jinja2 import TemplateError
+
+        try:
+            with self._encode_lock:
+                text = self._encoder.apply_chat_template(
+                    inject(list(messages), self.experiences),
+                    chat_template=self.chat_template,
+                    add_generation_prompt=True,
+                    tokenize=False,
+                )
+        except TemplateError as exc:  # templates raise on conversations they don't support
+            raise RequestError(f"the chat template refused these messages: {exc}", "messages") from exc
+        return str(text)
+
+    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        return self.encode_text(self.render_chat(messages))
+
+    def encode_text(self, prompt: str) -> list[int]:
+        # The template (or the caller) already wrote any special tokens the prompt needs.
+        with self._encode_lock:
+            return list(self._encoder(prompt, add_special_tokens=False)["input_ids"])
+
+    # ---- requests -------------------------------------------------------------------------------------
+
+    def check(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+        """Raise RequestError for what this model cannot do: an empty prompt, too many choices or tokens."""
+        if not prompt_ids:
+            raise RequestError("the prompt is empty", "prompt")
+        if min(prompt_ids) < 0 or max(prompt_ids) >= self.vocab_size:
+            raise RequestError(f"prompt token ids must lie in [0, {self.vocab_size})", "prompt")
+        if params.n > self.max_batch_size:
+            raise RequestError(f"n={params.n} exceeds the server's batch size {self.max_batch_size}", "n")
+        total = len(prompt_ids) + params.max_tokens
+        if self.context_length is not None and total > self.context_length:
+            raise RequestError(
+                f"this model's maximum context length is {self.context_length} tokens; the request needs "
+                f"{total} ({len(prompt_ids)} in the prompt, {params.max_tokens} to generate): shorten the "
+                "prompt or lower max_tokens",
+                "max_tokens",
+            )
+
+    def submit(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        emit: Callable[[Event], None],
+        stream: bool = False,
+    ) -> Request:
+        """Queue a request; `emit` gets its events on the scheduler thread. Returns it (for `cancel`)."""
+        self.check(prompt_ids, params)
+        if not self._thread.is_alive():
+            raise GymError(f"engine {self.name!r} is closed")
+        request = Request(list(prompt_ids), params, emit, stream)
+        self._queue.put(request)
+        return request
+
+    def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Result:
+        """Block until the request is done."""
+        events: queue.Queue[Event] = queue.Queue()
+        self.submit(prompt_ids, params, events.put)
+        return _collect(iter(events.get, None), params.n, len(prompt_ids))
+
+    def chat(self, messages: Sequence[dict[str, str]], **params: Any) -> Result:
+        """`generate` for a conversation; keyword arguments are SamplingParams fields."""
+        return self.generate(self.encode_chat(messages), SamplingParams(**params))
+
+    def stream_chat(self, messages: Sequence[dict[str, str]], **params: Any) -> Iterator[str]:
+        """The reply to a conversation, piece by piece as it is generated (blocking iterator)."""
+        events: queue.Queue[Event] = queue.Queue()
+        request = self.submit(self.encode_chat(messages), SamplingParams(**params), events.put, stream=True)
+        try:
+            while not isinstance(event := events.get(), Finished):
+                if isinstance(event, Failed):
+                    raise event.error
+                yield event.text
+        finally:
+            request.cancel()  # a no-op once finished; stops generating if the reader left early
+
+    async def agenerate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Result:
+        events = [e async for e in self.astream(prompt_ids, params, stream=False)]
+        return _collect(iter(events), params.n, len(prompt_ids))
+
+    async def astream(
+        self, prompt_ids: Sequence[int], params: SamplingParams, stream: bool = True
+    ) -> AsyncIterator[Delta | Finished]:
+        """Yield the request's events as they come; cancelling the iteration cancels the request."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[Event] = asyncio.Queue()
+
+        def emit(event: Event) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        request = self.submit(prompt_ids, params, emit, stream)
+        remaining = params.n
+        try:
+            while remaining:
+                event = await events.get()
+                if isinstance(event, Failed):
+                    raise event.error
+                if isinstance(event, Finished):
+                    remaining -= 1
+                yield event
+        finally:
+            if remaining:
+                request.cancel()
+
+    def close(self) -> None:
+        """Finish what is running, then stop the scheduler."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- the scheduler thread ---------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            batch, closing = self._next_batch()
+            if batch:
+                self._run(batch)
+            if closing:
+                return
+
+    def _next_batch(self) -> tuple[list[Request], bool]:
+        """Everything waiting, up to `max_batch_size` rows (waits for the first request)."""
+        first = self._carry.popleft() if self._carry else self._queue.get()
+        if first is None:
+            return [], True
+        batch, rows = [first], first.params.n
+        while rows < self.max_batch_size:
+            try:
+                nxt = self._carry.popleft() if self._carry else self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if nxt is None:
+                return batch, True
+            if rows + nxt.params.n > self.max_batch_size:
+                self._carry.appendleft(nxt)
+                break
+            batch.append(nxt)
+            rows += nxt.params.n
+        return [r for r in batch if not r.cancelled.is_set()], False
+
+    def _run(self, batch: list[Request]) -> None:
+        rows = [Row(req, j, self.eos, self._decode) for req in batch for j in range(req.params.n)]
+        self.stats["batches"] += 1
+        self.stats["rows"] += len(rows)
+        self.stats["largest_batch"] = max(self.stats["largest_batch"], len(rows))
+        params = [row.request.params for row in rows]
+        width = max(len(row.request.prompt_ids) for row in rows)
+        ids = [[self.pad_id] * (width - len(r.request.prompt_ids)) + r.request.prompt_ids for r in rows]
+        mask = [[0] * (width - len(r.request.prompt_ids)) + [1] * len(r.request.prompt_ids) for r in rows]
+        processors = LogitsProcessorList()
+        if not all(p.greedy for p in params):
+            gens = [
+                None if p.greedy else row_generator(p.seed, row.index, self.model.device)
+                for p, row in zip(params, rows, strict=True)
+            ]
+            processors.append(RowSampler(params, gens))
+        try:
+            with torch.inference_mode():
+                self.model.generate(
+                    input_ids=torch.tensor(ids, device=self.model.device),
+                    attention_mask=torch.tensor(mask, device=self.model.device),
+                    max_new_tokens=max(p.max_tokens for p in params),
+                    logits_processor=processors,
+                    stopping_criteria=StoppingCriteriaList([RowTracker(rows)]),
+                )
+        except Exception as exc:  # the whole batch fails together; each caller gets the error
+            for req in batch:
+                req.emit(Failed(exc))
+            return
+        for row in rows:
+            if not row.done:
+                row.finish("length")
+
+    def _decode(self, ids: list[int]) -> str:
+        return str(self._decoder.decode(ids, skip_special_tokens=True))
+
+
+def _collect(events: Any, n: int, prompt_tokens: int) -> Result:
+    done: dict[int, Finished] = {}
+    for event in events:
+        if isinstance(event, Failed):
+            raise event.error
+        if isinstance(event, Finished):
+            done[event.index] = event
+            if len(done) == n:
+                break
+    return Result([done[i] for i in range(n)], prompt_tokens)

@@ -1,0 +1,25 @@
+"""What one generation request asks for, in OpenAI's names and meanings (no torch import here)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SamplingParams(BaseModel):
+    """What one request asks of generation (OpenAI's names and meanings)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_tokens: int = Field(16, ge=1, description="Most tokens to generate per choice.")
+    temperature: float = Field(1.0, ge=0.0, le=2.0, description="0 is greedy; higher is more random.")
+    top_p: float = Field(
+        1.0, gt=0.0, le=1.0, description="Nucleus: sample from the smallest set of this mass."
+    )
+    n: int = Field(1, ge=1, description="Choices to generate for the prompt.")
+    stop: tuple[str, ...] = Field((), description="Generation ends before the first of these strings.")
+    seed: int | None = Field(None, description="Same seed, same prompt, same parameters: same text.")
+    ignore_eos: bool = Field(False, description="Keep generating past end-of-sequence (benchmarks).")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

@@ -1,0 +1,66 @@
+"""Per-request sampling inside one batched `generate`: temperature, top_p and seed row by row.
+
+transformers' `generate` applies one sampling configuration to a whole batch. A server batches
+requests that each carry their own OpenAI parameters, so the engine runs `generate` greedily and
+gives it `RowSampler`, a `LogitsProcessor` that draws each sampled row's token with that row's
+temperature, nucleus and random generator and leaves only that token for the greedy step to
+pick. Greedy rows (temperature 0) pass through untouched. A seeded request draws from its own
+`torch.Generator`, so its text does not depend on which other requests share its batch.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import torch
+from transformers import LogitsProcessor
+
+from gym.serve.params import SamplingParams
+
+SEED_STRIDE = 1_000_003  # choice j of a seeded request draws from seed * SEED_STRIDE + j
+
+
+def row_generator(seed: int | None, choice: int, device: Any = "cpu") -> Any:
+    """The random generator of one choice (on the model's device): derived from the request's seed,
+    else fresh entropy."""
+    base = secrets.randbits(62) if seed is None else (seed * SEED_STRIDE + choice) % (1 << 62)
+    return torch.Generator(device=device).manual_seed(base)
+
+
+def nucleus(probs: Any, top_p: Any) -> Any:
+    """Zero every probability outside each row's top-p nucleus (the most likely token always stays)."""
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass of the tokens ranked above
+    sorted_probs = sorted_probs.masked_fill(before >= top_p.unsqueeze(-1), 0.0)
+    return torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+
+
+class RowSampler(LogitsProcessor):
+    """LogitsProcessor drawing sampled rows' tokens with per-row parameters (see module docstring)."""
+
+    def __init__(self, params: list[SamplingParams], generators: list[Any]) -> None:
+        self.rows = [i for i, p in enumerate(params) if not p.greedy]
+        self.temperature = torch.tensor([params[i].temperature for i in self.rows])
+        self.top_p = torch.tensor([params[i].top_p for i in self.rows])
+        self.nucleus = any(params[i].top_p < 1.0 for i in self.rows)
+        self.generators = [generators[i] for i in self.rows]
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        if not self.rows:
+            return scores
+        index = torch.tensor(self.rows, device=scores.device)
+        logits = scores.index_select(0, index).float() / self.temperature.to(scores.device).unsqueeze(-1)
+        probs = logits.softmax(dim=-1)
+        if self.nucleus:
+            probs = nucleus(probs, self.top_p.to(scores.device))
+        chosen = [
+            torch.multinomial(row.cpu(), 1, generator=gen)
+            for row, gen in zip(probs, self.generators, strict=True)
+        ]
+        picked = torch.stack(chosen)
+        forced = torch.full((len(self.rows), scores.shape[-1]), float("-inf"), device=scores.device)
+        forced.scatter_(1, picked, 0.0)
+        out = scores.clone()
+        out[index] = forced.to(scores.dtype)
+        return out

@@ -1,0 +1,90 @@
+"""Run the API under uvicorn: in the foreground until SIGINT/SIGTERM (`gym serve`), or in a
+background thread for in-process use and tests (`serve_in_thread`).
+
+The listening socket is bound here, before uvicorn starts, so port 0 works: the OS picks a free
+port and the real address is known (and printed) before the first request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import uvicorn
+
+from gym.errors import ConfigError
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on (host, port); port 0 takes any free port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(
+            f"cannot listen on {host}:{port}: {exc.strerror} (choose another --port, or 0)"
+        ) from exc
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+def _config(app: Any, log_level: str) -> uvicorn.Config:
+    # The access log shows method, path and status only: never headers, so never the API key.
+    return uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=10)
+
+
+def run(
+    app: Any, sock: socket.socket, on_ready: Callable[[str], None] | None = None, log_level: str = "info"
+) -> None:
+    """Serve `app` on the bound `sock` in the foreground until SIGINT or SIGTERM, then shut down
+    gracefully and return (closing the socket)."""
+    server = uvicorn.Server(_config(app, log_level))
+    # uvicorn re-raises the signal that stopped it once it has shut down; with these handlers in
+    # place that is a no-op, so the caller gets control back and the process exits with status 0.
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        if on_ready is not None:
+            on_ready(url_of(sock))
+        server.run(sockets=[sock])
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        sock.close()
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0) -> Iterator[str]:
+    """Serve `app` from a background thread; yields its base URL (http://host:port) and stops on exit."""
+    sock = bind(host, port)
+    server = uvicorn.Server(_config(app, "warning"))
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name="gym-serve-http", daemon=True
+    )
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            sock.close()
+            raise RuntimeError("the HTTP server did not start")
+        time.sleep(0.01)
+    try:
+        yield url_of(sock)
+    finally:
+        server.should_exit = True
+        thread.join(timeout)
+        sock.close()

@@ -1,0 +1,45 @@
+"""`gym serve` settings: one typed model, so each field is a command-line flag (and a form field)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Limits(BaseModel):
+    """What one server accepts: larger requests get a 400, requests beyond the concurrency cap a 429."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_tokens: int = Field(1024, ge=1, description="Largest max_tokens a request may ask for.")
+    max_prompt_tokens: int = Field(4096, ge=1, description="Longest prompt accepted, in tokens.")
+    max_concurrent: int = Field(
+        64, ge=1, description="Requests in progress at once (queued or generating); more get a 429."
+    )
+
+
+class ServeSettings(BaseModel):
+    """Serve a model over an OpenAI-compatible HTTP API."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(
+        description="Registry name, local model directory or MLflow model URI (models:/name@alias)."
+    )
+    template: str | None = Field(
+        None, description="Chat template (registry/templates); default: the model's, else its tokenizer's."
+    )
+    served_model_name: str | None = Field(None, description="Name clients pass as `model`; default: --model.")
+    host: str = Field("127.0.0.1", description="Interface to listen on.")
+    port: int = Field(8000, ge=0, le=65535, description="Port (0: any free port, printed at start).")
+    api_key_env: str | None = Field(
+        None, description="Environment variable holding the API key clients must send as a bearer token."
+    )
+    limits: Limits = Field(default_factory=Limits, description="Request caps.")
+    max_batch_size: int = Field(32, ge=1, description="Most sequences generated together in one batch.")
+    trust_remote_code: bool = Field(False, description="Run Python code from the model repository.")
+    backend: Literal["transformers", "vllm", "sglang"] = Field(
+        "transformers",
+        description="Inference engine: gym's own (transformers), or vLLM / SGLang if installed.",
+    )

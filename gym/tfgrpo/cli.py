@@ -1,0 +1,47 @@
+"""`gym tfgrpo`: Training-Free GRPO tools that need no Prefect.
+
+    gym tfgrpo simulate [--seed 0] [--run-dir DIR] [--json]     the seeded simulated environment
+    gym tfgrpo show LIBRARY.json [--json]                        a library, as the prompt shows it
+
+Training itself runs as a flow: `gym train --method tf_grpo ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def cmd_tfgrpo(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="gym tfgrpo", description="Training-Free GRPO tools.")
+    sub = parser.add_subparsers(dest="action", required=True)
+    sim = sub.add_parser("simulate", help="Run the seeded simulated environment (and its ablations).")
+    sim.add_argument("--seed", type=int, default=0, help="Seed of the environment and of the run.")
+    sim.add_argument("--run-dir", default=None, help="Keep the runs here (default: a temporary folder).")
+    sim.add_argument("--json", action="store_true", help="End with one line of JSON.")
+    show = sub.add_parser("show", help="Print an experience library file.")
+    show.add_argument("library", help="A library JSON file (experiences.json, libraries/v*.json).")
+    show.add_argument("--json", action="store_true", help="Print the file's JSON.")
+    args = parser.parse_args(argv)
+    if args.action == "simulate":
+        from gym.tfgrpo.sim import simulate
+
+        report = simulate(seed=args.seed, root=Path(args.run_dir) if args.run_dir else None)
+        curve = " -> ".join(f"{m:.3f}" for m in report.mean_at_k)
+        print(f"held-out Mean@k before and after each epoch: {curve}")
+        print(f"ablations (final Mean@k): G=1 {report.ablations['g1']:.3f}, "
+              f"no ground truth {report.ablations['no_ground_truth']:.3f}")  # fmt: skip
+        print(f"library: {report.library_size} experiences ({report.merges} merges)")
+        for text in report.library:
+            print(f"  - {text}")
+        if args.json:
+            print(json.dumps(report.model_dump(mode="json"), sort_keys=True))
+        return 0
+    from gym.tfgrpo.injection import experience_block
+    from gym.tfgrpo.library import Library
+
+    library = Library.load(args.library)
+    print(library.to_json() if args.json else experience_block(library.texts), end="" if args.json else "\n")
+    return 0

@@ -1,0 +1,117 @@
+"""Questions for Training-Free GRPO and the deterministic plan of steps over them.
+
+A question is a prompt (chat messages ending with a user turn) and its reference answer (None
+without ground truth). Datasets are read through gym's ingest: any sft-format dataset (alpaca,
+sharegpt, openai messages) gives prompt = every turn before the last assistant turn and answer =
+that turn; files with `question`/`answer` columns are read as alpaca with those columns.
+
+    questions = load_questions("demo_sft", limit=100)
+    steps = plan_steps(len(questions), batch_size=8, epochs=3, seed=42)   # a new order every epoch
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from gym.errors import ConfigError, DataError
+from gym.hashing import hash_obj
+
+QA_COLUMNS = {"instruction": "question", "output": "answer"}
+
+
+class Question(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    prompt: list[dict[str, str]]
+    answer: str | None = None
+
+    @property
+    def text(self) -> str:
+        """The last user turn: what the optimizer prompts show as the problem."""
+        return next((m["content"] for m in reversed(self.prompt) if m["role"] == "user"), "")
+
+
+class StepPlan(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    index: int
+    epoch: int
+    batch: int
+    questions: tuple[int, ...]
+    attempt: int = 0
+    """0 the first time; a redo of a degraded step counts up (and gets fresh optimizer calls)."""
+
+
+def derive_seed(*parts: object) -> int:
+    """A 31-bit seed from any JSON-able parts (the same parts always give the same seed)."""
+    return int(hash_obj(list(parts)), 16) % (2**31)
+
+
+def plan_steps(n_questions: int, batch_size: int, epochs: int, seed: int) -> list[StepPlan]:
+    """Every epoch is a fresh seeded permutation of the questions cut into batches (the last may be
+    smaller); the plan depends on nothing but its arguments."""
+    if n_questions < 1:
+        raise ConfigError("Training-Free GRPO needs at least one training question")
+    steps: list[StepPlan] = []
+    for epoch in range(epochs):
+        order = list(range(n_questions))
+        random.Random(derive_seed(seed, "epoch", epoch)).shuffle(order)
+        for batch, start in enumerate(range(0, n_questions, batch_size)):
+            steps.append(
+                StepPlan(
+                    index=len(steps),
+                    epoch=epoch,
+                    batch=batch,
+                    questions=tuple(order[start : start + batch_size]),
+                )
+            )
+    return steps
+
+
+def dataset_spec(dataset: str | Path) -> Any:
+    """The DatasetSpec for `dataset`; files with `question`/`answer` columns read as alpaca."""
+    from gym.data.registry import resolve_dataset
+
+    try:
+        return resolve_dataset(dataset)
+    except DataError:  # no format recognised: try question/answer columns before giving up
+        try:
+            return resolve_dataset(dataset, format="alpaca", columns=QA_COLUMNS)
+        except DataError:
+            return resolve_dataset(dataset)  # raises the first, more helpful error again
+
+
+def questions_from(
+    dataset_dir: str | Path, limit: int | None = None, name: str | None = None
+) -> list[Question]:
+    """The questions of an ingested dataset folder (the first `limit`)."""
+    from datasets import load_from_disk
+
+    from gym.data.ingest import load_meta
+
+    kind = load_meta(dataset_dir)["kind"]
+    if kind != "sft":
+        raise ConfigError(
+            f"Training-Free GRPO needs questions with answers (an sft dataset: alpaca, sharegpt, openai, or "
+            f"question/answer columns), but {name or dataset_dir!r} is {kind}"
+        )
+    records = load_from_disk(str(dataset_dir))
+    n = len(records) if limit is None else min(limit, len(records))
+    questions = []
+    for i in range(n):
+        messages = records[i]["messages"]
+        questions.append(Question(id=f"{i}", prompt=messages[:-1], answer=messages[-1]["content"]))
+    return questions
+
+
+def load_questions(dataset: str | Path, limit: int | None = None) -> tuple[list[Question], str]:
+    """Ingest `dataset` (registry name, file, folder or hub id); its questions and its digest."""
+    from gym.data.ingest import ingest
+
+    result = ingest(dataset_spec(dataset))
+    return questions_from(result.path, limit, name=str(dataset)), result.digest

@@ -1,0 +1,255 @@
+"""Training-Free GRPO as a plain Python loop (no Prefect): epochs x steps, resumable, concurrent.
+
+    result = train(Runtime(settings, model="gym-tiny", run_dir=d), questions, eval_questions)
+
+Within a step, each group runs as soon as its own rollouts are back (rollout -> reward ->
+summarize -> extract), all groups at once, so the step takes about its longest chain of dependent
+calls; the consolidation waits for every group. The endpoint's concurrency limit holds throughout
+(gym.tfgrpo.clients). A step whose manifest exists for the same config and input library is not
+run again (its library is read back), so a killed run resumes where it stopped, and every LLM call
+it had completed comes from the call cache. `flows/tf_grpo.py` runs the same stages as Prefect tasks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from gym import workspace
+from gym.tfgrpo import stages
+from gym.tfgrpo.data import Question, StepPlan, derive_seed, plan_steps
+from gym.tfgrpo.library import Library
+from gym.tfgrpo.metrics import MetricReport, report
+from gym.tfgrpo.rewards import verify
+from gym.tfgrpo.runtime import Runtime
+from gym.tfgrpo.step import GroupRecord, StepManifest, commit, library_path, load_manifest
+
+CALL_THREADS = 64
+
+
+class EvalRecord(BaseModel):
+    tag: str
+    library_hash: str
+    report: MetricReport
+    rewards: list[list[float]]
+    calls: list[stages.CallInfo]
+
+
+class RunResult(BaseModel):
+    run_dir: str
+    library_file: str
+    library_size: int
+    library_version: int
+    library_hash: str
+    steps: int
+    degraded_steps: int
+    llm_calls: int
+    tokens: int
+    cost_usd: float
+    paid_calls: int
+    cached_calls: int
+    mean_at_k: list[float]
+    pass_at_k: list[float]
+    train_reward_first: float | None
+    train_reward_last: float | None
+    seconds: float
+
+
+def group_record(
+    question: Question,
+    chunks: list[stages.RolloutChunk],
+    rewarded: stages.Rewarded,
+    summaries: list[stages.Summary] | None = None,
+    extraction: stages.StageOutput | None = None,
+) -> GroupRecord:
+    """One group's outcome, as the step manifest records it."""
+    summaries = summaries or []
+    return GroupRecord(
+        question=question.id,
+        rollouts=[r for chunk in chunks for r in chunk.rollouts],
+        rewards=rewarded.rewards,
+        informative=rewarded.informative,
+        reason=rewarded.reason,
+        summaries=[s.text for s in summaries],
+        extraction=extraction,
+        calls=[c for chunk in chunks for c in chunk.calls]
+        + [s.call for s in summaries if s.call is not None],
+    )
+
+
+def run_group(
+    rt: Runtime, step: StepPlan, question: Question, library: Library, pool: ThreadPoolExecutor
+) -> GroupRecord:
+    """rollout -> reward -> (informative groups only) summarize -> extract, for one question."""
+    n_chunks = len(stages.chunk_sizes(rt.settings.group_size, rt.policy.max_n))
+    futures = [pool.submit(stages.rollout, rt, step, question, library, c) for c in range(n_chunks)]
+    chunks = [f.result() for f in futures]
+    rollouts = [r for chunk in chunks for r in chunk.rollouts]
+    rewarded = stages.reward(rt, question, rollouts)
+    if not rewarded.informative:
+        return group_record(question, chunks, rewarded)
+    summaries = stages.summarize_group(rt, step, question, rollouts, rewarded, library)
+    values = [float(r or 0.0) for r in rewarded.rewards]
+    extraction = stages.extract(rt, step, question, values, summaries, library)
+    return group_record(question, chunks, rewarded, summaries, extraction)
+
+
+def run_step(
+    rt: Runtime, step: StepPlan, library: Library, questions: list[Question], pool: ThreadPoolExecutor
+) -> tuple[StepManifest, Library]:
+    batch = [questions[i] for i in step.questions]
+    with ThreadPoolExecutor(max_workers=len(batch), thread_name_prefix="tfgrpo-group") as groups_pool:
+        groups = list(groups_pool.map(lambda q: run_group(rt, step, q, library, pool), batch))
+    proposals = [g.extraction.ops for g in groups if g.extraction is not None]
+    consolidation = stages.consolidate(rt, step, library, proposals)
+    return commit(rt.run_dir, step, rt.config_hash, library, groups, consolidation)
+
+
+def resumable(rt: Runtime, step: StepPlan, library: Library) -> tuple[StepPlan, Library | None]:
+    """(the step to run, None), or (the step, the library it produced) when it is already done."""
+    previous = load_manifest(rt.run_dir, step.index)
+    if (
+        previous is None
+        or previous.config_hash != rt.config_hash
+        or previous.library_in != library.content_hash()
+    ):
+        return step, None
+    if previous.status == "degraded" and rt.settings.retry_degraded:
+        return step.model_copy(update={"attempt": previous.attempt + 1}), None
+    if previous.library_out == previous.library_in:
+        return step, library
+    path = library_path(rt.run_dir, previous.version_out, previous.library_out)
+    return step, Library.load(path) if path.is_file() else None
+
+
+def evaluate(
+    rt: Runtime, questions: list[Question], library: Library, tag: str, pool: ThreadPoolExecutor
+) -> EvalRecord:
+    """Held-out Mean@k and Pass@k of the policy with `library` injected (k = settings.eval_samples)."""
+    k = rt.settings.eval_samples
+    sizes = stages.chunk_sizes(k, rt.policy.max_n)
+
+    def one(question: Question, chunk: int) -> stages.CallRecord:
+        seed = derive_seed(rt.settings.seed, "eval", question.id, chunk)
+        record = rt.policy("eval", stages.policy_messages(rt, question, library), seed=seed, n=sizes[chunk])
+        if record.texts is None:  # a failed call scores as wrong answers (and shows in `calls`)
+            record = record.model_copy(update={"texts": [""] * sizes[chunk]})
+        return record
+
+    futures: list[list[Future[stages.CallRecord]]] = [
+        [pool.submit(one, q, c) for c in range(len(sizes))] for q in questions
+    ]
+    kind = rt.settings.reward if rt.settings.reward in ("exact", "numeric") else "auto"
+    rows, calls = [], []
+    for question, fs in zip(questions, futures, strict=True):
+        records = [f.result() for f in fs]
+        calls += [stages.CallInfo.of(r) for r in records]
+        texts = [t for r in records for t in r.texts or []]
+        rows.append([verify(kind, t, question.answer or "") for t in texts])
+    record = EvalRecord(
+        tag=tag,
+        library_hash=library.content_hash(),
+        report=report(rows, k=k, seed=rt.settings.seed),
+        rewards=rows,
+        calls=calls,
+    )
+    workspace.atomic_write_json(rt.run_dir / "evals" / f"{tag}.json", record.model_dump(mode="json"))
+    return record
+
+
+def evaluate_alone(rt: Runtime, questions: list[Question], library: Library, tag: str) -> EvalRecord:
+    """`evaluate` with its own thread pool (for callers that have none, like a Prefect task)."""
+    with ThreadPoolExecutor(max_workers=CALL_THREADS, thread_name_prefix="tfgrpo-eval") as pool:
+        return evaluate(rt, questions, library, tag, pool)
+
+
+def start_library(rt: Runtime, initial: Library | None = None) -> tuple[Library, Path]:
+    """The run's version 0 (empty with the settings' caps, or `initial`), saved."""
+    s = rt.settings
+    library = initial or Library(max_items=s.max_items, max_words=s.max_words)
+    return library, library.save(library_path(rt.run_dir, library.version, library.content_hash()))
+
+
+def train(
+    rt: Runtime,
+    questions: list[Question],
+    eval_questions: list[Question] | None = None,
+    initial: Library | None = None,
+    on_step: Callable[[StepManifest, Library], None] | None = None,
+) -> RunResult:
+    """Learn a library over `questions` (epochs x batches); evaluate before and after each epoch."""
+    start = time.perf_counter()
+    s = rt.settings
+    library, _ = start_library(rt, initial)
+    plan = plan_steps(len(questions), s.batch_size, s.epochs, s.seed)
+    manifests: list[StepManifest] = []
+    evals: list[EvalRecord] = []
+    with ThreadPoolExecutor(max_workers=CALL_THREADS, thread_name_prefix="tfgrpo-call") as pool:
+        if eval_questions:
+            evals.append(evaluate(rt, eval_questions, library, "before", pool))
+        for step in plan:
+            step, done = resumable(rt, step, library)
+            if done is not None:
+                manifest = load_manifest(rt.run_dir, step.index)
+                assert manifest is not None
+                library = done
+            else:
+                manifest, library = run_step(rt, step, library, questions, pool)
+            manifests.append(manifest)
+            if on_step is not None:
+                on_step(manifest, library)
+            last_of_epoch = step.index == len(plan) - 1 or plan[step.index + 1].epoch != step.epoch
+            if eval_questions and last_of_epoch:
+                evals.append(evaluate(rt, eval_questions, library, f"epoch{step.epoch + 1}", pool))
+    return finish(rt, library, manifests, evals, time.perf_counter() - start)
+
+
+def mean_reward(manifest: StepManifest) -> float | None:
+    values = [r for g in manifest.groups for r in g.rewards if r is not None]
+    return sum(values) / len(values) if values else None
+
+
+def finish(
+    rt: Runtime, library: Library, manifests: list[StepManifest], evals: list[EvalRecord], seconds: float
+) -> RunResult:
+    library_file = library.save(rt.run_dir / "library.json")
+    if rt.settings.experience_lib_path:
+        export_library(rt.run_dir, Path(rt.settings.experience_lib_path))
+    eval_calls = [c for e in evals for c in e.calls]
+    ledger = rt.ledger.snapshot()
+    result = RunResult(
+        run_dir=str(rt.run_dir),
+        library_file=str(library_file),
+        library_size=len(library.items),
+        library_version=library.version,
+        library_hash=library.content_hash(),
+        steps=len(manifests),
+        degraded_steps=sum(m.status == "degraded" for m in manifests),
+        llm_calls=sum(m.calls for m in manifests) + len(eval_calls),
+        tokens=sum(m.tokens for m in manifests)
+        + sum(c.prompt_tokens + c.completion_tokens for c in eval_calls),
+        cost_usd=round(
+            sum(t.cost for m in manifests for t in m.usage.values()) + sum(c.cost for c in eval_calls), 6
+        ),
+        paid_calls=int(ledger["calls"]),  # type: ignore[call-overload]
+        cached_calls=int(ledger["cached_calls"]),  # type: ignore[call-overload]
+        mean_at_k=[e.report.mean_at_k for e in evals],
+        pass_at_k=[e.report.pass_at_k for e in evals],
+        train_reward_first=mean_reward(manifests[0]) if manifests else None,
+        train_reward_last=mean_reward(manifests[-1]) if manifests else None,
+        seconds=round(seconds, 3),
+    )
+    workspace.atomic_write_json(rt.run_dir / "result.json", result.model_dump(mode="json"))
+    return result
+
+
+def export_library(run_dir: Path, target: Path) -> None:
+    """Copy the final library and every version to `target` (experiences.json + versions/)."""
+    for version in sorted((run_dir / "libraries").glob("v*.json")):
+        workspace.atomic_write_text(target / "versions" / version.name, version.read_text(encoding="utf-8"))
+    final = run_dir / "library.json"
+    workspace.atomic_write_text(target / "experiences.json", final.read_text(encoding="utf-8"))

@@ -1,0 +1,116 @@
+"""What a Training-Free GRPO run holds while it runs: settings, the three LLM roles bound to the
+call cache and the cost ledger, and the run directory.
+
+    rt = Runtime(settings, model="gym-tiny", dataset=digest)             # clients from the settings
+    rt = Runtime(settings, model=None, clients={"policy": c, "optimizer": o}, run_dir=path)  # given
+
+`config_hash` covers what decides the run's learning (settings, who answers each role and how it
+samples, the dataset); the run directory is named by it unless given, so a changed setting never
+resumes into another run's steps.
+
+Roles without an endpoint run their model locally; one local model is loaded once per process,
+whichever roles use it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+
+from gym import workspace
+from gym.hashing import hash_obj
+from gym.tfgrpo.calls import CallCache, Caller, Ledger
+from gym.tfgrpo.clients import LLMClient, LocalClient, OpenAIClient
+from gym.tfgrpo.config import ROLES, ResolvedRole, TfGrpoSettings
+from gym.tfgrpo.data import Question
+from gym.tfgrpo.library import Library
+from gym.tfgrpo.retrieval import Retriever
+
+_LOCAL: dict[tuple[str, str | None, bool], LocalClient] = {}
+_LOCAL_LOCK = threading.Lock()
+
+
+def default_cache_dir() -> Path:
+    """Calls are content-addressed, so every run of the workspace can share one cache."""
+    return workspace.path("runs", "tfgrpo", "calls")
+
+
+def client_for(role: ResolvedRole, template: str | None = None, trust_remote_code: bool = False) -> LLMClient:
+    if role.endpoint:
+        return OpenAIClient(
+            role.endpoint,
+            role.model,
+            api_key_env=role.api_key_env,
+            timeout_s=role.timeout_s,
+            max_retries=role.max_retries,
+            concurrency=role.concurrency,
+            max_n=role.max_n,
+        )
+    with _LOCAL_LOCK:
+        key = (role.model, template, trust_remote_code)
+        if key not in _LOCAL:
+            _LOCAL[key] = LocalClient(role.model, template=template, trust_remote_code=trust_remote_code)
+        return _LOCAL[key]
+
+
+class Runtime:
+    def __init__(
+        self,
+        settings: TfGrpoSettings,
+        *,
+        model: str | None,
+        run_dir: Path | None = None,
+        dataset: str = "",
+        clients: Mapping[str, LLMClient] | None = None,
+        cache_dir: Path | None = None,
+        template: str | None = None,
+        trust_remote_code: bool = False,
+    ) -> None:
+        self.settings, self.model = settings, model
+        self.cache = CallCache(cache_dir or default_cache_dir())
+        self.ledger = Ledger(settings.budget_tokens, settings.budget_usd)
+        given = dict(clients or {})
+        callers = {}
+        for name in ROLES:
+            role = settings.role(name, model or _identity_of(given.get(name) or given.get("policy")))
+            client = given.get(name) or (given.get("policy") if not _configured(settings, name) else None)
+            client = client or client_for(role, template, trust_remote_code)
+            callers[name] = Caller(client, role, self.cache, self.ledger)
+        self.policy, self.optimizer, self.judge = callers["policy"], callers["optimizer"], callers["judge"]
+        self.config_hash = hash_obj(
+            {
+                "settings": settings.learning_fields(),
+                "dataset": dataset,
+                "roles": {
+                    name: {
+                        "model": c.client.identity,
+                        **c.role.model_dump(include={"temperature", "max_tokens"}),
+                    }
+                    for name, c in callers.items()
+                },
+                "max_n": self.policy.max_n,
+            }
+        )
+        self.run_dir = (
+            Path(run_dir) if run_dir is not None else workspace.path("runs", "tfgrpo", self.config_hash)
+        )
+        self._retriever: Retriever | None = None
+
+    def experiences_for(self, question: Question, library: Library) -> list[str]:
+        """The experience texts injected for `question`: all of them, or the top-k most similar."""
+        k = self.settings.retrieval_top_k
+        if k is None or len(library.items) <= k:
+            return library.texts
+        if self._retriever is None:
+            self._retriever = Retriever()
+        return self._retriever.top_k(question.text, library.texts, k)
+
+
+def _configured(settings: TfGrpoSettings, name: str) -> bool:
+    role = getattr(settings, name)
+    return role.endpoint is not None or role.model is not None
+
+
+def _identity_of(client: LLMClient | None) -> str | None:
+    return client.identity if client is not None else None

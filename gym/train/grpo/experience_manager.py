@@ -1,0 +1,176 @@
+"""The papers' ExperienceManager: the experience library as a mutable, versioned object.
+
+    from gym.train.grpo.experience_manager import ExperienceManager
+    em = ExperienceManager(library_path="./experience_lib", max_size=100)
+    i = em.add("When a problem mentions remainders, reduce modulo the divisor first.")
+    em.modify(i, "When remainders appear, reduce modulo the divisor before anything else.")
+    j = em.add("When dividing, check the remainder.")
+    em.merge([i, j], "When remainders or division appear, reduce modulo the divisor first.")
+    em.format_for_prompt()                    # the [G0]. ... block training and serving inject
+    em.search("what is 17 mod 5?", k=3)       # embedding similarity (all-MiniLM-L6-v2, `embed` extra)
+    em.save("./experience_lib/final.json")
+
+A thin face over gym.tfgrpo: every change goes through the same validated `apply` as training
+(stable ids never reused, caps on items and words, a new version per change), and a rejected
+change raises ConfigError with its reason. Ids may be given as stable ids (`E3`) or as the
+prompt's aliases (`G0`, `[G0]`). `save()` with no path writes `<library_path>/experiences.json`
+and keeps every version in `<library_path>/versions/`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from gym import workspace
+from gym.errors import ConfigError
+from gym.tfgrpo.injection import EXPERIENCE_FILE, experience_block, inject
+from gym.tfgrpo.library import Library, diff
+from gym.tfgrpo.ops import Add, ApplyResult, Delete, Merge, Op, Update, apply
+from gym.tfgrpo.parse import parse_ops, resolve_id
+
+
+class ExperienceManager:
+    """Add, modify, delete and merge experiences; persist them as versioned JSON; format them for prompts."""
+
+    def __init__(
+        self, library_path: str | Path | None = None, max_size: int = 100, max_words: int = 32
+    ) -> None:
+        self.library_path = Path(library_path) if library_path is not None else None
+        existing = self.library_path / EXPERIENCE_FILE if self.library_path else None
+        if existing is not None and existing.is_file():
+            self.library = Library.load(existing)
+        else:
+            self.library = Library(max_items=max_size, max_words=max_words)
+        self._retriever: Any = None
+
+    # -- reading ---------------------------------------------------------------------------------------
+    @property
+    def experiences(self) -> list[dict[str, str]]:
+        return [{"id": item.id, "text": item.text} for item in self.library.items]
+
+    @property
+    def version(self) -> int:
+        return self.library.version
+
+    def __len__(self) -> int:
+        return len(self.library.items)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.library.texts)
+
+    def get(self, item_id: str) -> str | None:
+        item = self.library.get(self._id(item_id))
+        return item.text if item else None
+
+    # -- changing (each a validated operation; a rejection raises) ------------------------------------
+    def add(self, text: str) -> str:
+        before = set(self.library.ids)
+        self._apply([Add(text=text)])
+        return next(i for i in self.library.ids if i not in before)
+
+    def modify(self, item_id: str, text: str) -> None:
+        self._apply([Update(id=self._id(item_id), text=text)])
+
+    def delete(self, item_id: str) -> None:
+        self._apply([Delete(id=self._id(item_id))])
+
+    def merge(self, item_ids: Sequence[str], text: str) -> str:
+        before = set(self.library.ids)
+        self._apply([Merge(ids=tuple(self._id(i) for i in item_ids), text=text)])
+        return next(i for i in self.library.ids if i not in before)
+
+    def apply_operations(self, operations: Sequence[Op | dict[str, Any]] | str) -> ApplyResult:
+        """Apply a batch (Op objects, dicts in the LLM's JSON shape, or its raw text); invalid or
+        conflicting operations are reported in the result, not applied, and never raise."""
+        if isinstance(operations, str) or any(isinstance(o, dict) for o in operations):
+            text = operations if isinstance(operations, str) else json.dumps(list(operations))
+            ops, _ = parse_ops(text, self.library.aliases())
+        else:
+            ops = list(operations)  # type: ignore[arg-type]
+        result = apply(self.library, ops)
+        self.library = result.library
+        return result
+
+    def _apply(self, ops: list[Op]) -> None:
+        result = apply(self.library, ops)
+        if result.rejected:
+            raise ConfigError(f"experience change rejected: {result.rejected[0].reason}")
+        self.library = result.library
+
+    def _id(self, given: str) -> str:
+        if given in self.library.ids:
+            return given
+        resolved = resolve_id(given, self.library.aliases())
+        return resolved or given  # an unknown id is rejected by `apply`, with its reason
+
+    # -- prompts ---------------------------------------------------------------------------------------
+    def format_for_prompt(self, texts: list[str] | None = None) -> str:
+        """The experience block, exactly as training and serving put it in the system message."""
+        chosen = self.library.texts if texts is None else texts
+        return experience_block(chosen) if chosen else ""
+
+    format_context = format_for_prompt
+
+    def inject(
+        self, messages: list[dict[str, str]], query: str | None = None, k: int | None = None
+    ) -> list[dict[str, str]]:
+        """`messages` with the experiences in the system message (the top-k most similar to `query`)."""
+        texts = self.library.texts if query is None or k is None else [t for t, _ in self.search(query, k)]
+        return inject(messages, texts)
+
+    def search(self, query: str, k: int = 5) -> list[tuple[str, float]]:
+        """The k experiences most similar to `query` with their cosine similarity, best first."""
+        if self._retriever is None:
+            from gym.tfgrpo.retrieval import Retriever
+
+            self._retriever = Retriever()
+        texts = self.library.texts
+        if not texts:
+            return []
+        scores = self._retriever.scores(query, texts)
+        order = sorted(range(len(texts)), key=lambda i: (-scores[i], i))[:k]
+        return [(texts[i], scores[i]) for i in order]
+
+    # -- persistence -----------------------------------------------------------------------------------
+    def save(self, path: str | Path | None = None) -> Path:
+        """Write the library: to `path` (a .json file, or a folder for experiences.json), else to
+        `<library_path>/experiences.json`, keeping this version under `<library_path>/versions/`."""
+        if path is not None:
+            target = Path(path)
+            return self.library.save(target if target.suffix == ".json" else target / EXPERIENCE_FILE)
+        if self.library_path is None:
+            raise ConfigError("ExperienceManager has no library_path: pass save(path)")
+        version = (
+            self.library_path / "versions" / f"v{self.library.version:04d}-{self.library.content_hash()}.json"
+        )
+        self.library.save(version)
+        return self.library.save(self.library_path / EXPERIENCE_FILE)
+
+    @classmethod
+    def load(cls, path: str | Path) -> ExperienceManager:
+        """A manager over a saved library file (or a folder holding experiences.json)."""
+        p = Path(path)
+        file = p if p.suffix == ".json" else p / EXPERIENCE_FILE
+        manager = cls(library_path=file.parent)
+        manager.library = Library.load(file)
+        return manager
+
+    def versions(self) -> list[Path]:
+        """The versions saved under library_path, oldest first."""
+        if self.library_path is None:
+            return []
+        return sorted((self.library_path / "versions").glob("v*.json"))
+
+    def diff_markdown(self, other: ExperienceManager | Library) -> str:
+        """What changed from `other` to this library, as markdown."""
+        old = other.library if isinstance(other, ExperienceManager) else other
+        return diff(old, self.library).markdown()
+
+    def export(self, directory: str | Path) -> Path:
+        """Write experiences.json into a model directory (how a model ships its library)."""
+        target = Path(directory) / EXPERIENCE_FILE
+        workspace.atomic_write_text(target, self.library.to_json())
+        return target

@@ -1,0 +1,158 @@
+"""The papers' GRPOTrainer with `training_free=True`: Training-Free GRPO from Python.
+
+    from gym.train.grpo import GRPOTrainer
+    from gym.train.grpo.experience_manager import ExperienceManager
+
+    exp_manager = ExperienceManager(library_path="./experience_lib", max_size=100)
+    trainer = GRPOTrainer(model=model, tokenizer=tokenizer, args=training_args,
+                          finetuning_args=finetuning_args, experience_manager=exp_manager,
+                          training_free=True, train_dataset="demo_sft")
+    trainer.train()                                    # no parameter updates
+    exp_manager.save("./experience_lib/final.json")
+
+`model` may be a transformers model (with `tokenizer`), a registry name or checkpoint directory, a
+model name at `endpoint=` (an OpenAI-compatible API), or any gym LLM client (APIModelAdapter).
+`args` and `finetuning_args` are read for what applies (num_train_epochs, seed, output_dir,
+per_device_train_batch_size; group_size / grpo_group_size / num_generations); any TfGrpoSettings
+field can be passed by keyword. Training runs gym.tfgrpo.engine (resumable, cost-accounted); the
+library ends up in the experience manager, and with `args.output_dir` the model is saved there with
+its experiences.json (what serving injects).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gym.errors import ConfigError
+from gym.hashing import hash_obj
+from gym.tfgrpo.clients import LLMClient, LoadedClient
+from gym.tfgrpo.config import TfGrpoSettings
+from gym.tfgrpo.data import Question, load_questions
+from gym.tfgrpo.engine import RunResult, train
+from gym.tfgrpo.runtime import Runtime
+from gym.train.grpo.experience_manager import ExperienceManager
+
+GROUP_SIZE_NAMES = ("group_size", "grpo_group_size", "num_generations")
+
+
+def _read(source: Any, *names: str) -> Any:
+    for name in names:
+        value = source.get(name) if isinstance(source, dict) else getattr(source, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def questions_of(dataset: Any, limit: int | None) -> tuple[list[Question], str]:
+    """Questions from a dataset name/path, a datasets.Dataset, or records (question/answer,
+    prompt/answer, instruction/output or messages)."""
+    if dataset is None:
+        raise ConfigError("GRPOTrainer needs train_dataset (a dataset name or path, or records)")
+    if isinstance(dataset, (str, Path)):
+        return load_questions(dataset, limit)
+    questions = [_question(i, record) for i, record in enumerate(dataset)]
+    questions = questions[:limit] if limit is not None else questions
+    return questions, hash_obj([q.model_dump(mode="json") for q in questions])
+
+
+def _question(i: int, record: Any) -> Question:
+    if isinstance(record, Question):
+        return record
+    if "messages" in record:
+        messages = list(record["messages"])
+        return Question(id=str(i), prompt=messages[:-1], answer=messages[-1]["content"])
+    text = _read(record, "question", "prompt", "instruction", "problem")
+    if not isinstance(text, str):
+        raise ConfigError(
+            f"train_dataset record {i}: expected question/answer (or messages), got {sorted(record)}"
+        )
+    answer = _read(record, "answer", "output", "solution")
+    return Question(
+        id=str(i), prompt=[{"role": "user", "content": text}], answer=None if answer is None else str(answer)
+    )
+
+
+class GRPOTrainer:
+    def __init__(
+        self,
+        model: Any = None,
+        tokenizer: Any = None,
+        args: Any = None,
+        finetuning_args: Any = None,
+        experience_manager: ExperienceManager | None = None,
+        training_free: bool = True,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        optimizer_model: Any = None,
+        template: str | None = None,
+        **settings: Any,
+    ) -> None:
+        if not training_free:
+            raise ConfigError(
+                "GRPOTrainer(training_free=False) trains weights: use `gym train --method grpo` "
+                "(or gym.train.run(TrainConfig(method='grpo'), ...)); training_free=True learns experiences"
+            )
+        if model is None:
+            raise ConfigError(
+                "GRPOTrainer needs model= (a transformers model, a registry name or an API client)"
+            )
+        self.args, self.model, self.tokenizer, self.template = args, model, tokenizer, template
+        self.experience_manager = (
+            experience_manager if experience_manager is not None else ExperienceManager()
+        )
+        library = self.experience_manager.library
+        base: dict[str, Any] = {"max_items": library.max_items, "max_words": library.max_words}
+        epochs, seed = _read(args, "num_train_epochs"), _read(args, "seed")
+        batch, group = _read(args, "per_device_train_batch_size"), _read(finetuning_args, *GROUP_SIZE_NAMES)
+        for key, value in (("epochs", epochs), ("seed", seed), ("batch_size", batch), ("group_size", group)):
+            if value is not None:
+                base[key] = max(1, round(value)) if key != "seed" else int(value)
+        self.settings = TfGrpoSettings(**{**base, **settings})
+        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
+        self.optimizer_model = optimizer_model
+        self.result: RunResult | None = None
+
+    def _clients(self) -> tuple[dict[str, LLMClient], str | None]:
+        clients: dict[str, LLMClient] = {}
+        name: str | None = None
+        if hasattr(self.model, "complete") and hasattr(self.model, "identity"):
+            clients["policy"] = self.model
+        elif hasattr(self.model, "generate") and hasattr(self.model, "config"):
+            if self.tokenizer is None:
+                raise ConfigError("a transformers model needs tokenizer= too")
+            clients["policy"] = LoadedClient(self.model, self.tokenizer, template=self.template)
+        else:
+            name = str(getattr(self.model, "name", self.model))
+        if self.optimizer_model is not None:
+            clients["optimizer"] = self.optimizer_model
+        return clients, name
+
+    def train(self) -> RunResult:
+        """Learn experiences over train_dataset (weights untouched); returns the run's numbers."""
+        s = self.settings
+        questions, digest = questions_of(self.train_dataset, s.max_train_questions)
+        held_out = questions_of(self.eval_dataset, s.max_eval_questions)[0] if self.eval_dataset else None
+        clients, name = self._clients()
+        rt = Runtime(s, model=name, dataset=digest, clients=clients, template=self.template)
+        self.result = train(rt, questions, held_out, initial=self.experience_manager.library)
+        from gym.tfgrpo.library import Library
+
+        self.experience_manager.library = Library.load(self.result.library_file)
+        if self.experience_manager.library_path is not None:
+            self.experience_manager.save()
+        output_dir = _read(self.args, "output_dir")
+        if output_dir:
+            self.save_model(output_dir)
+        return self.result
+
+    def save_model(self, output_dir: str | Path) -> Path:
+        """The model (when it is in memory or a local checkpoint) and its experiences.json."""
+        target = Path(output_dir)
+        target.mkdir(parents=True, exist_ok=True)
+        if hasattr(self.model, "save_pretrained"):
+            self.model.save_pretrained(target, safe_serialization=True)
+            if self.tokenizer is not None:
+                self.tokenizer.save_pretrained(target)
+        self.experience_manager.export(target)
+        return target

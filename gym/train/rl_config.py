@@ -1,0 +1,125 @@
+"""Typed settings of the online RL methods (PPO, GRPO, GSPO): `TrainConfig.rl`, plus the flow's
+optional warm-start SFT stage. Every field shows in the Prefect UI form and as a `--train.rl.*` flag.
+
+Defaults follow the papers and TRL where they exist: GRPO group size 8, advantages scaled by the
+group's std, no KL (TRL's beta=0; DeepSeekMath used 0.04); GSPO sequence-level ratios with the GSPO
+paper's clip range 3e-4/4e-4 and a KL term as the Gym paper describes it (beta 0.04); PPO's TRL
+values (KL 0.05, clip 0.2, GAE gamma 1, lambda 0.95, value coefficient 0.1, 4 PPO epochs).
+Fields left None take the method's default from `METHOD_RL_DEFAULTS`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+ONLINE_METHODS = ("ppo", "grpo", "gspo")
+
+# The demo's toy reward (gym/data/demo.py): the right final answer, half credit for the right form.
+DEMO_REWARDS = ["final_answer", "answer_format"]
+DEMO_REWARD_WEIGHTS = [1.0, 0.5]
+
+METHOD_RL_DEFAULTS: dict[str, dict[str, float]] = {
+    "grpo": {"kl_coef": 0.0, "epsilon": 0.2, "epsilon_high": 0.2},
+    "gspo": {"kl_coef": 0.04, "epsilon": 3e-4, "epsilon_high": 4e-4},
+    "ppo": {"kl_coef": 0.05, "epsilon": 0.2, "epsilon_high": 0.2},
+}
+
+
+class RLSettings(BaseModel):
+    """Online RL: rewards, rollouts, advantages, KL and clipping (methods ppo, grpo, gspo)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rewards: list[str] = Field(
+        default_factory=lambda: ["exact_match"],
+        description="Reward functions (gym.rewards specs): exact_match, numeric_match, final_answer, "
+        "answer_format, regex:PATTERN, length_penalty:MAX, reward_model:SOURCE or pkg.module:function.",
+    )
+    reward_weights: list[float] | None = Field(
+        None,
+        description="One weight per reward (the reward is their weighted sum); None weighs each 1.0.",
+    )
+    group_size: int = Field(
+        8,
+        ge=1,
+        le=16,
+        description="GRPO/GSPO: completions sampled per prompt (G). G=1 leaves no advantage signal "
+        "(each reward minus its own group mean is 0): only the KL term acts.",
+    )
+    advantage_normalization: Literal["group", "batch", "none"] = Field(
+        "group",
+        description="GRPO/GSPO: divide advantages by the group's reward std (group), the batch's (batch), "
+        "or not at all (none, Dr. GRPO).",
+    )
+    filter_homogeneous_groups: bool = Field(
+        False,
+        description="GRPO/GSPO: drop groups whose rewards are all equal from the loss (they carry no "
+        "advantage signal but still count in the token average and the KL term).",
+    )
+    kl_coef: float | None = Field(
+        None,
+        ge=0,
+        description="Strength of the KL penalty to the reference (starting) model; 0 loads no reference. "
+        "Default: grpo 0, gspo 0.04, ppo 0.05.",
+    )
+    adaptive_kl_target: float | None = Field(
+        None,
+        gt=0,
+        description="PPO: adapt kl_coef towards this KL per completion (Ziegler et al. 2019); None: fixed.",
+    )
+    adaptive_kl_horizon: int = Field(
+        10000, ge=1, description="PPO: horizon (in completions) of the adaptive KL."
+    )
+    epsilon: float | None = Field(
+        None, gt=0, description="Clip range below 1 of the importance ratio; default grpo/ppo 0.2, gspo 3e-4."
+    )
+    epsilon_high: float | None = Field(
+        None, gt=0, description="Clip range above 1 (DAPO's clip-higher); default: as epsilon (gspo 4e-4)."
+    )
+    num_iterations: int = Field(
+        1, ge=1, description="GRPO/GSPO: optimisation passes over each batch of rollouts (mu)."
+    )
+    max_completion_length: int = Field(64, ge=1, description="Longest sampled completion, in tokens.")
+    temperature: float = Field(
+        1.0, gt=0, description="Sampling temperature of rollouts and of the reward eval."
+    )
+    moe_aux_loss_coef: float = Field(
+        0.001,
+        ge=0,
+        description="GRPO/GSPO on Mixture-of-Experts models: weight of the router load-balancing loss "
+        "(stability); no effect on dense models.",
+    )
+    environment: str | None = Field(
+        None,
+        description="GRPO/GSPO multi-turn rollouts: pkg.module:function(messages, record) returning the next "
+        "user message, or None to end the episode.",
+    )
+    max_turns: int = Field(1, ge=1, le=16, description="Assistant turns per episode with an environment.")
+    use_vllm: bool = Field(False, description="GRPO/GSPO: sample rollouts with vLLM (extra `vllm`, CUDA).")
+    eval_samples: int = Field(
+        4, ge=1, le=64, description="Completions sampled per held-out prompt to measure mean_reward."
+    )
+    log_samples: int = Field(4, ge=0, description="Sample completions kept per logging step (MLflow table).")
+    ppo_epochs: int = Field(4, ge=1, description="PPO: optimisation epochs over each batch of rollouts.")
+    vf_coef: float = Field(0.1, ge=0, description="PPO: weight of the value-function loss.")
+    gamma: float = Field(1.0, ge=0, le=1, description="PPO: discount factor of GAE.")
+    lam: float = Field(0.95, ge=0, le=1, description="PPO: lambda of generalised advantage estimation (GAE).")
+
+    @model_validator(mode="after")
+    def _weights_match(self) -> RLSettings:
+        if self.reward_weights is not None and len(self.reward_weights) != len(self.rewards):
+            raise ValueError(
+                f"{len(self.reward_weights)} reward_weights for {len(self.rewards)} rewards: give one weight "
+                "per reward, or none"
+            )
+        return self
+
+    def resolved(self, method: str) -> RLSettings:
+        """These settings with the method's defaults filled in where a field is None."""
+        defaults = METHOD_RL_DEFAULTS.get(method, METHOD_RL_DEFAULTS["grpo"])
+        unset = {k: v for k, v in defaults.items() if getattr(self, k) is None}
+        if self.epsilon is not None and self.epsilon_high is None:
+            unset["epsilon_high"] = self.epsilon
+        return self.model_copy(update=unset)

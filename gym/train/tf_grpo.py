@@ -1,0 +1,284 @@
+"""Training-Free GRPO as a training method: learns an experience library, trains no weights.
+
+    gym.train.run(TrainConfig(method="tf_grpo"), model_ref, ingested_dataset_dir)   # library API
+    gym train --method tf_grpo --endpoint URL --dataset D --group-size 5 --epochs 3 --json
+
+`prepare` turns settings, a model and datasets into a `TfGrpoRun` (a reference the Prefect tasks
+pass around: settings, run directory, config hash, the questions on disk); `runtime(run)` is the
+process's live Runtime for it. `ship` writes the final model directory: the model's files (linked,
+not copied, where the filesystem allows) plus `experiences.json`, so registering, serving and
+evaluating it inject the library exactly as training did (gym.tfgrpo.injection). A run whose
+policy is a remote API model ships `experiences.json` alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from gym import workspace
+from gym.errors import ConfigError
+from gym.models import ModelRef
+from gym.tfgrpo.config import TfGrpoSettings
+from gym.tfgrpo.data import Question, StepPlan, load_questions, plan_steps, questions_from
+from gym.tfgrpo.engine import RunResult, train
+from gym.tfgrpo.injection import EXPERIENCE_FILE
+from gym.tfgrpo.library import Library
+from gym.tfgrpo.runtime import Runtime
+from gym.tfgrpo.stages import chunk_sizes
+from gym.train.common import TrainResult
+from gym.train.config import TrainConfig
+
+
+class TfGrpoRun(BaseModel):
+    """A prepared run, by reference: what every task of the flow needs to find its Runtime."""
+
+    settings: TfGrpoSettings
+    model: str | None
+    template: str | None = None
+    trust_remote_code: bool = False
+    dataset_digest: str
+    run_dir: str
+    config_hash: str
+    steps: list[StepPlan]
+    chunks: list[int]
+    """How each group's G rollouts are split over policy calls (`n` per call)."""
+
+    @property
+    def questions_file(self) -> Path:
+        return Path(self.run_dir) / "questions.json"
+
+    @property
+    def eval_file(self) -> Path:
+        return Path(self.run_dir) / "eval_questions.json"
+
+    def questions(self) -> list[Question]:
+        return _read_questions(self.questions_file)
+
+    def eval_questions(self) -> list[Question] | None:
+        return _read_questions(self.eval_file) if self.eval_file.is_file() else None
+
+
+def _read_questions(path: Path) -> list[Question]:
+    return [Question.model_validate(q) for q in json.loads(path.read_text(encoding="utf-8"))]
+
+
+_RUNTIMES: dict[str, Runtime] = {}
+_RUNTIMES_LOCK = threading.Lock()
+
+
+def runtime(run: TfGrpoRun) -> Runtime:
+    """The process's Runtime of `run` (clients, cache, ledger), made once."""
+    with _RUNTIMES_LOCK:
+        if run.run_dir not in _RUNTIMES:
+            _RUNTIMES[run.run_dir] = Runtime(
+                run.settings,
+                model=run.model,
+                dataset=run.dataset_digest,
+                run_dir=Path(run.run_dir),
+                template=run.template,
+                trust_remote_code=run.trust_remote_code,
+            )
+        return _RUNTIMES[run.run_dir]
+
+
+def prepare(
+    settings: TfGrpoSettings,
+    model: str | None,
+    questions: list[Question],
+    dataset_digest: str,
+    eval_questions: list[Question] | None = None,
+    template: str | None = None,
+    trust_remote_code: bool = False,
+) -> TfGrpoRun:
+    """Check the settings, decide the run directory (named by the config hash), write the questions."""
+    if settings.reward not in ("majority", "judge") and any(q.answer is None for q in questions):
+        raise ConfigError(f"reward {settings.reward!r} needs reference answers: use --reward majority")
+    rt = Runtime(
+        settings, model=model, dataset=dataset_digest, template=template, trust_remote_code=trust_remote_code
+    )
+    run = TfGrpoRun(
+        settings=settings,
+        model=model,
+        template=template,
+        trust_remote_code=trust_remote_code,
+        dataset_digest=dataset_digest,
+        run_dir=str(rt.run_dir),
+        config_hash=rt.config_hash,
+        steps=plan_steps(len(questions), settings.batch_size, settings.epochs, settings.seed),
+        chunks=chunk_sizes(settings.group_size, rt.policy.max_n),
+    )
+    workspace.atomic_write_json(run.questions_file, [q.model_dump(mode="json") for q in questions])
+    if eval_questions:
+        workspace.atomic_write_json(run.eval_file, [q.model_dump(mode="json") for q in eval_questions])
+    with _RUNTIMES_LOCK:  # a new run (or a resume) starts a new ledger
+        _RUNTIMES[run.run_dir] = rt
+    return run
+
+
+def prepare_from_datasets(
+    settings: TfGrpoSettings,
+    model: str | None,
+    dataset: str,
+    eval_dataset: str | None = None,
+    template: str | None = None,
+    trust_remote_code: bool = False,
+) -> TfGrpoRun:
+    questions, digest = load_questions(dataset, settings.max_train_questions)
+    held_out = load_questions(eval_dataset, settings.max_eval_questions)[0] if eval_dataset else None
+    return prepare(settings, model, questions, digest, held_out, template, trust_remote_code)
+
+
+def local_model(run: TfGrpoRun) -> ModelRef | None:
+    """The model whose weights ship with the library: the run's model if gym can resolve it
+    (registry name, local checkpoint); None for a model known only to a remote endpoint."""
+    from gym.models import resolve
+
+    if run.model is None:
+        return None
+    try:
+        return resolve(run.model, run.template, run.trust_remote_code)
+    except ConfigError:
+        if run.settings.endpoint is None and run.settings.policy.endpoint is None:
+            raise
+        return None
+
+
+def ship(run: TfGrpoRun, result: RunResult, model: ModelRef | None) -> Path:
+    """The final model directory: the model's files plus experiences.json (atomically, once per library)."""
+    name = f"tf_grpo-{run.config_hash[:8]}-{result.library_hash[:8]}"
+    target = workspace.path("models", name, "model")
+    if target.is_dir():
+        return target
+    with workspace.atomic_dir(target) as tmp:
+        meta: dict[str, Any] = {"method": "tf_grpo", "tf_grpo_run": run.config_hash}
+        if model is not None:
+            _link_tree(_model_files(model), tmp)
+            meta.update(template=model.template, base_model=model.base_model)
+        else:  # a model behind an API: the library is all there is to ship
+            meta.update(endpoint=run.settings.endpoint, model=run.model)
+        workspace.atomic_write_json(tmp / "gym_model.json", meta)
+        shutil.copyfile(result.library_file, tmp / EXPERIENCE_FILE)
+    return target
+
+
+def _model_files(model: ModelRef) -> Path:
+    local = Path(model.path)
+    if local.is_dir():
+        return local
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(model.path, revision=model.revision))
+
+
+def _link_tree(source: Path, target: Path) -> None:
+    for path in sorted(source.rglob("*")):
+        if path.is_dir() or path.name == EXPERIENCE_FILE or path.name.startswith("."):
+            continue
+        dest = target / path.relative_to(source)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(path.resolve(), dest)  # weights can be gigabytes: share them where possible
+        except OSError:
+            shutil.copy2(path, dest)
+
+
+def train_result(run: TfGrpoRun, result: RunResult, model_dir: Path) -> TrainResult:
+    """The method's TrainResult (no weights trained: no losses, no trainable parameters)."""
+    return TrainResult(
+        method="tf_grpo",
+        digest=run.config_hash,
+        stage_dir=run.run_dir,
+        model_dir=str(model_dir),
+        global_step=result.steps,
+        losses=[],
+        trainable_params=0,
+        total_params=0,
+        train_seconds=result.seconds,
+        metric_name="mean_at_k" if result.mean_at_k else "train_reward",
+        metric_first=result.mean_at_k[0] if result.mean_at_k else result.train_reward_first,
+        metric_last=result.mean_at_k[-1] if result.mean_at_k else result.train_reward_last,
+    )
+
+
+def summary(
+    run: TfGrpoRun,
+    result: RunResult,
+    model_dir: str,
+    registered: dict[str, Any],
+    mlflow_run_id: str,
+    flow_run_id: str | None,
+) -> dict[str, Any]:
+    """The flow's summary: the keys every training flow reports, plus the library's and the LLM bill's."""
+    from gym.summary import summarize
+
+    stage = train_result(run, result, Path(model_dir))
+    out = summarize({"tf_grpo": stage}, None, None, registered, mlflow_run_id, model_dir, flow_run_id)
+    return {**out, **summary_extras(result)}
+
+
+def summary_extras(result: RunResult) -> dict[str, Any]:
+    """What a TF-GRPO run adds to the flow's summary line."""
+    return {
+        "library_size": result.library_size,
+        "library_version": result.library_version,
+        "library_hash": result.library_hash,
+        "llm_calls": result.llm_calls,
+        "paid_calls": result.paid_calls,
+        "tokens": result.tokens,
+        "cost_usd": result.cost_usd,
+        "degraded_steps": result.degraded_steps,
+        "steps": result.steps,
+        "mean_at_k": result.mean_at_k,
+        "pass_at_k": result.pass_at_k,
+        "run_dir": result.run_dir,
+    }
+
+
+def settings_from(config: TrainConfig, settings: TfGrpoSettings | None = None) -> TfGrpoSettings:
+    """TF-GRPO settings for a generic training config: its epochs and seed over the paper defaults."""
+    base = settings or TfGrpoSettings()
+    update: dict[str, Any] = {"seed": config.seed}
+    if config.num_train_epochs is not None:
+        update["epochs"] = max(1, round(config.num_train_epochs))
+    return base.model_copy(update=update)
+
+
+def run(
+    config: TrainConfig,
+    model: ModelRef,
+    train_data: Path,
+    eval_data: Path | None = None,
+    settings: TfGrpoSettings | None = None,
+) -> TrainResult:
+    """gym.train.run's path for method="tf_grpo": ingested sft datasets in, shipped model out."""
+    s = settings_from(config, settings)
+    from gym.data.ingest import load_meta
+
+    questions = questions_from(train_data, s.max_train_questions)
+    held_out = questions_from(eval_data, s.max_eval_questions) if eval_data else None
+    digest = load_meta(train_data)["digest"]
+    where = model.path if Path(model.path).is_dir() else model.name  # a built or trained model: its folder
+    prepared = prepare(s, where, questions, digest, held_out, model.template, model.trust_remote_code)
+    result = train(runtime(prepared), questions, held_out, initial=initial_library(s))
+    return train_result(prepared, result, ship(prepared, result, model))
+
+
+def build_trainer(**_: Any) -> Any:
+    """The METHODS entry: Training-Free GRPO has no TRL trainer (no weights to train)."""
+    raise ConfigError("tf_grpo trains no weights: gym.train.run hands it to gym.train.tf_grpo.run")
+
+
+def initial_library(settings: TfGrpoSettings) -> Library | None:
+    """A library to start from: `<experience_lib_path>/experiences.json` when it already exists."""
+    if settings.experience_lib_path:
+        existing = Path(settings.experience_lib_path) / EXPERIENCE_FILE
+        if existing.is_file():
+            return Library.load(existing)
+    return None

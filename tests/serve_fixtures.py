@@ -1,0 +1,32 @@
+"""Models for serving, export and registry tests.
+
+`noisy_tiny` is gym-tiny with every weight perturbed by seeded noise: fresh gym-tiny answers every
+prompt greedily with the same run of newlines, which would make "the served text equals direct
+generate" true for the wrong reason; the noisy copy answers each prompt differently. Its folder has
+no gym metadata, so serving it also exercises the tokenizer's own chat template.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from gym.models import resolve
+
+NOISE_STD = 0.1
+
+
+def noisy_tiny(out: Path, seed: int = 0, std: float = NOISE_STD) -> Path:
+    """Write gym-tiny with seeded Gaussian noise added to its weights into `out` (tokenizer included)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    base = Path(resolve("gym-tiny").path)
+    shutil.copytree(base, out, dirs_exist_ok=True)
+    model = AutoModelForCausalLM.from_pretrained(base)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * std)
+    model.save_pretrained(out)
+    return out

@@ -1,0 +1,152 @@
+"""Export: adapters merged exactly (LoRA, DoRA, converted PiSSA), refused where a merge can't be exact,
+a sharded hub-style directory with tokenizer, chat template and card, Ollama and GGUF extras."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow import MlflowClient
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from gym import tracking
+from gym.errors import ConfigError
+from gym.export import ExportSettings, export_model
+from gym.lineage import Lineage
+from gym.models import resolve
+from gym.registration import register
+from gym.templates import load_template
+from gym.tfgrpo.injection import EXPERIENCE_FILE
+from tests.serve_fixtures import noisy_tiny
+
+IDS = torch.tensor([[5, 17, 300, 42, 7, 99]])
+
+
+def logits(model) -> torch.Tensor:
+    with torch.no_grad():
+        return model(IDS).logits
+
+
+def trained_adapter(out: Path, **lora) -> tuple[Path, torch.Tensor, str]:
+    """A LoRA-family adapter over gym-tiny whose weights moved (as after training); returns its
+    directory, the adapted model's logits and the base path."""
+    base = resolve("gym-tiny").path
+    model = AutoModelForCausalLM.from_pretrained(base)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], **lora)
+    peft = get_peft_model(model, config)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, param in peft.named_parameters():
+            if "lora_" in name:
+                param.add_(torch.randn_like(param) * 0.2)
+    peft.save_pretrained(out)
+    return out, logits(peft), base
+
+
+@pytest.mark.parametrize("dora", [False, True], ids=["lora", "dora"])
+def test_an_adapter_merges_into_its_base_exactly_in_sharded_safetensors(gym_home, tmp_path, dora):
+    adapter, adapted, base = trained_adapter(tmp_path / "adapter", use_dora=dora, init_lora_weights=False)
+    out = export_model(adapter, tmp_path / "out", ExportSettings(shard_size="400KB"), template="chatml")
+
+    shards = sorted(p.name for p in out.glob("model-*.safetensors"))
+    assert len(shards) > 1 and (out / "model.safetensors.index.json").is_file()
+    merged = AutoModelForCausalLM.from_pretrained(out)
+    assert torch.allclose(logits(merged), adapted, atol=1e-5)
+    assert not torch.allclose(logits(AutoModelForCausalLM.from_pretrained(base)), adapted, atol=1e-3)
+    assert AutoTokenizer.from_pretrained(out).chat_template == load_template("chatml")
+    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == 2
+    card = (out / "README.md").read_text()
+    assert (
+        card.startswith("---\n") and f"base_model: {json.dumps('gym-tiny')}" not in card
+    )  # adapter's own base
+    assert str(base) in card
+
+
+def test_pissa_merges_only_in_converted_form(gym_home, tmp_path):
+    base = resolve("gym-tiny").path
+    peft = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(base),
+        LoraConfig(r=4, lora_alpha=4, target_modules=["q_proj", "v_proj"], init_lora_weights="pissa"),
+    )
+    peft.peft_config["default"].init_lora_weights = True  # PEFT's recipe: keep the initial adapter
+    peft.save_pretrained(tmp_path / "init")
+    peft.peft_config["default"].init_lora_weights = "pissa"
+    with torch.no_grad():
+        for name, param in peft.named_parameters():
+            if "lora_" in name:
+                param.add_(torch.randn_like(param) * 0.05)
+    trained = logits(peft)
+    peft.save_pretrained(tmp_path / "raw")
+    peft.save_pretrained(
+        tmp_path / "converted", path_initial_model_for_weight_conversion=str(tmp_path / "init")
+    )
+
+    with pytest.raises(ConfigError, match="rewrites the base weights"):
+        export_model(tmp_path / "raw", tmp_path / "out-raw")
+    assert not (tmp_path / "out-raw").exists()
+    out = export_model(tmp_path / "converted", tmp_path / "out", template="chatml")
+    assert torch.allclose(logits(AutoModelForCausalLM.from_pretrained(out)), trained, atol=1e-4)
+
+
+def test_a_quantized_base_is_refused_and_the_adapter_exported_alone(gym_home, tmp_path):
+    from transformers import BitsAndBytesConfig
+
+    adapter, _, base = trained_adapter(tmp_path / "adapter", init_lora_weights=False)
+    quantized = tmp_path / "base-4bit"
+    q4 = BitsAndBytesConfig(load_in_4bit=True)
+    AutoModelForCausalLM.from_pretrained(base, quantization_config=q4).save_pretrained(quantized)
+    AutoTokenizer.from_pretrained(base).save_pretrained(quantized)
+
+    with pytest.raises(ConfigError, match=r"quantized.*--adapter-only"):
+        export_model(adapter, tmp_path / "out", base=str(quantized))
+    assert not (tmp_path / "out").exists()
+    out = export_model(adapter, tmp_path / "out", ExportSettings(adapter_only=True), base=str(quantized))
+    assert (out / "adapter_model.safetensors").is_file() and not list(out.glob("model*.safetensors"))
+    assert "PEFT adapter only" in (out / "README.md").read_text()
+
+
+def test_a_registered_version_exports_with_the_registry_card_ollama_and_gguf_files(gym_home, tmp_path):
+    model = noisy_tiny(tmp_path / "noisy")
+    (model / EXPERIENCE_FILE).write_text(json.dumps({"items": [{"id": "a", "text": "Be brief."}]}))
+    lineage = Lineage(
+        base_model="gym-tiny",
+        template="chatml",
+        method="sft",
+        datasets={"dataset": {"name": "demo_sft", "digest": "0123456789abcdef"}},
+        hyperparameters={"train": {"learning_rate": "0.003"}},
+        scores={"exact_match_after": 0.75},
+    )
+    register(model, "tiny-export", lineage, tracking.start_run("register"))
+
+    settings = ExportSettings(ollama=True, gguf=True)
+    out = export_model("models:/tiny-export@challenger", tmp_path / "hub", settings)
+    card = (out / "README.md").read_text()
+    assert card == MlflowClient(tracking.tracking_uri()).get_model_version("tiny-export", "1").description
+    assert "0123456789abcdef" in card and "0.7500" in card and "learning_rate" in card
+    assert torch.equal(
+        logits(AutoModelForCausalLM.from_pretrained(out)), logits(AutoModelForCausalLM.from_pretrained(model))
+    )
+    assert json.loads((out / EXPERIENCE_FILE).read_text())["items"][0]["text"] == "Be brief."
+    modelfile = (out / "Modelfile").read_text()
+    assert "FROM ." in modelfile and "<|im_start|>{{ .Role }}" in modelfile
+    assert 'PARAMETER stop "<|im_end|>"' in modelfile
+    assert "model_type: llama" in (out / "GGUF.md").read_text()
+
+
+def test_gym_export_refuses_to_overwrite_foreign_folders(gym_home, tmp_path, capsys):
+    from flows.cli import main
+
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    assert main(["export", "--model", "gym-tiny", "--out", str(foreign)]) == 2
+    assert "was not written by gym" in capsys.readouterr().err and (foreign / "notes.txt").is_file()
+    assert main(["export", "--model", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
+    assert "neither a model" in capsys.readouterr().err
+    assert main(["export", "--model", "gym-tiny", "--out", str(tmp_path / "ok"), "--ollama"]) == 0
+    assert (tmp_path / "ok" / "model.safetensors").is_file() and (tmp_path / "ok" / "Modelfile").is_file()
+    assert main(["export", "--model", "gym-tiny", "--out", str(tmp_path / "ok")]) == 0  # gym's own: replaced
+    assert not (tmp_path / "ok" / "Modelfile").exists()

@@ -1,0 +1,101 @@
+"""`gym deploy`: offline it writes exactly the bundle it would push (model repo + chat Space), and the
+Space's app answers like gym's own engine; pushing uploads that same bundle."""
+
+from __future__ import annotations
+
+import json
+import runpy
+from pathlib import Path
+
+import pytest
+
+from gym.deploy import DeployPlan, build, push
+from gym.serve.engine import Engine
+from gym.tfgrpo.injection import EXPERIENCE_FILE, inject
+from tests.serve_fixtures import noisy_tiny
+
+
+@pytest.fixture()
+def model(gym_home, tmp_path) -> Path:
+    path = noisy_tiny(tmp_path / "trained")
+    (path / "gym_model.json").write_text(json.dumps({"template": "chatml", "base_model": "gym-tiny"}))
+    (path / EXPERIENCE_FILE).write_text(json.dumps({"items": [{"id": "a", "text": "Name real places."}]}))
+    return path
+
+
+def test_offline_deploy_writes_the_bundle_and_its_space_chats_like_gym(model, tmp_path, monkeypatch, capsys):
+    from flows.cli import main
+
+    target = tmp_path / "deploy"
+    assert main(["deploy", "--model_path", str(model), "--target", str(target)]) == 0
+    assert "nothing was pushed" in capsys.readouterr().out
+    assert json.loads((target / "deploy.json").read_text()) == {
+        "model_repo": None,
+        "space_repo": None,
+        "private": False,
+    }
+    assert (target / "model" / "model.safetensors").is_file() and (target / "model" / "README.md").is_file()
+    assert (target / "model" / EXPERIENCE_FILE).is_file()
+    space = target / "space"
+    assert sorted(p.name for p in space.iterdir()) == ["README.md", "app.py", "requirements.txt"]
+    assert "sdk: gradio" in (space / "README.md").read_text()
+    assert "transformers==5.17.0" in (space / "requirements.txt").read_text()
+
+    monkeypatch.chdir(space)  # as on a Space; locally the app finds the model in ../model
+    monkeypatch.delenv("MODEL_ID", raising=False)
+    app = runpy.run_path(str(space / "app.py"), run_name="space_app")
+    question = [{"role": "user", "content": "name a river"}]
+    assert app["with_experiences"](question) == inject(question, ["Name real places."])
+    *_, reply = app["respond"]("name a river", [], 0, 12)
+    with Engine.load(str(target / "model")) as engine:  # gym's engine: template and experiences alike
+        assert reply == engine.chat(question, temperature=0, max_tokens=12).choices[0].text
+        assert "Name real places." in engine.render_chat(question)
+
+
+class RecordingHub:
+    """Stands in for huggingface_hub.HfApi (no hub is reachable here): records what would be sent."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict]] = []
+
+    def create_repo(self, repo_id: str, **kwargs) -> None:
+        self.calls.append(("create_repo", {"repo_id": repo_id, **kwargs}))
+
+    def upload_folder(self, **kwargs) -> None:
+        files = sorted(
+            str(p.relative_to(kwargs["folder_path"])) for p in Path(kwargs["folder_path"]).rglob("*")
+        )
+        self.calls.append(("upload_folder", {**kwargs, "files": files}))
+
+
+def test_pushing_uploads_the_bundle_folders_to_their_repos(model, tmp_path):
+    plan = DeployPlan(model_repo="me/tiny", space_repo="me/tiny-chat", private=True)
+    bundle = build(str(model), tmp_path / "bundle", plan, space=True)
+    assert 'MODEL_ID = os.environ.get("MODEL_ID", "me/tiny")' in (bundle / "space" / "app.py").read_text()
+    hub = RecordingHub()
+    urls = push(bundle, plan, hub)
+    assert urls == {
+        "model": "https://huggingface.co/me/tiny",
+        "space": "https://huggingface.co/spaces/me/tiny-chat",
+    }
+    (_, model_repo), (_, model_upload), (_, space_repo), (_, space_upload) = hub.calls
+    assert model_repo == {"repo_id": "me/tiny", "repo_type": "model", "private": True, "exist_ok": True}
+    assert (
+        model_upload["folder_path"] == str(bundle / "model") and "model.safetensors" in model_upload["files"]
+    )
+    assert space_repo["repo_type"] == "space" and space_repo["space_sdk"] == "gradio"
+    assert space_upload["repo_id"] == "me/tiny-chat" and "app.py" in space_upload["files"]
+
+
+def test_pushing_needs_a_token_and_the_network_and_never_shows_the_token(gym_home, monkeypatch, capsys):
+    from flows.cli import main
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    assert main(["deploy", "--model", "gym-tiny", "--push_to_hub"]) == 2
+    assert "needs a token" in capsys.readouterr().err
+    secret = "hf_secret_value_123"
+    assert main(["deploy", "--model", "gym-tiny", "--hf_token", secret, "--push_to_hub"]) == 2
+    captured = capsys.readouterr()
+    assert "HF_HUB_OFFLINE" in captured.err and secret not in captured.err + captured.out
+    assert main(["deploy", "--model", "gym-tiny"]) == 2
+    assert "--target DIR" in capsys.readouterr().err

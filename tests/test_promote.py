@@ -1,0 +1,167 @@
+"""MLflow registry hand-off: lineage tags and card on every version, no duplicate versions for the same
+content, and a champion alias that moves only when the challenger wins by the margin."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow import MlflowClient
+
+from gym import tracking
+from gym.errors import ConfigError
+from gym.lineage import LINEAGE_TAG, Lineage, describe
+from gym.models import load_model, resolve
+from gym.promotion import promote
+from gym.registration import register
+from tests.serve_fixtures import noisy_tiny
+
+
+def facts(score: float, **more: float) -> Lineage:
+    return Lineage(
+        base_model="gym-tiny", template="chatml", method="sft", scores={"exact_match_after": score, **more}
+    )
+
+
+def register_dir(model_dir: Path, name: str, lineage: Lineage) -> str:
+    run_id = tracking.start_run("register")
+    return register(model_dir, name, lineage, run_id).version
+
+
+class Variants:
+    """Distinct models (gym-tiny with seeded noise), built when first asked for."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def __getitem__(self, i: int) -> Path:
+        path = self.root / f"v{i}"
+        return path if path.is_dir() else noisy_tiny(path, seed=i)
+
+
+@pytest.fixture()
+def variants(tmp_path: Path) -> Variants:
+    return Variants(tmp_path)
+
+
+def test_a_registration_carries_lineage_and_card_and_same_content_reuses_its_version(gym_home, variants):
+    config = {"dataset": "demo_sft", "train": {"method": "sft", "learning_rate": 0.003, "hub_token": "hf_x"}}
+    lineage = describe(
+        "gym-tiny", "chatml", {"dataset": "d" * 16, "sft_stage": "s" * 16}, config, flow_run_id="flow-1"
+    )
+    run_id = tracking.start_run("register")
+    first = register(variants[0], "tiny-reg", lineage, run_id)
+    assert (first.version, first.reused) == ("1", False)
+
+    client = MlflowClient(tracking.tracking_uri())
+    mv = client.get_model_version("tiny-reg", "1")
+    tags = mv.tags
+    assert tags["dataset"] == "d" * 16 and tags["sft_stage"] == "s" * 16
+    assert tags["base_model"] == "gym-tiny" and tags["registry_entry"] == "gym-tiny"
+    assert len(tags["registry_digest"]) == 16 and len(tags["config_digest"]) == 16
+    assert tags["gym_version"] and tags["prefect_flow_run_id"] == "flow-1" and tags["template"] == "chatml"
+    assert Lineage.from_tags(tags) == lineage
+    assert "hf_x" not in tags[LINEAGE_TAG]  # secrets in the config are redacted
+    card = mv.description
+    assert card.startswith("---\n") and 'base_model: "gym-tiny"' in card and "demo_sft" in card
+    assert "d" * 16 in card and "learning_rate" in card
+
+    again = register(variants[0], "tiny-reg", lineage.model_copy(update={"flow_run_id": "flow-2"}), run_id)
+    assert (again.version, again.reused) == ("1", True)
+    assert client.get_model_version("tiny-reg", "1").tags["gym.last_registered_by"] == "flow-2"
+    other = register(variants[1], "tiny-reg", lineage, run_id, alias="challenger")
+    assert (other.version, other.reused) == ("2", False)
+    assert str(client.get_model_version_by_alias("tiny-reg", "challenger").version) == "2"
+    back = register(variants[0], "tiny-reg", lineage, run_id)
+    assert (back.version, back.reused) == ("1", True)
+    assert str(client.get_model_version_by_alias("tiny-reg", "challenger").version) == "1"
+
+
+def test_champion_moves_only_when_the_challenger_wins_by_the_margin(gym_home, variants):
+    name = "tiny-promo"
+    register_dir(variants[0], name, facts(0.50, sft_loss_last=1.0))
+    first = promote(name, "exact_match_after", margin=0.05)
+    assert first.promoted and first.champion == "1" and "no champion yet" in first.reason
+
+    register_dir(variants[1], name, facts(0.53, sft_loss_last=0.8))
+    close = promote(name, "exact_match_after", margin=0.05)
+    assert not close.promoted and close.champion == "1" and "0.5300 vs 0.5000" in close.reason
+    tags = MlflowClient(tracking.tracking_uri()).get_model_version(name, "2").tags
+    assert tags["promotion.decision"] == "kept" and tags["promotion.compared_with"] == "1"
+    assert tags["promotion.reason"] == close.reason
+
+    by_loss = promote(name, "sft_loss_last", margin=0.1, mode="min")  # 0.8 beats 1.0 by 0.2
+    assert by_loss.promoted and by_loss.champion == "2" and by_loss.previous_champion == "1"
+    missing = promote(name, "dpo_reward_accuracy")
+    assert not missing.promoted and "has no 'dpo_reward_accuracy' score" in missing.reason
+
+    register_dir(variants[2], name, facts(0.80))
+    best = promote(name, "exact_match_after", margin=0.05)
+    assert best.promoted and best.champion == "3" and "## Promotion" in best.markdown()
+    assert promote(name, "exact_match_after").reason == "v3 is already the champion"
+
+    # The champion is exactly the model that was evaluated: same logits after the registry round trip.
+    champion = resolve(f"models:/{name}@champion")
+    ids = torch.tensor([[5, 17, 300, 42, 7]])
+    with torch.no_grad():
+        evaluated = load_model(resolve(str(variants[2]), template="chatml"))(ids).logits
+        assert torch.equal(load_model(champion)(ids).logits, evaluated)
+
+    with pytest.raises(ConfigError, match="register one first"):
+        promote("no-such-model", "exact_match_after")
+
+
+def test_gym_promote_command_prints_the_decision(gym_home, capsys):
+    from flows.cli import main
+
+    register_dir(Path(resolve("gym-tiny").path), "tiny-cli", facts(0.4))
+    assert main(["promote", "--name", "tiny-cli", "--metric", "exact_match_after", "--json"]) == 0
+    decision = json.loads(capsys.readouterr().out)
+    assert decision["promoted"] and decision["champion"] == "1"
+    assert main(["promote", "--name", "tiny-cli", "--metric", "exact_match_after", "--margin", "-1"]) == 2
+    assert "--margin must be >= 0" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_training_flow_registers_promotes_and_reuses_its_version_on_rerun(prefect_server, gym_home):
+    from prefect.client.orchestration import get_client
+
+    from flows.train import train
+    from gym.pipeline import OutputSettings, TrainFlowConfig
+    from gym.train import TrainConfig
+    from tasks._common import workspace_settings
+
+    config = TrainFlowConfig(
+        train=TrainConfig(method="sft", max_steps=3),
+        eval_limit=8,
+        output=OutputSettings(register_as="tiny-flow", promote_metric="exact_match_after"),
+    )
+    with workspace_settings():
+        first = train(config)
+        second = train(config)
+    assert first["model_version"] == "1" and first["model_reused"] is False
+    assert first["promoted"] is True and first["champion_version"] == "1"
+    assert second["model_version"] == "1" and second["model_reused"] is True  # nothing new to register
+    assert second["promoted"] is False and "already the champion" in second["promotion_reason"]
+
+    tags = MlflowClient(tracking.tracking_uri()).get_model_version("tiny-flow", "1").tags
+    assert float(tags["score.exact_match_after"]) == first["exact_match_after"]
+    assert tags["method"] == "sft" and tags["prefect_flow_run_id"] == first["flow_run_id"]
+    assert json.loads(tags[LINEAGE_TAG])["datasets"]["dataset"]["name"] == "demo_sft"
+
+    # The champion is the model the flow evaluated.
+    ids = torch.tensor([[5, 17, 300, 42, 7]])
+    with torch.no_grad():
+        evaluated = load_model(resolve(first["model_dir"], template="chatml"))(ids).logits
+        assert torch.equal(load_model(resolve("models:/tiny-flow@champion"))(ids).logits, evaluated)
+
+    async def artifacts() -> list:
+        async with get_client() as client:
+            return await client.read_artifacts()
+
+    import asyncio
+
+    promotion_notes = [a for a in asyncio.run(artifacts()) if a.key == "promotion-tiny-flow"]
+    assert promotion_notes and "Promotion of `tiny-flow`" in promotion_notes[0].data

@@ -1,0 +1,279 @@
+"""The OpenAI-compatible server over real HTTP on loopback, driven by the official `openai` client.
+
+One engine (a noisy gym-tiny, so every prompt gets its own greedy answer) serves every test in
+this module through uvicorn in a background thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gym.serve.app import build_app
+from gym.serve.engine import Engine
+from gym.serve.server import serve_in_thread
+from gym.serve.settings import Limits
+from tests.serve_fixtures import noisy_tiny
+
+# One worker runs this module under pytest-xdist, so its engine and server are built once.
+pytestmark = pytest.mark.xdist_group("serve-http")
+
+KEY = "test-key-0123456789"
+NAME = "tiny"
+LIMITS = Limits(max_tokens=64, max_prompt_tokens=128, max_concurrent=64)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GYM_HOME", str(tmp_path_factory.mktemp("home")))
+        return noisy_tiny(tmp_path_factory.mktemp("model") / "noisy")
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir: Path):
+    with Engine.load(str(model_dir), name=NAME) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def url(engine: Engine):
+    with serve_in_thread(build_app(engine, LIMITS, api_key=KEY)) as base:
+        yield base
+
+
+@pytest.fixture()
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+
+
+def ask(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+def direct_greedy(model_dir: Path, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' own greedy generate, one prompt, no server: the reference for served text."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False)
+    ids = out[0, len(prompt_ids) :].tolist()
+    return ids[: ids.index(2)] if 2 in ids else ids  # 2 = <|im_end|>, gym-tiny's end of turn
+
+
+def test_models_and_greedy_chat_equal_direct_generate(client, engine, model_dir):
+    assert [m.id for m in client.models.list().data] == [NAME]
+    reply = client.chat.completions.create(
+        model=NAME, messages=ask("name a river"), max_tokens=12, temperature=0
+    )
+    prompt = engine.encode_chat(ask("name a river"))
+    expected = engine._decoder.decode(direct_greedy(model_dir, prompt, 12), skip_special_tokens=True)
+    choice = reply.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content == expected
+    assert reply.usage.prompt_tokens == len(prompt)
+    assert 0 < reply.usage.completion_tokens <= 12
+    assert choice.finish_reason == ("length" if reply.usage.completion_tokens == 12 else "stop")
+
+
+def test_streaming_chat_equals_the_non_streamed_answer(client):
+    kwargs = {"model": NAME, "messages": ask("tell me about the moon"), "max_tokens": 20, "temperature": 0}
+    whole = client.chat.completions.create(**kwargs)
+    chunks = list(
+        client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True})
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content and len([c for c in chunks if c.choices]) > 3
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [whole.choices[0].finish_reason]
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_completions_take_several_prompts_and_n_choices(client):
+    single = client.completions.create(model=NAME, prompt="the cat", max_tokens=6, temperature=0)
+    assert single.object == "text_completion" and single.choices[0].text
+    many = client.completions.create(
+        model=NAME, prompt=["the cat", "a dog"], n=2, max_tokens=6, temperature=0
+    )
+    assert [c.index for c in sorted(many.choices, key=lambda c: c.index)] == [0, 1, 2, 3]
+    by_index = {c.index: c.text for c in many.choices}
+    assert by_index[0] == by_index[1] == single.choices[0].text  # greedy: both choices alike
+    assert by_index[2] != by_index[0]
+    streamed = client.completions.create(
+        model=NAME, prompt="the cat", max_tokens=6, temperature=0, stream=True
+    )
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == single.choices[0].text
+
+
+def test_a_seed_makes_sampling_repeatable(client):
+    def sample(seed: int):
+        reply = client.chat.completions.create(
+            model=NAME, messages=ask("a story"), max_tokens=16, temperature=1.0, top_p=0.9, n=3, seed=seed
+        )
+        return [c.message.content for c in sorted(reply.choices, key=lambda c: c.index)]
+
+    first = sample(7)
+    assert sample(7) == first
+    assert len(set(first)) == 3  # the n choices are independent draws
+    assert sample(8) != first
+
+
+def test_stop_strings_end_the_text_before_them(client):
+    kwargs = {"model": NAME, "messages": ask("hello there"), "max_tokens": 24, "temperature": 1.0, "seed": 3}
+    full = client.chat.completions.create(**kwargs).choices[0].message.content
+    # a 2-character stop from the middle, without U+FFFD (bytes of a character still in progress)
+    start = next(i for i in range(len(full) // 2, len(full) - 1) if "\ufffd" not in full[i : i + 2])
+    stop = full[start : start + 2]
+    cut = full[: full.index(stop)]
+    stopped = client.chat.completions.create(**kwargs, stop=[stop, "never-appears"])
+    assert stopped.choices[0].message.content == cut and stopped.choices[0].finish_reason == "stop"
+    streamed = client.chat.completions.create(**kwargs, stop=stop, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == cut
+
+
+def test_max_tokens_bounds_the_answer(client):
+    reply = client.completions.create(
+        model=NAME, prompt="x", max_tokens=9, temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert reply.usage.completion_tokens == 9 and reply.choices[0].finish_reason == "length"
+
+
+def test_32_concurrent_requests_all_succeed_batched_and_equal_to_one_at_a_time(url, engine):
+    words = ["cat", "dog", "sun", "moon", "tree", "river"]
+    prompts = [f"item {i}: {words[i % 6]}" for i in range(32)]
+    alone = [
+        engine.chat(ask(p), max_tokens=10, temperature=0).choices[0].text for p in prompts
+    ]  # one request at a time, in-process
+    batches_before = engine.stats["batches"]
+
+    async def burst():
+        aclient = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+        calls = [
+            aclient.chat.completions.create(model=NAME, messages=ask(p), max_tokens=10, temperature=0)
+            for p in prompts
+        ]
+        try:
+            return await asyncio.gather(*calls, return_exceptions=True)
+        finally:
+            await aclient.close()
+
+    replies = asyncio.run(burst())
+    errors = [r for r in replies if isinstance(r, BaseException)]
+    assert errors == []
+    assert [r.choices[0].message.content for r in replies] == alone
+    assert len(set(alone)) > 20  # the prompts really differ
+    assert engine.stats["batches"] - batches_before < 32 and engine.stats["largest_batch"] > 1
+
+
+def test_the_api_key_is_required(url, client):
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{url}/v1", api_key="wrong-key", max_retries=0).models.list()
+    assert httpx.get(f"{url}/v1/models").status_code == 401
+    assert httpx.get(f"{url}/v1/models", headers={"Authorization": f"Basic {KEY}"}).status_code == 401
+    bad = httpx.post(f"{url}/v1/chat/completions", content=b"{not json")
+    assert bad.status_code == 401  # before any validation: strangers learn nothing
+    assert httpx.get(f"{url}/health").status_code == 200
+
+
+BAD_BODIES = [
+    (b"{not json", 400, None),
+    ({"model": NAME, "messages": []}, 400, "messages"),
+    ({"model": NAME, "messages": [{"role": "tool", "content": "x"}]}, 400, "messages.0.role"),
+    ({"model": NAME, "messages": [{"role": "user"}], "temperature": 5}, 400, "temperature"),
+    ({"model": NAME, "messages": [{"role": "user", "content": "x"}], "n": 0}, 400, "n"),
+    ({"model": NAME, "messages": [{"role": "user", "content": "x"}], "top_p": 0}, 400, "top_p"),
+    ({"model": NAME, "messages": [{"role": "user", "content": "x"}], "max_tokens": 65}, 400, "max_tokens"),
+    ({"model": NAME, "messages": [{"role": "user", "content": "x"}], "stop": ["a"] * 5}, 400, "stop"),
+    ({"model": NAME, "messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400, None),
+    ({"model": NAME, "messages": [{"role": "user", "content": "word " * 200}]}, 400, "messages"),
+    ({"model": NAME, "messages": [{"role": "user", "content": "x"}], "n": 33}, 400, "n"),
+    ({"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}, 404, "model"),
+    ({"messages": [{"role": "user", "content": "x"}]}, 400, "model"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "param"), BAD_BODIES)
+def test_bad_requests_get_4xx_in_openai_shape(url, body, status, param):
+    headers = {"Authorization": f"Bearer {KEY}"}
+    if isinstance(body, bytes):
+        r = httpx.post(f"{url}/v1/chat/completions", content=body, headers=headers)
+    else:
+        r = httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["message"] and error["param"] == param
+
+
+def test_bad_completion_prompts_get_400(url):
+    headers = {"Authorization": f"Bearer {KEY}"}
+    for prompt in ([99999], [], [-1, 3], ""):
+        r = httpx.post(f"{url}/v1/completions", json={"model": NAME, "prompt": prompt}, headers=headers)
+        assert r.status_code == 400, (prompt, r.text)
+
+
+VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**40), 2**40),
+    st.floats(allow_nan=True),
+    st.text(max_size=8),
+    st.lists(st.integers(-5, 5000), max_size=3),
+    st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+)
+PART = st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url", ""]), "text": VALUES})
+MESSAGE = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "system", "assistant", "developer", "tool", "x"])},
+    optional={"content": st.one_of(VALUES, st.lists(PART, max_size=2))},
+)
+FIELDS = {
+    name: VALUES
+    for name in ("model", "temperature", "top_p", "n", "max_tokens", "stop", "seed", "stream", "logprobs")
+}
+FIELDS["messages"] = st.one_of(VALUES, st.lists(MESSAGE, max_size=3))
+FIELDS["prompt"] = st.one_of(VALUES, st.lists(st.text(max_size=6), max_size=3))
+FIELDS["stream_options"] = st.one_of(VALUES, st.fixed_dictionaries({"include_usage": VALUES}))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    path=st.sampled_from(["/v1/chat/completions", "/v1/completions"]),
+    body=st.fixed_dictionaries({}, optional=FIELDS),
+)
+def test_no_input_makes_the_server_fail(url, path, body):
+    """Whatever JSON arrives, the answer is a success or a 4xx, never a 5xx."""
+    body = {"model": NAME, "max_tokens": 4, **body}
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    # json.dumps writes NaN/Infinity as Python does (not valid JSON): the server must refuse it with a 400.
+    r = httpx.post(f"{url}{path}", content=json.dumps(body), headers=headers, timeout=60)
+    assert r.status_code < 500, (body, r.text)
+
+
+def test_requests_beyond_the_concurrency_cap_get_429(engine):
+    app = build_app(engine, Limits(max_tokens=512, max_concurrent=1))
+    with serve_in_thread(app) as base:
+        body = {"model": NAME, "prompt": "x", "max_tokens": 400, "temperature": 0, "ignore_eos": True}
+        first: dict[str, int] = {}
+
+        def long_request() -> None:
+            first["status"] = httpx.post(f"{base}/v1/completions", json=body, timeout=120).status_code
+
+        thread = threading.Thread(target=long_request)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while app.state.gate.active == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        second = httpx.post(f"{base}/v1/completions", json={**body, "max_tokens": 1}, timeout=60)
+        thread.join()
+    assert second.status_code == 429 and second.headers["retry-after"] == "1"
+    assert second.json()["error"]["type"] == "rate_limit_error"
+    assert first["status"] == 200

@@ -1,0 +1,81 @@
+"""`gym chat`: the terminal loop keeps the conversation, and the Gradio page answers in headless Chromium."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from gym.chat import build_ui, terminal
+from gym.serve.engine import Engine
+from gym.serve.server import bind
+from tests.serve_fixtures import noisy_tiny
+
+CHROMIUM = Path("/usr/bin/chromium")
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
+
+
+@pytest.fixture()
+def engine(gym_home, tmp_path):
+    with Engine.load(str(noisy_tiny(tmp_path / "noisy")), name="tiny") as e:
+        yield e
+
+
+def test_terminal_chat_answers_with_the_whole_conversation(engine):
+    lines = iter(["name a river", "and a mountain", "/exit"])
+    out = io.StringIO()
+    assert terminal(engine, read=lambda _prompt: next(lines), out=out, temperature=0, max_tokens=12) == 0
+    replies = [line.removeprefix("assistant> ") for line in out.getvalue().splitlines()[1:]]
+    first = engine.chat([{"role": "user", "content": "name a river"}], temperature=0, max_tokens=12)
+    assert replies[0] == first.choices[0].text
+    conversation = [
+        {"role": "user", "content": "name a river"},
+        {"role": "assistant", "content": replies[0]},
+        {"role": "user", "content": "and a mountain"},
+    ]
+    second = engine.chat(conversation, temperature=0, max_tokens=12)
+    assert (
+        replies[1] == second.choices[0].text != engine.chat(conversation[-1:], temperature=0, max_tokens=12)
+    )
+
+
+@pytest.mark.skipif(not CHROMIUM.is_file(), reason="needs Debian's chromium (apt-get install -y chromium)")
+def test_the_web_chat_page_loads_takes_a_message_and_shows_a_reply(engine, monkeypatch):
+    from playwright.sync_api import expect, sync_playwright
+
+    monkeypatch.setenv("GRADIO_ANALYTICS_ENABLED", "False")
+    probe = bind("127.0.0.1", 0)
+    port = probe.getsockname()[1]
+    probe.close()
+    demo = build_ui(engine)
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
+            page = browser.new_page()
+            page.goto(f"http://127.0.0.1:{port}/", wait_until="domcontentloaded")
+            expect(page.get_by_text("gym chat: tiny")).to_be_visible(timeout=60_000)
+            box = page.locator("textarea").first
+            box.fill("hello there")
+            box.press("Enter")
+            expect(page.locator('[data-testid="user"]')).to_have_text("hello there", timeout=30_000)
+            bot = page.locator('[data-testid="bot"]').first
+            expect(bot).to_have_attribute("aria-label", _nonempty_reply(), timeout=60_000)
+            assert bot.inner_text().strip()
+            browser.close()
+    finally:
+        demo.close()
+
+
+def _nonempty_reply():
+    import re
+
+    return re.compile(r"^bot's message: \S")

@@ -1,0 +1,71 @@
+"""`gym serve` as a process: starts on a free port, answers the openai client, stops cleanly on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import openai
+import pytest
+
+from tests.conftest import REPO
+
+KEY = "serve-cli-secret-4242"
+
+
+def test_gym_serve_answers_then_exits_cleanly_on_sigterm(gym_home):
+    env = {**os.environ, "GYM_TEST_KEY": KEY, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "flows.cli", "serve", "--model", "gym-tiny", "--port", "0"]
+    cmd += ["--api-key-env", "GYM_TEST_KEY", "--served-model-name", "tiny"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()  # printed once the socket listens
+        assert "gym serve: tiny at http://127.0.0.1:" in line, (
+            line,
+            proc.stderr.read() if proc.poll() else "",
+        )
+        base = line.split(" at ", 1)[1].split()[0]
+        client = openai.OpenAI(base_url=base, api_key=KEY, max_retries=0)
+        reply = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0
+        )
+        assert reply.choices[0].finish_reason in ("stop", "length")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "gym serve: stopped" in err and "Traceback" not in err
+    assert KEY not in out + err + line  # the key is never logged
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model", "gym-tiny", "--api-key-env", "GYM_UNSET_VAR_XYZ"], "GYM_UNSET_VAR_XYZ"),
+        (["--model", "no-such-model"], "unknown model"),
+        (["--model", "gym-tiny", "--backend", "vllm"], "vllm"),
+    ],
+)
+def test_gym_serve_refuses_bad_settings_with_status_2(argv, message, capsys):
+    from flows.cli import main
+
+    assert main(["serve", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err
+
+
+def test_gym_serve_reports_a_busy_port(capsys):
+    from flows.cli import main
+    from gym.serve.server import bind
+
+    taken = bind("127.0.0.1", 0)
+    try:
+        port = taken.getsockname()[1]
+        assert main(["serve", "--model", "gym-tiny", "--port", str(port)]) == 2
+    finally:
+        taken.close()
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err

@@ -1,0 +1,91 @@
+"""The serving engine in-process: chat templates, experience injection, limits, nucleus sampling."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from gym.errors import ConfigError, MissingExtraError
+from gym.models import resolve
+from gym.serve.engine import Engine, RequestError
+from gym.serve.loading import resolve_served
+from gym.serve.params import SamplingParams
+from gym.serve.sampling import nucleus
+from gym.templates import load_template
+from gym.tfgrpo.injection import EXPERIENCE_FILE, experience_block
+
+
+def tiny_copy(dest: Path) -> Path:
+    shutil.copytree(resolve("gym-tiny").path, dest)
+    return dest
+
+
+def test_the_template_comes_from_the_flag_the_model_or_else_its_tokenizer(tmp_path):
+    registry = resolve_served("gym-tiny")
+    assert registry.template_name == "chatml" and registry.chat_template == load_template("chatml")
+    assert resolve_served("gym-tiny", template="llama3").chat_template == load_template("llama3")
+
+    plain = tiny_copy(tmp_path / "plain")  # no gym metadata: the tokenizer's own template, as vLLM does
+    served = resolve_served(str(plain))
+    assert served.template_name is None and served.chat_template == load_template("chatml")
+
+    (plain / "gym_model.json").write_text(json.dumps({"template": "alpaca", "base_model": "gym-tiny"}))
+    assert resolve_served(str(plain)).template_name == "alpaca"
+
+
+def test_a_model_without_any_chat_template_is_refused_with_a_hint(tmp_path):
+    bare = tiny_copy(tmp_path / "bare")
+    (bare / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((bare / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (bare / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="--template"):
+        resolve_served(str(bare))
+    assert resolve_served(str(bare), template="chatml").template_name == "chatml"
+
+
+def test_a_shipped_experience_library_reaches_every_chat_prompt(tmp_path):
+    model = tiny_copy(tmp_path / "tfgrpo")
+    items = [{"id": "e1", "text": "Check units."}, {"id": "e2", "text": "Answer in one word."}]
+    (model / EXPERIENCE_FILE).write_text(json.dumps({"items": items}))
+    with Engine.load(str(model)) as engine, Engine.load("gym-tiny") as plain:
+        messages = [{"role": "system", "content": "Be exact."}, {"role": "user", "content": "2+2?"}]
+        prompt = engine.render_chat(messages)
+        block = experience_block(["Check units.", "Answer in one word."])
+        assert f"Be exact.\n\n{block}" in prompt and block not in plain.render_chat(messages)
+        with_block = engine.chat(messages, max_tokens=2, temperature=0)
+        without = plain.chat(messages, max_tokens=2, temperature=0)
+        assert with_block.prompt_tokens > without.prompt_tokens
+
+
+def test_requests_the_model_cannot_hold_are_refused_before_generating():
+    with Engine.load("gym-tiny", max_batch_size=4) as engine:
+        assert engine.context_length == 512
+        with pytest.raises(RequestError, match="maximum context length is 512"):
+            engine.generate([5] * 500, SamplingParams(max_tokens=20))
+        with pytest.raises(RequestError, match="batch size 4"):
+            engine.generate([5], SamplingParams(n=5))
+        with pytest.raises(RequestError, match="empty"):
+            engine.generate([], SamplingParams())
+        assert engine.stats["batches"] == 0
+        ok = engine.generate([5, 6, 7], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+        assert ok.completion_tokens == 3 and ok.choices[0].finish_reason == "length"
+
+
+def test_nucleus_keeps_the_smallest_set_holding_top_p():
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.05, 0.15, 0.3, 0.5]])
+    kept = nucleus(probs, torch.tensor([0.75, 0.5]))
+    assert torch.equal(kept, torch.tensor([[0.5, 0.3, 0.0, 0.0], [0.0, 0.0, 0.0, 0.5]]))
+    assert torch.equal(nucleus(probs, torch.tensor([1.0, 1.0])), probs)
+
+
+def test_other_backends_fail_early_with_what_to_install():
+    from gym.serve.backends import require
+
+    for backend in ("vllm", "sglang"):
+        with pytest.raises(MissingExtraError, match=f"--backend {backend} needs"):
+            require(backend)

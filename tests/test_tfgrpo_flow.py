@@ -1,0 +1,140 @@
+"""The TF-GRPO flow through `gym train`, for real: Prefect tasks, MLflow, an OpenAI-compatible HTTP
+endpoint on loopback (answering as the simulated policy and optimizer), resume, the papers' flags."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from flows.cli import main
+from flows.commands import method_of
+from gym.tfgrpo.injection import load_shipped
+from gym.tfgrpo.library import Library
+from gym.tfgrpo.sim import SimEnv, SimOptimizer, SimPolicy
+from tests.tfgrpo_fakes import FakeEndpoint
+
+ENV = SimEnv(seed=1, families=4, train_per_family=3, eval_per_family=2)
+
+
+@pytest.fixture
+def sim_endpoint():
+    """An endpoint serving model "policy" and model "optimizer" as the simulated environment's."""
+    policy, optimizer = SimPolicy(ENV), SimOptimizer()
+
+    def answer(body):
+        client = policy if body["model"] == "policy" else optimizer
+        return client.complete(
+            body["messages"], temperature=0, max_tokens=1, seed=body["seed"], n=body["n"]
+        ).texts
+
+    endpoint = FakeEndpoint(answer, jitter_s=0.003)
+    with endpoint as url:
+        endpoint.url = url
+        yield endpoint
+
+
+@pytest.fixture
+def puzzles(tmp_path: Path) -> tuple[Path, Path]:
+    """The environment's puzzles as question/answer JSON lines."""
+    train, held_out = ENV.questions()
+    files = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
+    for file, questions in zip(files, (train, held_out), strict=True):
+        file.write_text(
+            "".join(json.dumps({"question": q.text, "answer": q.answer}) + "\n" for q in questions)
+        )
+    return files
+
+
+def summary_of(capsys) -> dict:
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_gym_train_tf_grpo_learns_tracks_ships_and_resumes(
+    prefect_server, sim_endpoint, puzzles, gym_home, capsys
+):
+    train, held_out = puzzles
+    argv = (
+        f"train --method tf_grpo --endpoint {sim_endpoint.url} --model policy --optimizer.model optimizer "
+        f"--dataset {train} --eval_dataset {held_out} --group-size 3 --epochs 1 --batch_size 4 "
+        "--reward numeric --json"
+    ).split()
+    assert main(argv) == 0
+    first = summary_of(capsys)
+    assert first["metric_name"] == "mean_at_k" and len(first["mean_at_k"]) == 2
+    assert first["mean_at_k"][-1] > first["mean_at_k"][0]
+    assert first["library_size"] >= 1 and first["library_version"] >= 1 and first["degraded_steps"] == 0
+    assert first["llm_calls"] == len(sim_endpoint.requests) and first["tokens"] > 0 and first["steps"] == 3
+    # the library ships with the model: a model at an API ships experiences.json (no weights to register)
+    library = Library.load(Path(first["run_dir"]) / "library.json")
+    assert load_shipped(first["model_dir"]) == library.texts and first["model_version"] is None
+
+    client = MlflowClient(f"sqlite:///{gym_home / 'mlflow' / 'mlflow.db'}")
+    parent = client.get_run(first["mlflow_run_id"])
+    nested = client.search_runs(
+        [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
+    )
+    stage = next(r for r in nested if r.info.run_name == "tf_grpo")
+    versions = [a.path for a in client.list_artifacts(stage.info.run_id, "libraries")]
+    assert len(versions) == first["library_version"]  # every version the run produced
+    assert [m.value for m in client.get_metric_history(stage.info.run_id, "heldout_mean_at_k")] == first[
+        "mean_at_k"
+    ]
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as prefect:
+        diffs = prefect.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["tf-grpo-library-diff"]))
+        )
+    assert len([d for d in diffs if d.flow_run_id and str(d.flow_run_id) == first["flow_run_id"]]) == 3
+    assert any("**added**" in str(d.data) for d in diffs)
+
+    calls = len(sim_endpoint.requests)
+    assert main(argv) == 0  # the same run again: every step resumed, every call from the cache
+    again = summary_of(capsys)
+    assert len(sim_endpoint.requests) == calls and again["paid_calls"] == 0
+    assert again["library_hash"] == first["library_hash"] and again["mean_at_k"] == first["mean_at_k"]
+
+
+@pytest.mark.slow
+def test_the_papers_command_line(prefect_server, sim_endpoint, puzzles, tmp_path, capsys):
+    train, _ = puzzles
+    lib_dir, out_dir = tmp_path / "experience_lib", tmp_path / "qwen3-tfgrpo"
+    argv = (
+        f"train --model_name_or_path policy --dataset {train} --finetuning_type grpo --training_free_grpo "
+        f"--group_size 3 --grpo_experience_lib_path {lib_dir} --num_train_epochs 1 --output_dir {out_dir} "
+        f"--endpoint {sim_endpoint.url} --optimizer.model optimizer --eval_dataset none --reward numeric "
+        "--json"
+    ).split()
+    assert main(argv) == 0
+    out = summary_of(capsys)
+    assert out["steps"] == 2 and out["mean_at_k"] == []  # 12 questions in batches of 8, one epoch
+    final = Library.load(lib_dir / "experiences.json")
+    assert (
+        final.content_hash() == out["library_hash"] and len(list((lib_dir / "versions").glob("v*.json"))) >= 1
+    )
+    assert load_shipped(out_dir) == final.texts
+    assert {r["model"] for r in sim_endpoint.requests} == {"policy", "optimizer"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "method", "rest"),
+    [
+        ("--finetuning_type grpo --training_free_grpo --group_size 5", "tf_grpo", "--group_size 5"),
+        (
+            "--finetuning_type grpo --grpo_training_free --grpo_group_size 5 --grpo_experience_lib_path=./l",
+            "tf_grpo",
+            "--group_size 5 --experience_lib_path=./l",
+        ),
+        ("--method tf_grpo --group-size 4", "tf_grpo", "--group-size 4"),
+        ("--finetuning_type grpo", "grpo", ""),
+        ("--finetuning_type lora --method dpo", "dpo", ""),
+    ],
+)
+def test_gym_train_routes_the_training_free_flags(argv, method, rest):
+    got, _, remaining = method_of(argv.split())
+    assert got == method and remaining == rest.split()
