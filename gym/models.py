@@ -226,18 +226,38 @@ def load_tokenizer(ref: ModelRef) -> Any:
     return tok
 
 
-def load_model(ref: ModelRef, dtype: Any = "auto", **kwargs: Any) -> Any:
+def load_model(
+    ref: ModelRef,
+    dtype: Any = "auto",
+    attn_implementation: str | None = None,
+    unsloth: bool = False,
+    **kwargs: Any,
+) -> Any:
     """AutoModelForCausalLM.from_pretrained with safetensors only and remote code off unless asked.
 
-    `kwargs` go to from_pretrained too (e.g. a quantization_config for QLoRA).
+    `attn_implementation` picks the attention kernel (sdpa, eager, flash_attention_2...; None lets
+    transformers choose); `unsloth` loads through Unsloth's FastLanguageModel instead (CUDA only:
+    gym.train.speed checks that first). `kwargs` go to from_pretrained too (e.g. a
+    quantization_config for QLoRA).
     """
+    _require_local(ref)
+    if unsloth:
+        from unsloth import FastLanguageModel
+
+        model, _ = FastLanguageModel.from_pretrained(
+            model_name=ref.path,
+            dtype=None,
+            load_in_4bit=False,
+            trust_remote_code=ref.trust_remote_code,
+        )
+        return model
     from transformers import AutoModelForCausalLM
 
-    _require_local(ref)
     return AutoModelForCausalLM.from_pretrained(
         ref.path,
         revision=ref.revision,
         dtype=dtype,
+        attn_implementation=attn_implementation,
         trust_remote_code=ref.trust_remote_code,
         use_safetensors=True,
         **kwargs,

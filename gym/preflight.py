@@ -48,7 +48,20 @@ def check_methods(config: BaseModel) -> None:
             raise ConfigError(
                 f"{field}.method: {stage.method!r} is not implemented yet; available: {', '.join(METHODS)}"
             )
+        check_speed(field, stage)
         check_online(field, stage)
+
+
+def check_speed(field: str, stage: Any) -> None:
+    """Speed options this machine or method can't honour (only when any was asked for: the defaults
+    are always valid, and checking them would import torch in a run served from cache)."""
+    from gym.train import speed
+
+    if stage.speed != speed.SpeedSettings():
+        try:
+            speed.resolve(stage)
+        except ConfigError as exc:
+            raise ConfigError(f"{field}.speed: {exc}") from exc
 
 
 def check_online(field: str, stage: Any) -> None:

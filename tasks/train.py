@@ -58,6 +58,7 @@ def _track(config: TrainConfig, result: TrainResult, run_id: str, uri: str | Non
             "trainable_params": result.trainable_params,
             "total_params": result.total_params,
             "train_seconds": result.train_seconds,
+            "train_tokens_per_second": result.tokens_per_second,
             "global_step": result.global_step,
             **{
                 f"{result.metric_name}_{k}": v

@@ -28,7 +28,21 @@ from gym.data.ingest import load_meta
 from gym.errors import ConfigError
 from gym.hashing import hash_obj
 from gym.models import ModelRef, load_model, load_tokenizer
-from gym.train import adapters, dpo, gspo, kto, orpo, ppo, quant, reference, rl_common, sft, simpo, tf_grpo
+from gym.train import (
+    adapters,
+    dpo,
+    gspo,
+    kto,
+    orpo,
+    ppo,
+    quant,
+    reference,
+    rl_common,
+    sft,
+    simpo,
+    speed,
+    tf_grpo,
+)
 from gym.train.common import TrainResult, check_hardware, count_params, losses_from
 from gym.train.config import FINETUNING_TYPES, TrainConfig, with_defaults
 from gym.train.grpo import online as grpo_online
@@ -152,7 +166,7 @@ def _train(
 
     tokenizer = load_tokenizer(model_ref)
     set_seed(config.seed)  # new adapter weights start the same in every attempt
-    model = load_model(model_ref, **quant.load_kwargs(config))
+    model = load_model(model_ref, **quant.load_kwargs(config), **speed.load_options(speed.resolve(config)))
     # A method module may set APPLIES_ADAPTER: its trainer gets the LoRA config and wraps the model itself.
     wrap = not getattr(sys.modules[METHODS[config.method].__module__], "APPLIES_ADAPTER", False)
     model = adapters.adapt(model, config, model_ref, stage_dir, wrap=wrap)
@@ -183,7 +197,8 @@ def _train(
             eval_before = _numbers(trainer.evaluate())
             workspace.atomic_write_json(before_file, eval_before)
     start = time.perf_counter()
-    trainer.train(resume_from_checkpoint=resume)
+    with speed.gc_frozen():
+        trainer.train(resume_from_checkpoint=resume)
     seconds = time.perf_counter() - start
     eval_after = _numbers(trainer.evaluate()) if eval_ds is not None else {}
     trainable, total = count_params(trainer.model)
@@ -203,6 +218,7 @@ def _train(
         total_params=total,
         resumed_from=resume,
         train_seconds=round(seconds, 3),
+        tokens_seen=int(trainer.state.num_input_tokens_seen),
         **signal,
     )
     return result

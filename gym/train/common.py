@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from gym.errors import ConfigError
+from gym.train import speed
 from gym.train.config import TrainConfig
 
 
@@ -32,6 +33,7 @@ class TrainResult(BaseModel):
     total_params: int
     resumed_from: str | None = None
     train_seconds: float = 0.0
+    tokens_seen: int = Field(0, description="Input tokens the trainer processed, padding excluded.")
     metric_name: str = Field(
         "loss", description="The method's main training signal (loss, reward_accuracy, mean_reward...)."
     )
@@ -49,6 +51,13 @@ class TrainResult(BaseModel):
     @property
     def loss_last(self) -> float | None:
         return self.losses[-1][1] if self.losses else None
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        """Real (unpadded) training tokens per second; unknown for a resumed stage or uncounted tokens."""
+        if self.resumed_from or self.train_seconds <= 0 or self.tokens_seen <= 0:
+            return None
+        return round(self.tokens_seen / self.train_seconds, 1)
 
 
 def trl_args(config: TrainConfig, output_dir: Path) -> dict[str, Any]:
@@ -80,6 +89,7 @@ def trl_args(config: TrainConfig, output_dir: Path) -> dict[str, Any]:
         "dataloader_num_workers": 0,
         "use_cpu": not _cuda_available(),
         **({"optim": config.optim} if config.optim else {}),  # else transformers' default AdamW
+        **speed.trainer_args(speed.resolve(config), config.method),
     }
 
 
@@ -95,6 +105,7 @@ def check_hardware(config: TrainConfig) -> None:
 
     if config.bf16 and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
         raise ConfigError("bf16=True needs a GPU with bfloat16 support (Ampere or newer); set bf16=False")
+    speed.resolve(config)  # GPU-only speed options asked for where they can't run
 
 
 def count_params(model: Any) -> tuple[int, int]:

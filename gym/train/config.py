@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gym.errors import ConfigError
 from gym.train.rl_config import RLSettings
+from gym.train.speed import SpeedSettings
 
 # Every method gym knows by name; `gym.train.METHODS` holds the ones implemented (one file each).
 Method = Literal[
@@ -206,6 +207,10 @@ class TrainConfig(BaseModel):
         "auto",
         description="Reference of dpo/ipo/cdpo/hinge/kto: log-probs precomputed once, or scored live each "
         "step (LoRA: the adapter switched to its frozen initial copy; full: a frozen copy); auto: cheaper.",
+    )
+    speed: SpeedSettings = Field(
+        default_factory=SpeedSettings,
+        description="Throughput: attention kernel, padding-free or packed batches, Liger, Unsloth, compile.",
     )
     rl: RLSettings = Field(
         default_factory=RLSettings,

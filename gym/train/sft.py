@@ -1,7 +1,8 @@
 """Supervised fine-tuning through TRL's SFTTrainer on gym's pre-tokenized data.
 
 The tokenized artifact already holds `input_ids` and `labels` (-100 on masked tokens), which
-SFTTrainer uses as they are; its collator pads each batch dynamically.
+SFTTrainer uses as they are; its collator pads each batch dynamically, or flattens it without
+padding, or packs rows of cutoff_len tokens (gym.train.speed decides).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gym.errors import DataError
-from gym.train import signals
+from gym.train import signals, speed
 from gym.train.common import trl_args
 from gym.train.config import TrainConfig
 
@@ -36,8 +37,8 @@ def build_trainer(
             f"SFT needs tokenized sft data with columns {REQUIRED_COLUMNS}, missing {missing}",
             hint="tokenize an sft-format dataset (alpaca, sharegpt or openai messages)",
         )
-    # gym's tokenizer already cut every sequence to the data's cutoff_len: TRL need not truncate again.
-    args = SFTConfig(**trl_args(config, output_dir), max_length=None, packing=False)
+    batching = speed.sft_args(speed.resolve(config), max_length)  # padded, padding-free or packed
+    args = SFTConfig(**trl_args(config, output_dir), **batching)
     return SFTTrainer(
         model=model,
         args=args,

@@ -1,0 +1,328 @@
+"""SFT throughput on one GPU: gym's default settings vs plain TRL defaults, as one JSON line.
+
+    python benchmarks/gpu_train.py                # on a CUDA GPU, ~0.5B Llama, bf16, ~4 minutes
+    python benchmarks/gpu_train.py --smoke        # tiny model on CPU: proves the script end to end
+
+Self-contained: it builds a Llama-shaped model (~0.5B parameters, vocab 32k) from a config with
+a fixed seed and a synthetic learnable corpus (arithmetic token sequences of 900-1024 tokens), so
+nothing is downloaded. It needs only torch, transformers, TRL (with datasets) and gym.train, and
+liger-kernel / flash-attn where gym's defaults should use them. Each setting trains in its own
+process (Liger patches transformers' modeling code process-wide, and peak memory must be the
+setting's own):
+- "gym": gym.train's SFT path with TrainConfig defaults (speed "auto": Liger where installed,
+  flash-attn + padding-free where installed, no gradient checkpointing), bf16;
+- "trl": SFTTrainer with TRL 1.12's defaults (bf16, gradient checkpointing, SDPA, padded).
+Same model, data, order, learning rate and batch. Tokens/s counts real tokens after the first
+`--skip` steps; MFU = 6 * params * tokens/s (+ attention) over the GPU's peak bf16 FLOP/s; peak
+memory from torch.cuda. "loss_gap" is the largest gap between the two loss curves (smoothed).
+Goal: gym/trl tokens/s >= 1.6 with the same loss curve.
+
+On a lent GPU whose image lacks TRL and friends (see MEASURED.md: Python 3.12 there), carry
+wheels built for it, e.g.
+
+    pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
+        -c constraints/cpu.txt -d wheels trl datasets liger-kernel==0.8.5 dill multiprocess xxhash \
+        fsspec jsonschema jsonschema-specifications referencing rpds-py filelock pydantic pydantic-core \
+        typing-inspection annotated-types          # ~7 MB
+    # on the GPU machine, from the repository root:
+    pip install --no-deps wheels/*.whl && python benchmarks/gpu_train.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+SHAPES = {
+    # ~0.5B parameters, Llama-shaped (GQA, SwiGLU, RMSNorm, RoPE), untied output layer.
+    "full": {
+        "hidden_size": 1024,
+        "intermediate_size": 4096,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "vocab_size": 32768,
+    },
+    "smoke": {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 512,
+    },
+}
+# Dense bf16 peak FLOP/s by device name fragment (NVIDIA datasheets; H100/H200 SXM).
+PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12, "L4": 121e12}
+
+
+def build_model_dir(shape: str, directory: Path, max_len: int) -> None:
+    """Save a seeded, config-built Llama model and a tokenizer (for its pad token) in `directory`."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        **SHAPES[shape],
+        max_position_embeddings=max(max_len, 2048),
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        eos_token_id=2,
+        bos_token_id=None,
+    )
+    dtype = torch.float32 if shape == "smoke" else torch.bfloat16
+    model = LlamaForCausalLM(config).to(dtype)
+    model.save_pretrained(directory, safe_serialization=True)
+    AutoTokenizer.from_pretrained(REPO / "gym" / "assets" / "gym_tiny").save_pretrained(directory)
+
+
+def corpus(n: int, vocab: int, lengths: tuple[int, int], seed: int = 0) -> Any:
+    """Learnable synthetic sequences: token i = (a + i * d) mod (vocab - 3) + 3, per-sequence a, d."""
+    import torch
+    from datasets import Dataset
+
+    g = torch.Generator().manual_seed(seed)
+    rows: dict[str, list[list[int]]] = {"input_ids": [], "labels": []}
+    span = vocab - 3  # ids 0-2 are pad/bos/eos
+    for _ in range(n):
+        length = int(torch.randint(lengths[0], lengths[1] + 1, (1,), generator=g))
+        a = int(torch.randint(0, span, (1,), generator=g))
+        d = int(torch.randint(1, 17, (1,), generator=g))
+        ids = [(a + i * d) % span + 3 for i in range(length)]
+        rows["input_ids"].append(ids)
+        rows["labels"].append(ids)
+    return Dataset.from_dict(rows)
+
+
+class StepClock:
+    """Trainer callback: wall time and real tokens of the steps after the first `skip` (warm-up)."""
+
+    def __init__(self, skip: int) -> None:
+        from transformers import TrainerCallback
+
+        clock = self
+
+        class _Callback(TrainerCallback):
+            def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                clock.tick(state)
+
+        self.callback = _Callback()
+        self.skip = skip
+        self.start: tuple[float, int] | None = None
+        self.end: tuple[float, int] | None = None
+
+    def tick(self, state: Any) -> None:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        mark = (time.perf_counter(), int(state.num_input_tokens_seen))
+        if state.global_step == self.skip:
+            self.start = mark
+        self.end = mark
+
+    def tokens_per_second(self) -> float:
+        assert self.start is not None and self.end is not None
+        return (self.end[1] - self.start[1]) / (self.end[0] - self.start[0])
+
+
+def worker(a: argparse.Namespace) -> dict[str, Any]:
+    """Train one setting in this process and return its measurements."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_dir = Path(a.model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    data = corpus(a.steps * a.batch, SHAPES[a.shape]["vocab_size"], (a.min_len, a.max_len))
+    out = model_dir.parent / f"out-{a.worker}"
+    clock = StepClock(a.skip)
+    common = {
+        "output_dir": str(out),
+        "max_steps": a.steps,
+        "per_device_train_batch_size": a.batch,
+        "learning_rate": a.lr,
+        "lr_scheduler_type": "cosine",
+        "warmup_steps": 0.05,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": "none",
+        "disable_tqdm": True,
+        "seed": 0,
+        "data_seed": 0,
+        "include_num_input_tokens_seen": "non_padding",
+    }
+    if a.worker == "gym":
+        from gym.models import ModelRef, load_model
+        from gym.train import TrainConfig, sft, speed
+        from gym.train.config import with_defaults
+
+        config = TrainConfig(
+            method="sft",
+            learning_rate=a.lr,
+            max_steps=a.steps,
+            per_device_train_batch_size=a.batch,
+            bf16=a.shape != "smoke",
+            logging_steps=1,
+            save_steps=10**6,
+            seed=0,  # the same data order as the TRL run
+        )
+        config = with_defaults(config, {})  # what the user left unset: TrainConfig's method defaults
+        resolved = speed.resolve(config)
+        ref = ModelRef(name="gpu-bench", path=str(model_dir), template="chatml", digest="-", base_model="-")
+        trainer = sft.build_trainer(
+            model=load_model(ref, **speed.load_options(resolved)),
+            tokenizer=tokenizer,
+            config=config,
+            train_data=data,
+            eval_data=None,
+            output_dir=out,
+            peft_config=None,
+            max_length=a.max_len,
+        )
+        settings = dataclasses.asdict(resolved)
+    else:
+        from trl import SFTConfig, SFTTrainer
+
+        # TRL 1.12's defaults: bf16 on, gradient checkpointing on, chunked NLL loss, SDPA, padding.
+        args = SFTConfig(**common, bf16=a.shape != "smoke", use_cpu=not torch.cuda.is_available())
+        trainer = SFTTrainer(
+            model=AutoModelForCausalLM.from_pretrained(model_dir),
+            args=args,
+            train_dataset=data,
+            processing_class=tokenizer,
+        )
+        settings = {
+            "gradient_checkpointing": args.gradient_checkpointing,
+            "attn_implementation": trainer.model.config._attn_implementation,
+            "loss_type": args.loss_type,
+        }
+    trainer.add_callback(clock.callback)
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    trainer.train()
+    losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+    params = sum(p.numel() for p in trainer.model.parameters())
+    return {
+        "setting": a.worker,
+        "tok_s": round(clock.tokens_per_second(), 1),
+        "peak_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None,
+        "params": params,
+        "losses": [round(float(x), 4) for x in losses],
+        "settings": settings,
+    }
+
+
+def mfu(tok_s: float, params: int, shape: dict[str, int], seq_len: float) -> float | None:
+    """Model FLOPs utilisation: 6N per token plus attention (12 * layers * hidden * seq), over peak."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name()
+    peak = next((v for k, v in PEAK_FLOPS.items() if k in name), None)
+    if peak is None:
+        return None
+    flops_per_token = 6 * params + 12 * shape["num_hidden_layers"] * shape["hidden_size"] * seq_len
+    return round(tok_s * flops_per_token / peak, 4)
+
+
+def smooth(xs: list[float], k: int = 5) -> list[float]:
+    return [sum(xs[max(0, i - k + 1) : i + 1]) / len(xs[max(0, i - k + 1) : i + 1]) for i in range(len(xs))]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--smoke", action="store_true", help="Tiny model on CPU, a few steps (tests use it).")
+    p.add_argument("--steps", type=int, help="Optimiser steps per setting (default 60; smoke 8).")
+    p.add_argument("--skip", type=int, help="Warm-up steps left out of tokens/s (default 10; smoke 2).")
+    p.add_argument("--batch", type=int, help="Sequences per step (default 16; smoke 4).")
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--worker", choices=["gym", "trl"], help=argparse.SUPPRESS)
+    p.add_argument("--model-dir", help=argparse.SUPPRESS)
+    p.add_argument("--shape", default="full", help=argparse.SUPPRESS)
+    p.add_argument("--min-len", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--max-len", type=int, help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.worker:
+        print("RESULT " + json.dumps(worker(a)), flush=True)
+        return
+    shape = "smoke" if a.smoke else "full"
+    steps = a.steps or (8 if a.smoke else 60)
+    skip = a.skip if a.skip is not None else (2 if a.smoke else 10)
+    batch = a.batch or (4 if a.smoke else 16)
+    min_len, max_len = (24, 48) if a.smoke else (900, 1024)
+    root = Path(tempfile.mkdtemp(prefix="gym-gpu-bench-"))
+    env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    if a.smoke:
+        env.setdefault("OMP_NUM_THREADS", "1")
+    started = time.perf_counter()
+    try:
+        build_model_dir(shape, root / "model", max_len)
+        results = {}
+        for setting in ("trl", "gym"):
+            cmd = [
+                sys.executable,
+                __file__,
+                f"--worker={setting}",
+                f"--model-dir={root / 'model'}",
+                f"--shape={shape}",
+                f"--steps={steps}",
+                f"--skip={skip}",
+                f"--batch={batch}",
+                f"--lr={a.lr}",
+                f"--min-len={min_len}",
+                f"--max-len={max_len}",
+            ]
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+            if proc.returncode != 0 or not lines:
+                sys.exit(f"{setting} run failed:\n{proc.stderr[-4000:]}")
+            results[setting] = json.loads(lines[-1].removeprefix("RESULT "))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    seq_len = (min_len + max_len) / 2
+    gym, trl = results["gym"], results["trl"]
+    gap = max(abs(x - y) for x, y in zip(smooth(gym["losses"]), smooth(trl["losses"]), strict=False))
+    summary = {
+        "device": _device(),
+        "params": gym["params"],
+        "steps": steps,
+        "batch": batch,
+        "seq_len": seq_len,
+        "gym_tok_s": gym["tok_s"],
+        "trl_tok_s": trl["tok_s"],
+        "speedup": round(gym["tok_s"] / trl["tok_s"], 3),
+        "gym_mfu": mfu(gym["tok_s"], gym["params"], SHAPES[shape], seq_len),
+        "trl_mfu": mfu(trl["tok_s"], trl["params"], SHAPES[shape], seq_len),
+        "gym_peak_gb": gym["peak_gb"],
+        "trl_peak_gb": trl["peak_gb"],
+        "gym_loss_first_last": [gym["losses"][0], gym["losses"][-1]],
+        "trl_loss_first_last": [trl["losses"][0], trl["losses"][-1]],
+        "loss_gap": round(gap, 4),
+        "gym_settings": gym["settings"],
+        "trl_settings": trl["settings"],
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
+    print(json.dumps(summary))
+
+
+def _device() -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,280 @@
+"""Training throughput per method: gym vs the same TRL trainer called directly, and packed vs padded SFT.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/methods.py [--steps 40] [--repeats 2] [--methods sft,dpo]
+
+For every method in `gym.train.METHODS` that trains offline on a dataset, on gym-tiny and the
+method's demo data:
+- gym: `gym.train.run` (the path every flow takes), its trainer's time and real tokens;
+- TRL: the TRL trainer class gym uses for that method, called as a user would (model from
+  `from_pretrained`, TRL's conversational data format, TRL tokenizing), with the same
+  hyperparameters and gym's speed options reset to TRL's defaults.
+Then SFT batching on the demo data: padded, padding-free and packed, as useful (non-padding)
+tokens per second. Both sides run in this one process, alternating, after a warm-up; the best of
+`--repeats` is kept. If benchmarks/online_methods.py exists, its `run(args) -> list[dict]` rows are
+added. Prints a table and one JSON line. Goals: gym/TRL >= 1.0 per method; packed/padded >= 1.3.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported: timings are noisy otherwise
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+# The demo dataset of each data kind (gym.data.formats.METHOD_KIND maps a method to its kind).
+DEMO = {"sft": "demo_sft", "preference": "demo_dpo", "kto": "demo_kto"}
+# Batch sizes per kind: gym-tiny's registry defaults (SFT 32, DPO 16).
+BATCH = {"sft": 32, "preference": 16, "kto": 16}
+# gym's own speed choices, reset to TRL's defaults for the baseline.
+SPEED_FIELDS = {"use_liger_kernel": False, "torch_compile": False, "padding_free": False, "packing": False}
+
+
+def tokenized(name: str, model: Any) -> Path:
+    from gym.data.ingest import ingest
+    from gym.data.registry import resolve_dataset
+    from gym.data.tokenize import TokenizeSettings, tokenize
+
+    return Path(
+        tokenize(ingest(resolve_dataset(name)).path, model.path, model.template, TokenizeSettings()).path
+    )
+
+
+def trl_records(name: str, kind: str) -> Any:
+    """The demo data in TRL's conversational format (TRL applies the chat template itself)."""
+    from datasets import load_from_disk
+
+    from gym.data.ingest import ingest
+    from gym.data.registry import resolve_dataset
+
+    ds = load_from_disk(ingest(resolve_dataset(name)).path)
+
+    def turn(text: str) -> list[dict[str, str]]:
+        return [{"role": "assistant", "content": text}]
+
+    if kind == "preference":
+        return ds.map(lambda r: {"chosen": turn(r["chosen"]), "rejected": turn(r["rejected"])})
+    if kind == "kto":
+        return ds.map(lambda r: {"completion": turn(r["completion"])})
+    return ds  # sft: {"messages": [...]}
+
+
+def gym_trainer_spec(config: Any, model: Any, data: Path, out: Path) -> tuple[type, Any]:
+    """The TRL trainer class and arguments gym uses for `config` (built as gym.train does, not run)."""
+    from datasets import load_from_disk
+
+    from gym.data.ingest import load_meta
+    from gym.models import load_model, load_tokenizer
+    from gym.train import METHODS, speed
+    from gym.train.common import peft_config
+
+    trainer = METHODS[config.method](
+        model=load_model(model, **speed.load_options(speed.resolve(config))),
+        tokenizer=load_tokenizer(model),
+        config=config,
+        train_data=load_from_disk(str(data)),
+        eval_data=None,
+        output_dir=out,
+        peft_config=peft_config(config, model),
+        max_length=load_meta(data)["settings"]["cutoff_len"],
+    )
+    trl_class = next(c for c in type(trainer).__mro__ if c.__module__.startswith("trl."))
+    return trl_class, trainer.args
+
+
+def run_gym(config: Any, model: Any, data: Path) -> tuple[float, int]:
+    from gym import train
+
+    result = train.run(config, model, data)
+    shutil.rmtree(result.stage_dir)  # the next repeat trains again instead of reading the finished stage
+    return result.train_seconds, result.tokens_seen
+
+
+def run_trl(trl_class: type, args: Any, model: Any, records: Any, kind: str, out: Path) -> tuple[float, int]:
+    from transformers import AutoModelForCausalLM
+
+    from gym.models import load_tokenizer
+
+    extra = {"assistant_only_loss": True} if kind == "sft" else {}  # TRL masks the prompt as gym does
+    fields = {f.name for f in dataclasses.fields(args)}
+    reset = {k: v for k, v in SPEED_FIELDS.items() if k in fields}
+    trl_args = dataclasses.replace(args, output_dir=str(out), **reset, **extra)
+    trainer = trl_class(
+        model=AutoModelForCausalLM.from_pretrained(model.path),
+        args=trl_args,
+        train_dataset=records,
+        processing_class=load_tokenizer(model),  # gym-tiny's tokenizer with its chat template
+    )
+    start = time.perf_counter()
+    trainer.train()
+    return time.perf_counter() - start, int(trainer.state.num_input_tokens_seen)
+
+
+def best(samples: list[tuple[float, int]]) -> dict[str, float]:
+    seconds, tokens = min(samples)
+    return {"seconds": round(seconds, 3), "tokens": tokens, "tok_s": round(tokens / seconds, 1)}
+
+
+def bench_methods(a: argparse.Namespace, model: Any, root: Path) -> list[dict[str, Any]]:
+    from gym.data.formats import METHOD_KIND
+    from gym.train import METHODS, TrainConfig
+    from gym.train.config import with_defaults
+
+    rows = []
+    for method in a.methods or list(METHODS):
+        kind = METHOD_KIND.get(method)
+        if kind is None or kind not in DEMO:
+            print(f"skip {method}: no offline demo data for it here", flush=True)
+            continue
+        data = tokenized(DEMO[kind], model)
+        records = trl_records(DEMO[kind], kind)
+        base = TrainConfig(
+            method=method, per_device_train_batch_size=BATCH[kind], save_steps=10**6, logging_steps=10**6
+        )
+        config = with_defaults(base.model_copy(update={"max_steps": a.steps}), model.train_defaults)
+        trl_class, args = gym_trainer_spec(config, model, data, root / "spec")
+        warm = config.model_copy(update={"max_steps": 2, "seed": 1})
+        run_gym(warm, model, data)
+        run_trl(trl_class, dataclasses.replace(args, max_steps=2), model, records, kind, root / "warm")
+        gym_s, trl_s = [], []
+        for _ in range(a.repeats):
+            gym_s.append(run_gym(config, model, data))
+            trl_s.append(run_trl(trl_class, args, model, records, kind, root / f"trl-{method}"))
+        g, t = best(gym_s), best(trl_s)
+        rows.append(
+            {
+                "bench": "method",
+                "method": method,
+                "trainer": trl_class.__name__,
+                "steps": a.steps,
+                "gym_tok_s": g["tok_s"],
+                "trl_tok_s": t["tok_s"],
+                "gym_s": g["seconds"],
+                "trl_s": t["seconds"],
+                "ratio": round(g["tok_s"] / t["tok_s"], 3),
+            }
+        )
+        print(rows[-1], flush=True)
+    return rows
+
+
+def bench_batching(a: argparse.Namespace, model: Any) -> list[dict[str, Any]]:
+    """Useful tokens/s of SFT on the demo data: padded vs padding-free vs packed rows, same steps."""
+    from gym.train import TrainConfig
+    from gym.train.speed import SpeedSettings
+
+    data = tokenized("demo_sft", model)
+    modes = {
+        "padded": SpeedSettings(padding_free="off"),
+        "padding_free": SpeedSettings(padding_free="on"),
+        "packed": SpeedSettings(packing=True),
+    }
+    # Packed rows are cutoff_len (1024) tokens long: 1 row per step holds about what 32 padded
+    # sequences of the demo data do, so each mode processes a similar number of tokens per step.
+    batch = {"padded": 32, "padding_free": 32, "packed": 1}
+    samples: dict[str, list[tuple[float, int]]] = {m: [] for m in modes}
+    for r in range(a.repeats + 1):  # the first round warms up
+        for mode, settings in modes.items():
+            config = TrainConfig(
+                method="sft",
+                learning_rate=3e-3,
+                max_steps=2 if r == 0 else a.steps,
+                per_device_train_batch_size=batch[mode],
+                save_steps=10**6,
+                logging_steps=10**6,
+                speed=settings,
+            )
+            sample = run_gym(config, model, data)
+            if r:
+                samples[mode].append(sample)
+    padded = best(samples["padded"])
+    rows = []
+    for mode in modes:
+        b = best(samples[mode])
+        rows.append(
+            {
+                "bench": "batching",
+                "mode": mode,
+                "batch": batch[mode],
+                "useful_tok_s": b["tok_s"],
+                "ratio_vs_padded": round(b["tok_s"] / padded["tok_s"], 3),
+            }
+        )
+        print(rows[-1], flush=True)
+    return rows
+
+
+def online_rows(a: argparse.Namespace) -> list[dict[str, Any]]:
+    """Rows from benchmarks/online_methods.py (online RL methods measure themselves), if present."""
+    path = Path(__file__).with_name("online_methods.py")
+    if not path.is_file():
+        return []
+    spec = importlib.util.spec_from_file_location("online_methods", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return list(module.run(a))
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = []
+    for bench in dict.fromkeys(r.get("bench", "other") for r in rows):
+        group = [r for r in rows if r.get("bench", "other") == bench]
+        keys = list(dict.fromkeys(k for r in group for k in r if k != "bench"))
+        lines.append(f"[{bench}]")
+        lines.append("  ".join(f"{k:>14s}" for k in keys))
+        lines.extend("  ".join(f"{r.get(k, '')!s:>14s}" for k in keys) for r in group)
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=40, help="Optimiser steps per measured run.")
+    p.add_argument("--repeats", type=int, default=2, help="Measured runs per side; the best is kept.")
+    p.add_argument("--methods", type=lambda s: s.split(","), help="Comma-separated subset of METHODS.")
+    p.add_argument("--skip-batching", action="store_true", help="Only the per-method comparison.")
+    a = p.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="gym-bench-methods-"))
+    os.environ["GYM_HOME"] = str(root / "gym")
+
+    from gym.models import resolve
+
+    model = resolve("gym-tiny")
+    rows = bench_methods(a, model, root)
+    if not a.skip_batching:
+        rows += bench_batching(a, model)
+    rows += online_rows(a)
+    print(table(rows))
+    methods = [r for r in rows if r.get("bench") == "method"]
+    packed = next((r for r in rows if r.get("mode") == "packed"), None)
+    padding_free = next((r for r in rows if r.get("mode") == "padding_free"), None)
+    summary = {
+        "steps": a.steps,
+        "repeats": a.repeats,
+        "omp_num_threads": os.environ["OMP_NUM_THREADS"],
+        "gym_vs_trl": {r["method"]: r["ratio"] for r in methods},
+        "padding_free_vs_padded": padding_free["ratio_vs_padded"] if padding_free else None,
+        "packed_vs_padded": packed["ratio_vs_padded"] if packed else None,
+        "rows": rows,
+    }
+    print(json.dumps(summary))
+    shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

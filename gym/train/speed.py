@@ -1,0 +1,220 @@
+"""Throughput settings of a training stage: attention kernel, padding-free batches, packing, Liger
+kernels, Unsloth and torch.compile, resolved once per stage and applied through the model loading
+path (`load_options`) and the TRL arguments every method shares (`trainer_args`).
+
+    gym train --method sft --train.speed.liger on --train.speed.attn_implementation flash_attention_2
+
+"auto" means: on where it is safe and measured faster. On this project's CPU machines that is
+SDPA attention with padded batches: padding-free batches through SDPA build a dense block mask
+and ran 2x slower than padding on the demo data (benchmarks/methods.py measures it); on a CUDA
+GPU with flash-attn installed they run through its varlen kernel. Liger kernels are on by default
+where they can run (CUDA, liger-kernel installed) for the methods whose TRL trainer uses them
+with gym's settings. GPU-only backends asked for where they can't run fail before any model is
+loaded, saying what is needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib.util
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gym.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gym.train.config import TrainConfig
+
+Switch = Literal["auto", "on", "off"]
+Attention = Literal["auto", "sdpa", "eager", "flash_attention_2", "flash_attention_3"]
+FLASH = ("flash_attention_2", "flash_attention_3")
+# Methods whose TRL trainer takes padded sequences flattened into one row (TRL 1.12: SFTTrainer only;
+# DPOTrainer's padding_free is disabled upstream and falls back to padding).
+PADDING_FREE_METHODS = ("sft",)
+# Methods where "auto" turns Liger on. DPO-style trainers are left out: gym precomputes the reference
+# log-probs, which TRL's Liger DPO loss does not support.
+LIGER_METHODS = ("sft",)
+# Methods whose TRL batches carry `input_ids` (+ attention mask) the Trainer can count tokens from.
+TOKEN_COUNTED_METHODS = ("sft", "dpo", "ipo", "cdpo", "hinge")
+GPU_EXTRAS = "pip install 'gym[flash-attn]' on a machine with a CUDA GPU"
+
+
+class SpeedSettings(BaseModel):
+    """How fast a stage trains; none of these change what is learned beyond floating-point noise."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    attn_implementation: Attention = Field(
+        "auto",
+        description="Attention kernel: auto = flash_attention_2 on a CUDA GPU with flash-attn installed and "
+        "bf16, else sdpa.",
+    )
+    padding_free: Switch = Field(
+        "auto",
+        description="Flatten each batch into one row without padding, positions restarting per sequence "
+        "(sft). auto = on only with a flash-attention (varlen) kernel; SDPA runs it through a block mask.",
+    )
+    packing: bool = Field(
+        False,
+        description="Pack sequences into rows of cutoff_len tokens (sft, best-fit decreasing, padding-free); "
+        "the batch size then counts rows, so each step sees more sequences.",
+    )
+    liger: Switch = Field(
+        "auto",
+        description="Liger Triton kernels (fused RMSNorm, RoPE, SwiGLU, linear cross-entropy). auto = on "
+        "with a CUDA GPU and liger-kernel installed, for sft.",
+    )
+    unsloth: bool = Field(False, description="Load the model through Unsloth (CUDA GPU and unsloth needed).")
+    torch_compile: bool = Field(
+        False, description="Compile the model with torch.compile (CUDA; the compile pays off on long runs)."
+    )
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The concrete choices for one stage on this machine."""
+
+    attn_implementation: str
+    padding_free: bool
+    packing: bool
+    liger: bool
+    unsloth: bool
+    torch_compile: bool
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def resolve(config: TrainConfig) -> Resolved:
+    """Turn "auto" into choices and reject what this machine or method can't do, before any model loads."""
+    s, method = config.speed, config.method
+    cuda = _cuda()
+    attn = s.attn_implementation
+    if attn == "auto":
+        attn = "flash_attention_2" if cuda and config.bf16 and _installed("flash_attn") else "sdpa"
+    elif attn in FLASH:
+        _require_flash(attn, cuda, config.bf16)
+    if s.unsloth:
+        _require_gpu_package("Unsloth", "unsloth", "gym[unsloth]", cuda)
+        if attn in FLASH:
+            raise ConfigError("unsloth brings its own attention kernels: leave attn_implementation on auto")
+    liger_here = cuda and _installed("liger_kernel") and method in LIGER_METHODS
+    liger = s.liger == "on" or (s.liger == "auto" and liger_here)
+    if s.liger == "on":
+        _require_gpu_package("Liger kernels", "liger_kernel", "gym[liger]", cuda)
+        if method not in LIGER_METHODS:
+            raise ConfigError(
+                f"liger=on is not available for method {method!r}: gym uses Liger for "
+                f"{', '.join(LIGER_METHODS)} "
+                "(TRL's Liger DPO loss can't use the precomputed reference log-probs gym scores once)"
+            )
+    if s.unsloth and liger:
+        liger = False  # Unsloth patches the same layers with its own kernels
+    padding_free = s.padding_free == "on" or (
+        s.padding_free == "auto" and attn in FLASH and method in PADDING_FREE_METHODS
+    )
+    if (padding_free or s.packing) and method not in PADDING_FREE_METHODS:
+        what = "packing" if s.packing else "padding_free=on"
+        raise ConfigError(
+            f"{what} is not available for method {method!r}: padding-free batches are implemented for "
+            f"{', '.join(PADDING_FREE_METHODS)} only (TRL 1.12); set it off for this stage"
+        )
+    if s.torch_compile and not cuda:
+        raise ConfigError(
+            "torch_compile needs a CUDA GPU: on CPU, compiling gym-tiny's training step took ~160 s here "
+            "(measured), longer than the runs it would speed up; turn it off on this machine"
+        )
+    if s.packing and attn == "eager":
+        raise ConfigError(
+            "packing needs an attention kernel that keeps packed sequences apart: sdpa or flash"
+        )
+    return Resolved(
+        attn_implementation=attn,
+        padding_free=padding_free or s.packing,
+        packing=s.packing,
+        liger=liger,
+        unsloth=s.unsloth,
+        torch_compile=s.torch_compile,
+    )
+
+
+def _require_flash(attn: str, cuda: bool, bf16: bool) -> None:
+    package = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}[attn]
+    if not cuda:
+        raise ConfigError(
+            f"attn_implementation={attn} needs a CUDA GPU (none found); use sdpa on this machine, "
+            f"or run where a GPU is and {GPU_EXTRAS}"
+        )
+    if not _installed(package):
+        raise ConfigError(f"attn_implementation={attn} needs {package}: pip install 'gym[flash-attn]'")
+    if not bf16:
+        raise ConfigError(f"attn_implementation={attn} runs in half precision only: set bf16=True")
+
+
+def _require_gpu_package(what: str, module: str, extra: str, cuda: bool) -> None:
+    if not cuda:
+        raise ConfigError(
+            f"{what}: needs a CUDA GPU and none was found; turn the option off on this machine, "
+            f"or run where a GPU is after pip install '{extra}'"
+        )
+    if not _installed(module):
+        raise ConfigError(f"{what}: not installed here; pip install '{extra}' (or turn the option off)")
+
+
+def load_options(resolved: Resolved) -> dict[str, Any]:
+    """Keyword arguments for `gym.models.load_model`."""
+    return {"attn_implementation": resolved.attn_implementation, "unsloth": resolved.unsloth}
+
+
+def trainer_args(resolved: Resolved, method: str) -> dict[str, Any]:
+    """TrainingArguments fields shared by every TRL config (and a count of real tokens, for tokens/s,
+    where the method's batches hold `input_ids`: online RL batches don't, and the Trainer would warn
+    at every step)."""
+    return {
+        "use_liger_kernel": resolved.liger,
+        "torch_compile": resolved.torch_compile,
+        "include_num_input_tokens_seen": "non_padding" if method in TOKEN_COUNTED_METHODS else "no",
+    }
+
+
+def sft_args(resolved: Resolved, max_length: int | None) -> dict[str, Any]:
+    """SFTConfig fields for batching: padded, padding-free, or packed into rows of `max_length`.
+
+    gym's tokenizer already cut every sequence to cutoff_len, so TRL need not truncate again;
+    packing needs the row length.
+    """
+    if resolved.packing:
+        if max_length is None:
+            raise ConfigError("packing needs the data's cutoff_len as row length")
+        return {"packing": True, "packing_strategy": "bfd", "max_length": max_length, "padding_free": True}
+    return {"packing": False, "max_length": None, "padding_free": resolved.padding_free}
+
+
+@contextlib.contextmanager
+def gc_frozen() -> Iterator[None]:
+    """Keep the garbage collector off what was alive before training (frameworks, the model).
+
+    The Trainer ends with a full collection (accelerate's free_memory) whose cost grows with every
+    object in the process; in a flow's process (Prefect, MLflow, transformers: ~850k objects) it
+    took ~0.5 s. Frozen objects are skipped, then handed back to the collector afterwards. Left
+    alone when the caller froze objects itself.
+    """
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()

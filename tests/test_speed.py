@@ -1,0 +1,202 @@
+"""Throughput settings: padding-free and packed batches keep sequences apart, "auto" picks what is
+safe on the machine, and GPU-only backends fail before a model is loaded when they can't run."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+
+from gym import train
+from gym.errors import ConfigError
+from gym.models import ModelRef, load_model, load_tokenizer
+from gym.train import TrainConfig, sft, speed
+from gym.train.config import with_defaults
+from gym.train.speed import SpeedSettings
+from tests.helpers import tiny, tokenized
+
+SFT = TrainConfig(
+    method="sft", learning_rate=3e-3, max_steps=6, per_device_train_batch_size=8, logging_steps=1
+)
+
+
+def with_speed(config: TrainConfig, **settings) -> TrainConfig:
+    return config.model_copy(update={"speed": SpeedSettings(**settings)})
+
+
+def sequence_losses(model, batch, boundaries=None) -> list[float]:
+    """Mean next-token loss of each sequence in a padded or a padding-free batch.
+
+    A padding-free row is split where `boundaries` (default: its own position ids) restart at 0.
+    """
+    inputs = {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "position_ids")}
+    with torch.no_grad():
+        logits = model(**inputs).logits.float()
+    labels = batch["labels"]
+    token_loss = torch.nn.functional.cross_entropy(
+        logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), reduction="none", ignore_index=-100
+    ).view(labels.shape[0], -1)
+    counted = (labels[:, 1:] != -100).float()
+    if "position_ids" not in batch:  # padded: one sequence per row
+        return (token_loss.sum(1) / counted.sum(1)).tolist()
+    positions = batch["position_ids"] if boundaries is None else boundaries
+    starts = [*(positions[0] == 0).nonzero().flatten().tolist(), labels.shape[1]]
+    return [
+        float(token_loss[0, a : b - 1].sum() / counted[0, a : b - 1].sum())
+        for a, b in itertools.pairwise(starts)
+        if counted[0, a : b - 1].sum() > 0
+    ]
+
+
+def built_trainer(config: TrainConfig, model_ref: ModelRef, data: Path, tmp_path: Path):
+    from datasets import load_from_disk
+
+    config = with_defaults(config, model_ref.train_defaults)
+    resolved = speed.resolve(config)
+    return sft.build_trainer(
+        model=load_model(model_ref, **speed.load_options(resolved)),
+        tokenizer=load_tokenizer(model_ref),
+        config=config,
+        train_data=load_from_disk(str(data)),
+        eval_data=None,
+        output_dir=tmp_path / "out",
+        peft_config=None,
+        max_length=64,
+    )
+
+
+def test_padding_free_batch_gives_each_sequence_the_loss_it_has_alone(tmp_path):
+    model_ref = tiny()
+    data = tokenized("demo_sft", model_ref, max_samples=8)
+    padded = built_trainer(with_speed(SFT, padding_free="off"), model_ref, data, tmp_path)
+    flat = built_trainer(with_speed(SFT, padding_free="on"), model_ref, data, tmp_path)
+    examples = [padded.train_dataset[i] for i in range(6)]
+    padded_batch = padded.data_collator(examples)
+    flat_batch = flat.data_collator(examples)
+    assert "attention_mask" in padded_batch and "position_ids" in flat_batch
+    assert flat_batch["input_ids"].shape[0] == 1, "padding-free: the whole batch is one row"
+    assert int(flat_batch["input_ids"].numel()) == sum(len(e["input_ids"]) for e in examples), "no padding"
+
+    model = flat.model.eval()
+    alone = sequence_losses(model, padded_batch)
+    together = sequence_losses(model, flat_batch)
+    assert len(together) == len(alone) == 6
+    assert together == pytest.approx(alone, abs=1e-5)
+    # The control: the same row read as one long sequence lets later sequences see earlier ones.
+    leaky = {**flat_batch, "position_ids": torch.arange(flat_batch["input_ids"].shape[1])[None]}
+    mixed = sequence_losses(model, leaky, boundaries=flat_batch["position_ids"])
+    assert max(abs(a - b) for a, b in zip(mixed[1:], alone[1:], strict=True)) > 1e-3
+
+
+def test_padding_free_training_follows_the_padded_loss_curve():
+    model = tiny()
+    data = tokenized("demo_sft", model, max_samples=64)
+    padded = train.run(with_speed(SFT, padding_free="off"), model, data)
+    flat = train.run(with_speed(SFT, padding_free="on"), model, data)
+    assert padded.digest != flat.digest
+    assert [s for s, _ in flat.losses] == [s for s, _ in padded.losses]
+    assert [v for _, v in flat.losses] == pytest.approx([v for _, v in padded.losses], rel=1e-4)
+    assert flat.losses[-1][1] < flat.losses[0][1]
+    assert flat.tokens_seen == padded.tokens_seen > 6 * 8 * 20, "both count real tokens, padding excluded"
+
+
+def test_packing_fills_rows_with_several_sequences_and_learns(tmp_path):
+    model_ref = tiny()
+    data = tokenized("demo_sft", model_ref, max_samples=256)
+    short = SFT.model_copy(update={"max_steps": 12, "per_device_train_batch_size": 2})
+    config = with_speed(short, packing=True)
+    trainer = built_trainer(config, model_ref, data, tmp_path)
+    rows = trainer.train_dataset
+    assert len(rows) < 256 / 2, "a 64-token row holds several 20-32-token sequences"
+    assert all(sum(r["seq_lengths"]) <= 64 for r in rows)
+    batch = trainer.data_collator([rows[0], rows[1]])
+    restarts = int((batch["position_ids"][0] == 0).sum())
+    assert restarts == len(rows[0]["seq_lengths"]) + len(rows[1]["seq_lengths"])
+    trainer.train()
+    losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+    assert losses[-1] < 0.8 * losses[0], losses
+
+
+def test_auto_on_this_machine_is_sdpa_padded_without_gpu_kernels():
+    resolved = speed.resolve(SFT)
+    if torch.cuda.is_available():
+        pytest.skip("describes a machine without CUDA")
+    assert resolved == speed.Resolved("sdpa", False, False, False, False, False)
+    args = train.common.trl_args(SFT, Path("out"))
+    assert args["use_liger_kernel"] is False and args["torch_compile"] is False
+
+
+def test_auto_on_a_gpu_machine_turns_on_liger_flash_and_padding_free(monkeypatch):
+    # What a CUDA machine with liger-kernel and flash-attn installed would report (no GPU here).
+    monkeypatch.setattr(speed, "_cuda", lambda: True)
+    monkeypatch.setattr(speed, "_installed", lambda module: True)
+    on_gpu = speed.resolve(SFT.model_copy(update={"bf16": True}))
+    assert on_gpu == speed.Resolved("flash_attention_2", True, False, True, False, False)
+    fp32 = speed.resolve(SFT)
+    assert fp32.attn_implementation == "sdpa" and not fp32.padding_free and fp32.liger
+    dpo = speed.resolve(TrainConfig(method="dpo", bf16=True))
+    assert not dpo.liger and not dpo.padding_free, "gym's DPO precomputes reference log-probs: no Liger"
+    with pytest.raises(ConfigError, match="precomputed reference"):
+        speed.resolve(with_speed(TrainConfig(method="dpo"), liger="on"))
+    monkeypatch.setattr(speed, "_installed", lambda module: False)
+    assert not speed.resolve(SFT).liger, "auto stays off where liger-kernel is not installed"
+    with pytest.raises(ConfigError, match=r"pip install 'gym\[liger\]'"):
+        speed.resolve(with_speed(SFT, liger="on"))
+
+
+MISSING = ModelRef(name="gone", path="/nonexistent/model", template="chatml", digest="x", base_model="gone")
+
+
+@pytest.mark.parametrize(
+    ("settings", "needs"),
+    [
+        ({"liger": "on"}, "Liger kernels: needs a CUDA GPU"),
+        ({"attn_implementation": "flash_attention_2"}, "flash_attention_2 needs a CUDA GPU"),
+        ({"unsloth": True}, "Unsloth: needs a CUDA GPU"),
+        ({"torch_compile": True}, "torch_compile needs a CUDA GPU"),
+    ],
+)
+def test_gpu_backends_fail_before_the_model_loads_where_they_cant_run(settings, needs):
+    if torch.cuda.is_available():
+        pytest.skip("the failure path of a machine without CUDA")
+    data = tokenized("demo_sft", tiny(), max_samples=8)
+    # The model folder does not exist: an error about it would mean loading was attempted first.
+    with pytest.raises(ConfigError, match=needs):
+        train.run(with_speed(SFT, **settings), MISSING, data)
+
+
+def test_padding_free_or_packing_for_a_method_without_it_fails_early():
+    for settings in ({"padding_free": "on"}, {"packing": True}):
+        with pytest.raises(ConfigError, match="not available for method"):
+            speed.resolve(with_speed(TrainConfig(method="dpo"), **settings))
+
+
+def test_flow_preflight_names_the_stage_whose_speed_option_cant_run():
+    from gym import preflight
+    from gym.pipeline import TrainFlowConfig
+
+    preflight.check_methods(TrainFlowConfig())  # defaults are always valid
+    if torch.cuda.is_available():
+        pytest.skip("the failure path of a machine without CUDA")
+    config = TrainFlowConfig(train=with_speed(SFT, liger="on"))
+    with pytest.raises(ConfigError, match=r"^train\.speed: Liger kernels: needs a CUDA GPU"):
+        preflight.check_methods(config)
+
+
+def test_training_keeps_the_collector_off_older_objects_and_hands_them_back():
+    import gc
+
+    assert gc.get_freeze_count() == 0
+    with speed.gc_frozen():
+        assert gc.get_freeze_count() > 1000, "what lived before training is frozen"
+    assert gc.get_freeze_count() == 0, "and handed back to the collector afterwards"
+    gc.freeze()  # a caller's own freeze is left alone
+    try:
+        frozen = gc.get_freeze_count()
+        with speed.gc_frozen():
+            assert gc.get_freeze_count() == frozen
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()

@@ -1,0 +1,36 @@
+"""The prepared GPU benchmark runs end to end (its --smoke mode: tiny model, CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_gpu_train_smoke_compares_gym_and_trl_on_the_same_loss_curve():
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/gpu_train.py", "--smoke"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["device"] == "cpu" and result["steps"] == 8
+    assert result["gym_tok_s"] > 0 and result["trl_tok_s"] > 0
+    assert result["speedup"] == pytest.approx(result["gym_tok_s"] / result["trl_tok_s"], rel=1e-2)
+    # gym's defaults skip TRL's gradient checkpointing: the same math, so the same losses.
+    assert result["trl_settings"]["gradient_checkpointing"] is True
+    assert result["gym_settings"]["liger"] is False, "no Liger without CUDA"
+    assert result["loss_gap"] < 1e-3
+    assert result["gym_loss_first_last"] == pytest.approx(result["trl_loss_first_last"], abs=1e-3)
