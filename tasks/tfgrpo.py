@@ -192,7 +192,5 @@ def ship_model(run: TfGrpoRun, result: engine.RunResult) -> tuple[str, ModelRef 
 
 @task(name="tfgrpo-export", task_run_name="export to {output_dir}", **LLM_TASK)
 def export_model_dir(model_dir: str, output_dir: str) -> str:
-    """Copy the shipped model directory (experiences.json included) to `output_dir`."""
-    from gym.export import export_model
-
-    return str(export_model(Path(model_dir), Path(output_dir)))
+    """Export the shipped model directory (experiences.json included) to `output_dir`."""
+    return str(tf_grpo.export(Path(model_dir), Path(output_dir)))
