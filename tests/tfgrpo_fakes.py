@@ -1,6 +1,11 @@
 """Test fixtures for TF-GRPO: an OpenAI-compatible HTTP server on loopback whose answers come from a
 Python function of the request (a stand-in for a remote LLM API, which cannot run here).
 
+Only for what a real model cannot give a unit test: scripted replies (valid operations, junk then a
+repair), answers completing in random order, 429/5xx and slow replies for the client's retries and
+timeouts, a policy that sometimes succeeds (the simulated environment's), injected latency for the
+benchmark. Tests of a real model over HTTP use gym's own server (gym.serve), see test_tfgrpo_http.py.
+
     with FakeEndpoint(answer) as url:        # answer(request_json) -> str | (status, headers, body)
         OpenAIClient(url, "fake").complete(...)
 """
