@@ -4,18 +4,22 @@ The dataset is an ingested sft artifact (canonical `messages`); the prompt is ev
 the last assistant turn, rendered with the model's chat template, and the reference is that last
 assistant turn. Exact match (whitespace-stripped) is always reported; `metrics` adds BLEU, ROUGE
 or your own function by dotted path (gym/eval/generation.py), all checked before the model loads.
+A TF-GRPO model's shipped experience library is injected into every prompt as training and serving
+inject it (gym.tfgrpo.injection), and named in the result.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
 from gym.eval.generation import check_metrics, score
 from gym.models import ModelRef, load_model, load_tokenizer
 from gym.templates import render
+from gym.tfgrpo.injection import inject, shipped_library
 
 
 class ExactMatch(BaseModel):
@@ -23,6 +27,7 @@ class ExactMatch(BaseModel):
     n: int
     samples: list[dict[str, str]]  # a few (prompt, reference, prediction) triples for the report
     scores: dict[str, float] = {}  # every metric asked for (exact_match included), by name
+    experiences: dict[str, Any] | None = None  # the injected TF-GRPO library (hash, version, size)
 
 
 def evaluate(
@@ -42,14 +47,16 @@ def evaluate(
     records = load_from_disk(str(dataset_dir))
     if limit is not None:
         records = records.select(range(min(limit, len(records))))
+    shipped = shipped_library(model.path)
+    experiences = shipped.texts if shipped is not None else None
     tokenizer = load_tokenizer(model)
     tokenizer.padding_side = "left"
     lm = load_model(model).eval()
     prompts, refs = [], []
     for rec in records:
-        messages = rec["messages"]
-        prompts.append(render(tokenizer, messages[:-1], model.template, add_generation_prompt=True))
-        refs.append(messages[-1]["content"])
+        messages = inject(rec["messages"][:-1], experiences)
+        prompts.append(render(tokenizer, messages, model.template, add_generation_prompt=True))
+        refs.append(rec["messages"][-1]["content"])
     preds: list[str] = []
     with torch.inference_mode():
         for i in range(0, len(prompts), batch_size):
@@ -70,4 +77,10 @@ def evaluate(
         for i in range(min(keep_samples, len(refs)))
     ]
     scores = score(list(dict.fromkeys(["exact_match", *metrics])), preds, refs)
-    return ExactMatch(exact_match=scores["exact_match"], n=len(refs), samples=samples, scores=scores)
+    return ExactMatch(
+        exact_match=scores["exact_match"],
+        n=len(refs),
+        samples=samples,
+        scores=scores,
+        experiences=shipped.record() if shipped is not None else None,
+    )

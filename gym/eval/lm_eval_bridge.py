@@ -11,6 +11,8 @@ model loaded its own way (safetensors only, remote code only if asked, gym's cha
 tokenizer) and maps lm-eval's results onto subjects (leaf tasks), categories (groups) and overall.
 Task configs (dicts) work too: gym/eval/lm_eval_tasks.py builds lm-eval's MMLU / C-Eval / CMMLU
 tasks over local files, which is how `gym eval --engine lm-eval --benchmark mmlu` runs.
+A TF-GRPO model's shipped experience block goes in as lm-eval's system instruction (first in the
+prompt; the system message's start with a chat template) and is named in the result.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from gym.errors import ConfigError, MissingExtraError
 from gym.eval.mc_score import resolve_device
 from gym.eval.results import EvalResult
 from gym.models import ModelRef, load_model, load_tokenizer
+from gym.tfgrpo.injection import experience_block, shipped_library
 
 SKIP_KEYS = ("alias", "samples", "name", "sample_len", "sample_count")
 
@@ -101,6 +104,7 @@ def run_lm_eval(
         batch_size=settings.batch_size,
         max_length=settings.max_length,
     )
+    shipped = shipped_library(model.path)
     out = lm_eval.simple_evaluate(
         model=lm,
         tasks=task_configs if task_configs is not None else list(settings.tasks),
@@ -111,11 +115,13 @@ def run_lm_eval(
         bootstrap_iters=0,
         apply_chat_template=settings.chat,
         fewshot_as_multiturn=settings.chat,
+        system_instruction=experience_block(shipped.texts) if shipped and shipped.texts else None,
     )
     if out is None:  # pragma: no cover - only on non-zero ranks of a distributed run
         raise ConfigError("lm-eval returned no results")
     seconds = time.perf_counter() - start
-    return to_result(out, model.name, benchmark or ",".join(settings.tasks), settings.shots, seconds)
+    result = to_result(out, model.name, benchmark or ",".join(settings.tasks), settings.shots, seconds)
+    return result.model_copy(update={"experiences": shipped.record() if shipped is not None else None})
 
 
 def to_result(

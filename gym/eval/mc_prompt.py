@@ -9,6 +9,10 @@ Two prompt styles:
   description as the system message, and the bare letter right after the generation prompt:
   lm-eval's `--apply_chat_template --fewshot_as_multiturn` (and LLaMA-Factory's style).
 
+A TF-GRPO model's experience library (`experiences`) is injected as everywhere else
+(gym.tfgrpo.injection): appended to the system message in the chat style; first, where lm-eval puts
+`--system_instruction`, in the plain style (so the prompt equals lm-eval's with that instruction).
+
 Token ids follow lm-eval's `_encode_pair` and `_loglikelihood_tokens`: trailing whitespace of
 the context moves to the continuation, the continuation's tokens are those of context+choice
 after the context's tokens, and a context longer than the model's window loses tokens on the left.
@@ -21,6 +25,7 @@ from typing import Any, Literal
 
 from gym.eval.benchmarks import LETTERS, BenchmarkSpec
 from gym.eval.mc_data import Question, SubjectData
+from gym.tfgrpo.injection import inject, inject_text
 
 PromptStyle = Literal["lm-eval", "chat"]
 PROMPT_STYLES: tuple[str, ...] = ("lm-eval", "chat")
@@ -78,9 +83,12 @@ class Encoder:
 
     WINDOW = 8
 
-    def __init__(self, tokenizer: Any, render_chat: Any | None = None) -> None:
+    def __init__(
+        self, tokenizer: Any, render_chat: Any | None = None, experiences: list[str] | None = None
+    ) -> None:
         self.tokenizer = tokenizer
         self.render_chat = render_chat  # messages -> text with the generation prompt (chat style)
+        self.experiences = experiences  # a TF-GRPO model's library, injected into every prompt
         prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
         self._prefix_text = tokenizer.decode(prefix) if prefix is not None else None
         # Windows need offsets (fast tokenizers) and specials only at the start (BOS), never at the end.
@@ -103,13 +111,16 @@ class Encoder:
         return list(self.tokenizer.encode(text, **self.special(text)))
 
     def question(self, spec: BenchmarkSpec, subject: SubjectData, q: Question, style: PromptStyle) -> Encoded:
+        context, delimiter = self.context(spec, subject, q, style), "" if style == "chat" else " "
+        return self.pair(context, [delimiter + letter for letter in LETTERS])
+
+    def context(self, spec: BenchmarkSpec, subject: SubjectData, q: Question, style: PromptStyle) -> str:
+        """The question's prompt text in `style`, experiences injected."""
         if style == "chat":
             if self.render_chat is None:
                 raise ValueError("the chat style needs a chat template renderer")
-            context, delimiter = self.render_chat(chat_messages(spec, subject, q)), ""
-        else:
-            context, delimiter = text_context(spec, subject, q), " "
-        return self.pair(context, [delimiter + letter for letter in LETTERS])
+            return str(self.render_chat(inject(chat_messages(spec, subject, q), self.experiences)))
+        return inject_text(text_context(spec, subject, q), self.experiences)
 
     def pair(self, context: str, continuations: list[str]) -> Encoded:
         """lm-eval's `_encode_pair` for one context and several continuations."""

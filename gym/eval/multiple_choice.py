@@ -8,7 +8,8 @@
 Order of work: read and check every file (gym/eval/mc_data.py), load the tokenizer, build and
 tokenize every prompt (gym/eval/mc_prompt.py), and only then load the model and score
 (gym/eval/mc_score.py). Results per subject, per category and overall, each weighted by
-question count as lm-eval's groups are.
+question count as lm-eval's groups are. A TF-GRPO model's shipped experience library is injected
+into every prompt (gym/eval/mc_prompt.py) and named in the result.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from gym.eval.mc_prompt import Encoder, max_length
 from gym.eval.mc_score import Request, Scorer, requests_for, resolve_device
 from gym.eval.results import EvalResult, weighted
 from gym.models import ModelRef, load_model, load_tokenizer
+from gym.tfgrpo.injection import shipped_library
 
 TIE = 1e-5  # log-likelihood gap below which float rounding decides
 
@@ -93,8 +95,11 @@ def build_requests(
     from gym.templates import render
 
     window = settings.max_length or max_length(_config(model), tokenizer)
+    shipped = shipped_library(model.path)
     encoder = Encoder(
-        tokenizer, render_chat=lambda msgs: _render_chat(tokenizer, msgs, model.template, render)
+        tokenizer,
+        render_chat=lambda msgs: _render_chat(tokenizer, msgs, model.template, render),
+        experiences=shipped.texts if shipped is not None else None,
     )
     requests: list[Request] = []
     key = truncated = split = 0
@@ -173,6 +178,7 @@ def _result(
         sizes[name] = len(chosen)
         correct[name] = sum(c == q.answer for c, q in zip(chosen, subject.questions, strict=True))
     categories = {s.info.key: s.info.category for s in data.subjects}
+    shipped = shipped_library(model.path)
     return EvalResult(
         benchmark=data.spec.name,
         model=model.name,
@@ -187,4 +193,5 @@ def _result(
         engine="gym",
         notes=notes,
         predictions=predictions,
+        experiences=shipped.record() if shipped is not None else None,
     )

@@ -6,6 +6,7 @@ and the Prefect table artifact are all made from it.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -33,6 +34,11 @@ class EvalResult(BaseModel):
     predictions: dict[str, list[int]] = Field(
         default_factory=dict, description="Per subject, the chosen answer (0-3) of each question, in order."
     )
+    experiences: dict[str, Any] | None = Field(
+        None,
+        description="The TF-GRPO experience library the model ships, injected into every prompt: its "
+        "content hash, version and size (None: the model ships none).",
+    )
 
     def summary(self) -> dict[str, object]:
         """The fields `gym eval --json` prints."""
@@ -47,6 +53,7 @@ class EvalResult(BaseModel):
             "shots": self.shots,
             "engine": self.engine,
             "notes": self.notes,
+            "experiences": self.experiences,
         }
 
     def rows(self) -> list[dict[str, object]]:
