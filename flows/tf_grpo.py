@@ -7,7 +7,9 @@
 Each step: rollouts (mapped over questions x samples) -> reward -> summarize (informative groups
 only) -> extract -> consolidate (once per batch, skipped when nothing was proposed) -> apply,
 which writes the step's manifest and the new library version; then the version goes to MLflow and
-its diff to a Prefect markdown artifact. Held-out Mean@k is measured before and after each epoch.
+its diff to a Prefect markdown artifact. Held-out Mean@k is measured before and after each epoch;
+`benchmarks` (MMLU, C-Eval, CMMLU, lm-eval tasks) score the model before training and the shipped
+model (its library injected into every prompt) after, as the other training flows do.
 A re-run of the same config resumes: finished steps are read back, and every LLM call already
 made comes from gym's call cache. The final library ships with the model (experiences.json).
 """
@@ -21,10 +23,13 @@ from prefect import flow
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from gym.eval.suite import benchmark_summary
 from gym.pipeline import TfGrpoFlowConfig
 from gym.tfgrpo.data import Question, StepPlan
 from gym.tfgrpo.library import LibraryRef
 from gym.train.tf_grpo import TfGrpoRun, summary
+from tasks.evaluate import benchmark_eval, check_benchmarks_task
+from tasks.model import resolve_model
 from tasks.preflight import check_inputs
 from tasks.register import register_model
 from tasks.tfgrpo import (
@@ -81,6 +86,8 @@ def run_step(
 )
 def tf_grpo(config: TfGrpoFlowConfig = DEFAULTS) -> dict[str, Any]:
     check_inputs(config)  # model name (unless it lives behind an endpoint), template: in a second
+    options = config.benchmark_options  # benchmark files and names, checked before any LLM call
+    benchmarks = check_benchmarks_task(config.benchmarks, options) if config.benchmarks else []
     started, uri, run_label = time.time(), config.output.tracking_uri, flow_run.get_id()
     parent = start_tracking("tf-grpo", config.model_dump(), run_label, uri)
 
@@ -88,6 +95,8 @@ def tf_grpo(config: TfGrpoFlowConfig = DEFAULTS) -> dict[str, Any]:
     tracked = start_stage_tracking(run, parent, uri)
     questions, held_out = run.questions(), run.eval_questions()
     library = start_library(run)
+    base = resolve_model(config.model, config.template, config.trust_remote_code) if benchmarks else None
+    scores_before = [benchmark_eval(base, b.entry, options, "before", parent, uri) for b in benchmarks]
     evals = [evaluate_library(run, library, "before")] if held_out else []
     for planned in run.steps:
         step, done = resume_step(run, planned, library)
@@ -97,6 +106,10 @@ def tf_grpo(config: TfGrpoFlowConfig = DEFAULTS) -> dict[str, Any]:
     result = finish_run(run, library, evals, tracked, uri, started)
 
     model_dir, model = ship_model(run, result)
+    scores_after = [  # the shipped model: its experiences.json is injected into every prompt
+        benchmark_eval(model, b.entry, options, "after", parent, uri, baseline=score)
+        for b, score in zip(benchmarks, scores_before, strict=True)
+    ]
     registered = {"name": None, "version": None}
     if model is not None:
         name = config.output.register_as or f"{config.model.rsplit('/', 1)[-1]}-tf-grpo"
@@ -110,6 +123,7 @@ def tf_grpo(config: TfGrpoFlowConfig = DEFAULTS) -> dict[str, Any]:
         export_model_dir(model_dir, config.output.output_dir)
 
     out = summary(run, result, model_dir, registered, parent, run_label)
+    out |= benchmark_summary(scores_before, scores_after, config.benchmarks)
     finish_tracking(parent, out, uri)
     return out
 

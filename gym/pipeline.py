@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from gym.cli_options import merge
 from gym.data.tokenize import TokenizeSettings
@@ -202,7 +202,29 @@ class TfGrpoFlowConfig(TfGrpoSettings):
     eval_dataset: str | None = Field(
         "demo_sft_eval", description="Held-out questions for Mean@k / Pass@k before and after (None to skip)."
     )
+    benchmarks: list[str] = Field(
+        [],
+        description="Benchmarks scored before and after (the learned library injected after): mmlu, ceval, "
+        "cmmlu (NAME=DIR for local files) or lm-eval:TASK. Needs the model's weights (no --endpoint).",
+    )
+    benchmark_options: BenchmarkOptions = Field(
+        default_factory=BenchmarkOptions,
+        description="Questions per subject, shots, batch size of the benchmarks.",
+    )
     output: OutputSettings = Field(default_factory=OutputSettings, description="Registration and export.")
+
+    @field_validator("benchmarks")
+    @classmethod
+    def _benchmarks_need_weights(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        policy = info.data.get("policy")
+        endpoint = (policy.endpoint if policy is not None else None) or info.data.get("endpoint")
+        if value and endpoint:
+            raise ValueError(
+                f"benchmarks score the model's weights, and this policy runs behind {endpoint}, whose "
+                "weights gym does not have: drop --benchmarks, or run the policy locally (no --endpoint; "
+                "--model a registry name or model folder)"
+            )
+        return value
 
     def settings(self) -> TfGrpoSettings:
         return TfGrpoSettings.model_validate(self.model_dump(include=set(TfGrpoSettings.model_fields)))
@@ -228,6 +250,8 @@ class TfGrpoFlowConfig(TfGrpoSettings):
             trust_remote_code=config.trust_remote_code,
             dataset=config.dataset,
             eval_dataset=config.eval_dataset,
+            benchmarks=config.benchmarks,
+            benchmark_options=config.benchmark_options,
             output=config.output,
             seed=config.train.seed,
             **({"epochs": max(1, round(epochs))} if epochs is not None else {}),

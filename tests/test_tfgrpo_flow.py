@@ -11,6 +11,7 @@ from mlflow import MlflowClient
 
 from flows.cli import main
 from flows.commands import method_of
+from gym import tracking
 from gym.tfgrpo.injection import load_shipped
 from gym.tfgrpo.library import Library
 from gym.tfgrpo.sim import SimEnv, SimOptimizer, SimPolicy
@@ -138,3 +139,47 @@ def test_the_papers_command_line(prefect_server, sim_endpoint, puzzles, tmp_path
 def test_gym_train_routes_the_training_free_flags(argv, method, rest):
     got, _, remaining = method_of(argv.split())
     assert got == method and remaining == rest.split()
+
+
+def test_benchmarks_with_a_policy_behind_an_endpoint_fail_before_any_work(capsys):
+    endpoint = "http://127.0.0.1:9/v1"  # nothing listens there: nothing may be asked of it either
+    argv = f"train --method tf_grpo --endpoint {endpoint} --model policy --benchmarks mmlu".split()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: benchmarks:") and "weights" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_benchmarks_score_the_model_before_and_with_its_library_after(prefect_server, tmp_path, capsys):
+    from gym.tfgrpo.ops import Add, apply
+    from tests.eval_fixtures import write_benchmark
+
+    mmlu = write_benchmark("mmlu", tmp_path / "mmlu", n_questions=2, n_dev=1)
+    start = apply(Library(), [Add(text="When unsure, answer A."), Add(text="When counting, count twice.")])
+    lib_dir, data = tmp_path / "lib", tmp_path / "qa.jsonl"
+    start.library.save(lib_dir / "experiences.json")  # the run starts from it; gym-tiny teaches it nothing
+    data.write_text('{"question": "2+2?", "answer": "4"}\n{"question": "3+3?", "answer": "6"}\n')
+    argv = (
+        f"train --method tf_grpo --model gym-tiny --dataset {data} --eval_dataset none --group-size 2 "
+        f"--epochs 1 --experience_lib_path {lib_dir} --policy.max_tokens 4 --benchmarks mmlu={mmlu} "
+        "--benchmark_options.limit 2 --benchmark_options.shots 1 --json"
+    ).split()
+    assert main(argv) == 0
+    out = summary_of(capsys)
+    assert 0 <= out["mmlu_before"] <= 1 and 0 <= out["mmlu_after"] <= 1
+    assert out["library_hash"] == start.library.content_hash() and load_shipped(out["model_dir"])
+
+    client = MlflowClient(tracking.tracking_uri())
+    parent = client.get_run(out["mlflow_run_id"])
+    nested = client.search_runs(
+        [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
+    )
+    runs = {r.info.run_name: r.info.run_id for r in nested}
+    scored = {}
+    for label in ("before", "after"):
+        path = client.download_artifacts(runs[f"mmlu-{label}"], f"mmlu-{label}.json", str(tmp_path))
+        scored[label] = json.loads(Path(path).read_text())
+    # before: gym-tiny as it is; after: the shipped model, its library injected into every prompt
+    assert scored["before"]["experiences"] is None
+    assert scored["after"]["experiences"] == {"hash": out["library_hash"], "version": 1, "size": 2}
+    assert scored["after"]["overall"] == out["mmlu_after"]
