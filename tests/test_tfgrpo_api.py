@@ -143,8 +143,8 @@ def test_grpo_trainer_training_free_learns_into_the_experience_manager(tmp_path)
     assert exp_manager.versions() and load_shipped(tmp_path / "out") == exp_manager.library.texts
     exp_manager.save(tmp_path / "experience_lib" / "final.json")
     assert json.loads((tmp_path / "experience_lib" / "final.json").read_text())["items"]
-    with pytest.raises(ConfigError, match="gym train --method grpo"):
-        GRPOTrainer(model="gym-tiny", training_free=False)
+    with pytest.raises(ConfigError, match=r"\['group_size'\] apply only to training_free=True"):
+        GRPOTrainer(model="gym-tiny", training_free=False, group_size=5)
 
 
 def test_bad_input_fails_before_any_call_with_a_clear_error(tmp_path):

@@ -170,6 +170,39 @@ def test_grpo_trainer_over_a_transformers_model_in_memory(tiny_ref, tmp_path):
     assert (out / "model.safetensors").is_file() and load_shipped(out) == em.library.texts
 
 
+REWARD_CALLS: list[int] = []
+
+
+def distinct_characters(completion: str) -> float:
+    """A reward that differs between gym-tiny's random completions (so advantages are not all 0)."""
+    REWARD_CALLS.append(1)
+    return len(set(completion)) / 10
+
+
+def test_grpo_trainer_without_training_free_runs_online_grpo(tiny_ref, tmp_path):
+    import torch
+
+    model, tokenizer = load_model(tiny_ref), load_tokenizer(tiny_ref)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    em = ExperienceManager(library_path=tmp_path / "lib")
+    trainer = GRPOTrainer(
+        model=model,
+        tokenizer=tokenizer,
+        args=SimpleNamespace(max_steps=2, learning_rate=1e-2, output_dir=str(tmp_path / "out"), seed=3),
+        finetuning_args=SimpleNamespace(grpo_group_size=4, max_completion_length=8),
+        experience_manager=em,
+        training_free=False,
+        train_dataset=[{"question": "2+2?", "answer": "4"}, {"question": "3+3?", "answer": "6"}],
+        template=tiny_ref.template,
+        reward_funcs=[distinct_characters],
+    )
+    out = trainer.train()
+    assert out.global_step == 2 and len(REWARD_CALLS) >= 8  # two steps of one group of 4
+    moved = [k for k, v in model.state_dict().items() if not torch.equal(before[k], v)]
+    assert moved and em.library == Library() and not (tmp_path / "out" / "experiences.json").exists()
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+
+
 def test_gym_train_run_selects_tf_grpo_and_ships_the_library_with_the_model(tiny_ref, tmp_path):
     from gym.data.ingest import ingest
     from gym.tfgrpo.data import dataset_spec

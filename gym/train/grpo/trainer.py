@@ -1,4 +1,5 @@
-"""The papers' GRPOTrainer with `training_free=True`: Training-Free GRPO from Python.
+"""The papers' GRPOTrainer: `training_free=True` is Training-Free GRPO from Python; `training_free=False`
+is gym's online GRPO method (weights trained through TRL: gym/train/grpo/online_trainer.py).
 
     from gym.train.grpo import GRPOTrainer
     from gym.train.grpo.experience_manager import ExperienceManager
@@ -88,16 +89,23 @@ class GRPOTrainer:
         template: str | None = None,
         **settings: Any,
     ) -> None:
-        if not training_free:
-            raise ConfigError(
-                "GRPOTrainer(training_free=False) trains weights: use `gym train --method grpo` "
-                "(or gym.train.run(TrainConfig(method='grpo'), ...)); training_free=True learns experiences"
-            )
         if model is None:
             raise ConfigError(
                 "GRPOTrainer needs model= (a transformers model, a registry name or an API client)"
             )
         self.args, self.model, self.tokenizer, self.template = args, model, tokenizer, template
+        self.training_free, self.finetuning_args = training_free, finetuning_args
+        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
+        self.result: RunResult | None = None
+        if not training_free:  # online GRPO: only its own options apply
+            self.reward_funcs, self.rl = settings.pop("reward_funcs", None), settings.pop("rl", None)
+            if settings or optimizer_model is not None:
+                unknown = sorted([*settings, *(["optimizer_model"] if optimizer_model is not None else [])])
+                raise ConfigError(
+                    f"GRPOTrainer(training_free=False) trains weights with online GRPO: {unknown} apply only "
+                    "to training_free=True (online GRPO takes reward_funcs= and rl=)"
+                )
+            return
         self.experience_manager = (
             experience_manager if experience_manager is not None else ExperienceManager()
         )
@@ -109,9 +117,7 @@ class GRPOTrainer:
             if value is not None:
                 base[key] = max(1, round(value)) if key != "seed" else int(value)
         self.settings = TfGrpoSettings(**{**base, **settings})
-        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self.optimizer_model = optimizer_model
-        self.result: RunResult | None = None
 
     def _clients(self) -> tuple[dict[str, LLMClient], str | None]:
         clients: dict[str, LLMClient] = {}
@@ -128,8 +134,22 @@ class GRPOTrainer:
             clients["optimizer"] = self.optimizer_model
         return clients, name
 
-    def train(self) -> RunResult:
-        """Learn experiences over train_dataset (weights untouched); returns the run's numbers."""
+    def train(self) -> Any:
+        """training_free=True: learn experiences over train_dataset (weights untouched) and return the
+        run's numbers (RunResult). training_free=False: online GRPO; returns TRL's TrainOutput."""
+        if not self.training_free:
+            from gym.train.grpo.online_trainer import train_online
+
+            return train_online(
+                self.model,
+                self.tokenizer,
+                self.args,
+                self.finetuning_args,
+                self.train_dataset,
+                template=self.template,
+                reward_funcs=self.reward_funcs,
+                rl=self.rl,
+            )
         s = self.settings
         questions, digest = questions_of(self.train_dataset, s.max_train_questions)
         held_out = questions_of(self.eval_dataset, s.max_eval_questions)[0] if self.eval_dataset else None
