@@ -22,6 +22,7 @@ from typing import Any
 from prefect import flow
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
+from prefect.utilities.annotations import opaque, quote
 
 from gym.eval.suite import benchmark_summary
 from gym.pipeline import TfGrpoFlowConfig
@@ -62,15 +63,35 @@ def run_step(
     tracked: str,
     uri: str | None,
 ) -> LibraryRef:
-    """One step's task graph; each group moves on as soon as its own rollouts are back."""
+    """One step's task graph; each group moves on as soon as its own rollouts are back.
+
+    Prefect looks inside every task argument for futures to wait on, field by field: the references
+    (run, step, question, library) hold none, so they are `quote`d; an upstream result is `opaque`
+    (waited for, not searched). That search, over a step's many tasks, was most of the flow's cost.
+    """
     batch = [questions[i] for i in step.questions]
-    chunks = {q.id: [rollout.submit(run, step, q, library, c) for c in range(len(run.chunks))] for q in batch}
-    rewards = {q.id: reward.submit(run, step, q, chunks[q.id]) for q in batch}
-    summaries = {q.id: summarize.submit(run, step, q, chunks[q.id], rewards[q.id], library) for q in batch}
-    extractions = {q.id: extract.submit(run, step, q, rewards[q.id], summaries[q.id], library) for q in batch}
-    consolidation = consolidate.submit(run, step, library, [extractions[q.id] for q in batch])
+    r, s, lib, qs = quote(run), quote(step), quote(library), {q.id: quote(q) for q in batch}
+    chunks = {q.id: rollout.submit(r, s, qs[q.id], lib) for q in batch}
+    rewards = {q.id: reward.submit(r, s, qs[q.id], opaque(chunks[q.id])) for q in batch}
+    summaries = {
+        q.id: summarize.submit(r, s, qs[q.id], opaque(chunks[q.id]), opaque(rewards[q.id]), lib)
+        for q in batch
+    }
+    extractions = {
+        q.id: extract.submit(r, s, qs[q.id], opaque(rewards[q.id]), opaque(summaries[q.id]), lib)
+        for q in batch
+    }
+    consolidation = consolidate.submit(r, s, lib, [opaque(extractions[q.id]) for q in batch])
     manifest, new_library = apply_step(
-        run, step, library, batch, chunks, rewards, summaries, extractions, consolidation
+        r,
+        s,
+        lib,
+        quote(batch),
+        {k: opaque(v) for k, v in chunks.items()},
+        {k: opaque(v) for k, v in rewards.items()},
+        {k: opaque(v) for k, v in summaries.items()},
+        {k: opaque(v) for k, v in extractions.items()},
+        opaque(consolidation),
     )
     publish_step(run, manifest, tracked, uri)
     return new_library

@@ -3,8 +3,9 @@ a step plan, a question) returning small records.
 
 Not cached by Prefect: every LLM call is already content-addressed in gym's call cache, which is
 what makes a killed flow resume without paying twice; a Prefect cache on top would only store the
-same answers again. Rollouts are mapped over questions and samples; the per-endpoint concurrency
-limit lives in the client, so it holds across every task thread.
+same answers again. Rollouts are mapped over questions (one task per group, its calls concurrent
+inside it); the per-endpoint concurrency limit lives in the client, so it holds across every task
+thread.
 """
 
 from __future__ import annotations
@@ -58,11 +59,12 @@ def resume_step(run: TfGrpoRun, step: StepPlan, library: LibraryRef) -> tuple[St
     return step, LibraryRef.of(done, library_path(Path(run.run_dir), done.version, done.content_hash()))
 
 
-@task(name="tfgrpo-rollout", task_run_name="rollout s{step.index} q{question.id} #{chunk}", **LLM_TASK)
+@task(name="tfgrpo-rollout", task_run_name="rollout s{step.index} q{question.id}", **LLM_TASK)
 def rollout(
-    run: TfGrpoRun, step: StepPlan, question: Question, library: LibraryRef, chunk: int
-) -> stages.RolloutChunk:
-    return stages.rollout(runtime(run), step, question, library.load(), chunk)
+    run: TfGrpoRun, step: StepPlan, question: Question, library: LibraryRef
+) -> list[stages.RolloutChunk]:
+    """The group's G samples: its calls (G / n per call) run side by side."""
+    return stages.rollout_group(runtime(run), step, question, library.load())
 
 
 @task(name="tfgrpo-reward", task_run_name="reward s{step.index} q{question.id}", **LLM_TASK)

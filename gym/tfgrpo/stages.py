@@ -137,6 +137,15 @@ def rollout(rt: Runtime, step: StepPlan, question: Question, library: Library, c
     return RolloutChunk(rollouts=rollouts, calls=calls)
 
 
+def rollout_group(rt: Runtime, step: StepPlan, question: Question, library: Library) -> list[RolloutChunk]:
+    """Every chunk of the group's samples, the calls concurrently (the endpoint's limit still holds)."""
+    n = len(chunk_sizes(rt.settings.group_size, rt.policy.max_n))
+    if n == 1:
+        return [rollout(rt, step, question, library, 0)]
+    with ThreadPoolExecutor(max_workers=n, thread_name_prefix="tfgrpo-rollout") as pool:
+        return list(pool.map(lambda c: rollout(rt, step, question, library, c), range(n)))
+
+
 def reward(rt: Runtime, question: Question, rollouts: list[Rollout]) -> Rewarded:
     """The group's rewards (None where a rollout or its verdict failed) and whether it is informative."""
     kind = rt.settings.reward
