@@ -7,7 +7,8 @@
 Each step: rollouts (mapped over questions x samples) -> reward -> summarize (informative groups
 only) -> extract -> consolidate (once per batch, skipped when nothing was proposed) -> apply,
 which writes the step's manifest and the new library version; then the version goes to MLflow and
-its diff to a Prefect markdown artifact. Held-out Mean@k is measured before and after each epoch;
+its diff to a Prefect markdown artifact, beside the next step. Held-out Mean@k is measured before
+and after each epoch (also beside the steps that follow);
 `benchmarks` (MMLU, C-Eval, CMMLU, lm-eval tasks) score the model before training and the shipped
 model (its library injected into every prompt) after, as the other training flows do.
 A re-run of the same config resumes: finished steps are read back, and every LLM call already
@@ -20,6 +21,7 @@ import time
 from typing import Any
 
 from prefect import flow
+from prefect.futures import PrefectFuture
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.annotations import opaque, quote
@@ -62,8 +64,9 @@ def run_step(
     questions: list[Question],
     tracked: str,
     uri: str | None,
-) -> LibraryRef:
-    """One step's task graph; each group moves on as soon as its own rollouts are back.
+) -> tuple[LibraryRef, PrefectFuture[None]]:
+    """One step's task graph; each group moves on as soon as its own rollouts are back. Returns the new
+    library and the step's publication to MLflow / Prefect, which runs on beside the next step.
 
     Prefect looks inside every task argument for futures to wait on, field by field: the references
     (run, step, question, library) hold none, so they are `quote`d; an upstream result is `opaque`
@@ -93,8 +96,7 @@ def run_step(
         {k: opaque(v) for k, v in extractions.items()},
         opaque(consolidation),
     )
-    publish_step(run, manifest, tracked, uri)
-    return new_library
+    return new_library, publish_step.submit(r, quote(manifest), tracked, uri)
 
 
 # Like the other training flows: results persisted, a failed or crashed run closes its MLflow runs as FAILED.
@@ -118,13 +120,22 @@ def tf_grpo(config: TfGrpoFlowConfig = DEFAULTS) -> dict[str, Any]:
     library = start_library(run)
     base = resolve_model(config.model, config.template, config.trust_remote_code) if benchmarks else None
     scores_before = [benchmark_eval(base, b.entry, options, "before", parent, uri) for b in benchmarks]
-    evals = [evaluate_library(run, library, "before")] if held_out else []
+    # Held-out evaluations and each step's publication depend on a library version only: they run beside
+    # the steps that follow (the endpoint's concurrency limit still holds), and the run waits for them here.
+    evals = [evaluate_library.submit(quote(run), quote(library), "before")] if held_out else []
+    published = []
     for planned in run.steps:
         step, done = resume_step(run, planned, library)
-        library = done or run_step(run, step, library, questions, tracked, uri)
+        if done is None:
+            library, publication = run_step(run, step, library, questions, tracked, uri)
+            published.append(publication)
+        else:
+            library = done
         if held_out and (step.index + 1 == len(run.steps) or run.steps[step.index + 1].epoch != step.epoch):
-            evals.append(evaluate_library(run, library, f"epoch{step.epoch + 1}"))
-    result = finish_run(run, library, evals, tracked, uri, started)
+            evals.append(evaluate_library.submit(quote(run), quote(library), f"epoch{step.epoch + 1}"))
+    for publication in published:
+        publication.result()  # raises if a publication failed
+    result = finish_run(run, library, [opaque(e) for e in evals], tracked, uri, started)
 
     model_dir, model = ship_model(run, result)
     scores_after = [  # the shipped model: its experiences.json is injected into every prompt
