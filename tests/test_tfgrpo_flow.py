@@ -151,6 +151,8 @@ def test_benchmarks_with_a_policy_behind_an_endpoint_fail_before_any_work(capsys
 
 @pytest.mark.slow
 def test_benchmarks_score_the_model_before_and_with_its_library_after(prefect_server, tmp_path, capsys):
+    from gym.models import resolve
+    from gym.tfgrpo.injection import shipped_library
     from gym.tfgrpo.ops import Add, apply
     from tests.eval_fixtures import write_benchmark
 
@@ -183,3 +185,6 @@ def test_benchmarks_score_the_model_before_and_with_its_library_after(prefect_se
     assert scored["before"]["experiences"] is None
     assert scored["after"]["experiences"] == {"hash": out["library_hash"], "version": 1, "size": 2}
     assert scored["after"]["overall"] == out["mmlu_after"]
+    # the registered version carries the library too: evaluating or serving models:/... injects it
+    registered = resolve(f"models:/{out['model_name']}/{out['model_version']}")
+    assert shipped_library(registered.path) == shipped_library(out["model_dir"])
