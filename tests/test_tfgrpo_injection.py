@@ -143,3 +143,27 @@ def test_multiple_choice_prompts_inject_the_library_and_still_score(models, styl
     assert result.n_questions == len(data.subjects) * 2 and 0.0 <= result.overall <= 1.0
     assert result.experiences == {"hash": models.library.content_hash(), "version": 1, "size": 2}
     assert result.summary()["experiences"] == result.experiences
+    assert result.notes[0].startswith("the model's TF-GRPO experience library (2 experiences, version 1")
+
+
+def test_gym_and_lm_eval_pick_the_same_answers_with_the_library_injected(tmp_path):
+    """The plain-style prompt with the block first is lm-eval's with `system_instruction`: gym's evaluator
+    and lm-eval through the bridge (which passes the block so) choose alike, question by question."""
+    pytest.importorskip("lm_eval")
+    from gym.eval.lm_eval_tasks import run_on_local_files
+    from gym.eval.multiple_choice import MCSettings, evaluate_benchmark
+    from tests.eval_fixtures import varied_tiny
+
+    folder = varied_tiny(tmp_path / "varied")  # gym-tiny whose choice varies with the prompt
+    apply(Library(), [Add(text=t) for t in RULES]).library.save(folder / EXPERIENCE_FILE)
+    shipped = resolve(str(folder), template="chatml")
+    root = write_benchmark("mmlu", tmp_path / "mmlu", n_questions=4, n_dev=1)
+    settings = MCSettings(data_dir=str(root), shots=1, batch_size=4, progress=False)
+    ours, theirs = evaluate_benchmark(shipped, settings), run_on_local_files(shipped, settings)
+    assert ours.predictions == theirs.predictions and ours.n_questions == theirs.n_questions == 8
+    record = {
+        "hash": apply(Library(), [Add(text=t) for t in RULES]).library.content_hash(),
+        "version": 1,
+        "size": 2,
+    }
+    assert ours.experiences == theirs.experiences == record

@@ -121,7 +121,11 @@ def run_lm_eval(
         raise ConfigError("lm-eval returned no results")
     seconds = time.perf_counter() - start
     result = to_result(out, model.name, benchmark or ",".join(settings.tasks), settings.shots, seconds)
-    return result.model_copy(update={"experiences": shipped.record() if shipped is not None else None})
+    if shipped is None:
+        return result
+    return result.model_copy(
+        update={"experiences": shipped.record(), "notes": [shipped.note(), *result.notes]}
+    )
 
 
 def to_result(

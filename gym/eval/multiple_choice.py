@@ -179,6 +179,8 @@ def _result(
         correct[name] = sum(c == q.answer for c, q in zip(chosen, subject.questions, strict=True))
     categories = {s.info.key: s.info.category for s in data.subjects}
     shipped = shipped_library(model.path)
+    if shipped is not None:
+        notes = [shipped.note(), *notes]
     return EvalResult(
         benchmark=data.spec.name,
         model=model.name,

@@ -36,6 +36,13 @@ class ShippedLibrary(BaseModel):
         """What results note about the injected library: its content hash, version and size."""
         return {"hash": self.hash, "version": self.version, "size": len(self.texts)}
 
+    def note(self) -> str:
+        """One line for a report: the injected library, by size, version and hash."""
+        return (
+            f"the model's TF-GRPO experience library ({len(self.texts)} experiences, version "
+            f"{self.version}, hash {(self.hash or '?')[:12]}) is injected into every prompt"
+        )
+
 
 def experience_block(texts: list[str]) -> str:
     """`[G0]. text` lines under a short header (the papers' display form)."""
