@@ -57,6 +57,15 @@ from tasks.tracking import end_failed_tracking, finish_tracking, start_tracking
 DEFAULTS = TfGrpoFlowConfig()
 
 
+def raise_first_failure(futures: list[PrefectFuture[Any]]) -> None:
+    """A failed task stops the run with its own error (a spent budget says how to resume), not with
+    Prefect's "upstream did not complete" from the tasks that waited on it."""
+    for future in futures:
+        future.wait()
+        if future.state.is_failed():
+            future.result()  # raises the task's exception
+
+
 def run_step(
     run: TfGrpoRun,
     step: StepPlan,
@@ -85,6 +94,8 @@ def run_step(
         for q in batch
     }
     consolidation = consolidate.submit(r, s, lib, [opaque(extractions[q.id]) for q in batch])
+    raise_first_failure([*chunks.values(), *rewards.values(), *summaries.values(), *extractions.values()])
+    raise_first_failure([consolidation])
     manifest, new_library = apply_step(
         r,
         s,
@@ -133,8 +144,7 @@ def tf_grpo(config: TfGrpoFlowConfig = DEFAULTS) -> dict[str, Any]:
             library = done
         if held_out and (step.index + 1 == len(run.steps) or run.steps[step.index + 1].epoch != step.epoch):
             evals.append(evaluate_library.submit(quote(run), quote(library), f"epoch{step.epoch + 1}"))
-    for publication in published:
-        publication.result()  # raises if a publication failed
+    raise_first_failure([*published, *evals])
     result = finish_run(run, library, [opaque(e) for e in evals], tracked, uri, started)
 
     model_dir, model = ship_model(run, result)

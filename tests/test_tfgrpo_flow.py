@@ -102,6 +102,29 @@ def test_gym_train_tf_grpo_learns_tracks_ships_and_resumes(
 
 
 @pytest.mark.slow
+def test_a_spent_budget_stops_the_flow_with_its_own_message_and_a_resume_finishes(
+    prefect_server, sim_endpoint, puzzles, capsys
+):
+    train, _ = puzzles
+    argv = (
+        f"train --method tf_grpo --endpoint {sim_endpoint.url} --model policy --optimizer.model optimizer "
+        f"--dataset {train} --eval_dataset none --group-size 3 --epochs 1 --batch_size 4 --reward numeric "
+        "--json"
+    ).split()
+    assert main([*argv, "--budget_tokens", "50"]) == 2
+    # the run ends with the budget's own message (Prefect's console handler, writing to a stream pytest
+    # has closed, may add "Logging error" noise above it: that is the test harness, not the CLI)
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("error: token budget spent") and "raise --budget_tokens" in last
+    asked = len(sim_endpoint.requests)
+    assert main(argv) == 0  # the budget is not part of what the run learns: the same run, resumed
+    out = summary_of(capsys)
+    assert out["steps"] == 3 and out["paid_calls"] == len(sim_endpoint.requests) - asked > 0
+    bodies = [json.dumps(body, sort_keys=True) for body in sim_endpoint.requests]
+    assert len(set(bodies)) == len(bodies)  # no call made before the stop was made again
+
+
+@pytest.mark.slow
 def test_the_papers_command_line(prefect_server, sim_endpoint, puzzles, tmp_path, capsys):
     train, _ = puzzles
     lib_dir, out_dir = tmp_path / "experience_lib", tmp_path / "qwen3-tfgrpo"
