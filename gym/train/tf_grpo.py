@@ -31,7 +31,6 @@ from gym.tfgrpo.engine import RunResult, train
 from gym.tfgrpo.injection import EXPERIENCE_FILE
 from gym.tfgrpo.library import Library
 from gym.tfgrpo.runtime import Runtime
-from gym.tfgrpo.stages import chunk_sizes
 from gym.train.common import TrainResult
 from gym.train.config import TrainConfig
 
@@ -47,8 +46,6 @@ class TfGrpoRun(BaseModel):
     run_dir: str
     config_hash: str
     steps: list[StepPlan]
-    chunks: list[int]
-    """How each group's G rollouts are split over policy calls (`n` per call)."""
 
     @property
     def questions_file(self) -> Path:
@@ -112,7 +109,6 @@ def prepare(
         run_dir=str(rt.run_dir),
         config_hash=rt.config_hash,
         steps=plan_steps(len(questions), settings.batch_size, settings.epochs, settings.seed),
-        chunks=chunk_sizes(settings.group_size, rt.policy.max_n),
     )
     workspace.atomic_write_json(run.questions_file, [q.model_dump(mode="json") for q in questions])
     if eval_questions:
