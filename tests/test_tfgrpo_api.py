@@ -165,11 +165,15 @@ def test_flow_configs_select_tf_grpo_and_pass_preflight():
     from gym.train.config import TrainConfig
 
     train_flow = TrainFlowConfig(
-        dataset="demo_sft", train=TrainConfig(method="tf_grpo", num_train_epochs=2, seed=7)
+        dataset="demo_sft",
+        train=TrainConfig(method="tf_grpo", num_train_epochs=2, seed=7),
+        benchmarks=["mmlu=./mmlu"],
+        benchmark_options={"limit": 3},
     )
     preflight.check(train_flow)  # tf_grpo is a known method; gym-tiny resolves
     config = TfGrpoFlowConfig.from_train_flow(train_flow)
     assert (config.epochs, config.seed, config.group_size, config.dataset) == (2, 7, 5, "demo_sft")
+    assert config.benchmarks == ["mmlu=./mmlu"] and config.benchmark_options.limit == 3  # not dropped
     preflight.check(
         TfGrpoFlowConfig(endpoint="http://127.0.0.1:9/v1", model="deepseek-chat")
     )  # remote: no lookup
