@@ -2,6 +2,7 @@
 experience library learned in context), under the module names the Gym papers document:
 
     gym.train.grpo.trainer              GRPOTrainer(..., experience_manager=..., training_free=True)
+                                        (training_free=False: online GRPO, gym.train.grpo.online_trainer)
     gym.train.grpo.experience_manager   ExperienceManager(library_path=..., max_size=...)
     gym.train.grpo.semantic_extractor   the three LLM stages (summarize, extract, consolidate)
     gym.train.grpo.api_model_adapter    black-box API models as policy / optimizer
