@@ -44,6 +44,9 @@ def exact_match(
         if run_id:
             numbers = {**result.scores, "exact_match": result.exact_match, "n": result.n}
             tracking.log_metrics(run_id, numbers, uri=tracking_uri)
+            if result.experiences:  # a TF-GRPO model: the library injected into every prompt
+                tags = {f"experiences_{k}": v for k, v in result.experiences.items()}
+                tracking.set_tags(run_id, tags, uri=tracking_uri)
     samples = "\n".join(
         f"| {cell(s['prompt'])} | {cell(s['reference'])} | {cell(s['prediction'])} |"
         for s in result.samples[:5]
@@ -119,6 +122,9 @@ def _track(
     with stage_run(f"{parse(entry).label}-{label}", params, parent, uri) as run_id:
         if run_id:
             _log(run_id, result, label, uri, baseline)
+            if result.experiences:  # a TF-GRPO model: the library injected into every prompt
+                tags = {f"experiences_{k}": v for k, v in result.experiences.items()}
+                tracking.set_tags(run_id, tags, uri=uri)
 
 
 def _log(run_id: str, result: EvalResult, label: str, uri: str | None, baseline: EvalResult | None) -> None:

@@ -208,6 +208,9 @@ def test_benchmarks_score_the_model_before_and_with_its_library_after(prefect_se
     assert scored["before"]["experiences"] is None
     assert scored["after"]["experiences"] == {"hash": out["library_hash"], "version": 1, "size": 2}
     assert scored["after"]["overall"] == out["mmlu_after"]
+    tags = client.get_run(runs["mmlu-after"]).data.tags
+    assert tags["experiences_hash"] == out["library_hash"] and tags["experiences_size"] == "2"
+    assert "experiences_hash" not in client.get_run(runs["mmlu-before"]).data.tags
     # the registered version carries the library too: evaluating or serving models:/... injects it
     registered = resolve(f"models:/{out['model_name']}/{out['model_version']}")
     assert shipped_library(registered.path) == shipped_library(out["model_dir"])
