@@ -19,7 +19,7 @@ import argparse
 import json
 import time
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -167,6 +167,58 @@ def _same_setup(
         f"champion v{champion_version} ({theirs or 'setup not recorded'}); champion unchanged: evaluate "
         "both the same way (flows/evaluate.py --model models:/NAME@ALIAS) and promote on that score"
     )
+
+
+def check_flow_metric(config: Any) -> None:
+    """A training flow's `output.promote_metric` must be a score the flow records (gym/lineage.py's
+    names): checked before any work, so a typo doesn't surface after training."""
+    from gym.preflight import stages
+
+    output = getattr(config, "output", None)
+    metric = getattr(output, "promote_metric", None)
+    if not metric:
+        return
+    # Stage scores are named after the flow's stage: the method in the train flow, the field in others.
+    prefixes = {s.method for s in stages(config).values()} | (set(stages(config)) - {"train"})
+    if getattr(config, "warm_start", None):
+        prefixes.add("sft")
+    evaluations = {f"{label}_{phase}" for label in _labels(config) for phase in ("before", "after")}
+    held_out = _held_out_metrics(config)
+    if held_out is None:  # a metric giving several numbers (rouge, a custom one): any name may come
+        evaluations_ok = metric.endswith(("_before", "_after"))
+    else:
+        evaluations_ok = metric in {f"{m}_{phase}" for m in held_out for phase in ("before", "after")}
+    stage_ok = metric.startswith(tuple(f"{p}_" for p in prefixes))
+    if evaluations_ok or stage_ok or metric.split(".", 1)[0] in evaluations:
+        return
+    names = [f"{m}_after" for m in sorted(held_out or [])]
+    names += [f"{e}[.<category>]" for e in sorted(evaluations)]
+    names += [f"{p}_loss_last" for p in sorted(prefixes)]
+    raise ConfigError(
+        f"output.promote_metric: this flow records no score {metric!r}; it records {', '.join(names)} "
+        "(evaluations also as <name>_before, and each stage's <stage>_<reward or metric> scores)"
+    )
+
+
+def _held_out_metrics(config: Any) -> set[str] | None:
+    """Names of the held-out metrics the flow records (None when one may give several numbers)."""
+    if not getattr(config, "eval_dataset", None):
+        return set()
+    names = {"exact_match"}
+    for metric in getattr(config, "eval_metrics", []):
+        if metric not in ("exact_match", "bleu"):
+            return None
+        names.add(metric)
+    return names
+
+
+def _labels(config: Any) -> list[str]:
+    entries = getattr(config, "benchmarks", None) or []
+    if not entries:
+        return []
+    from gym.eval.suite import parse
+
+    return [parse(entry).label for entry in entries]
 
 
 def cmd_promote(argv: Sequence[str]) -> int:

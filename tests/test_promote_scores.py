@@ -136,3 +136,21 @@ def test_an_evaluation_after_registration_is_recorded_on_the_version(
         measured["challenger"],
     )
     assert decision.promoted == (measured["challenger"] > measured["champion"])
+
+
+def test_a_flow_promoting_on_a_score_it_never_records_fails_in_preflight():
+    from gym.pipeline import OutputSettings, SftThenDpoConfig, TrainFlowConfig
+    from gym.preflight import check
+
+    def flow(metric: str, **more) -> TrainFlowConfig:
+        return TrainFlowConfig(output=OutputSettings(promote_metric=metric), **more)
+
+    for metric in ("exact_match_after", "sft_loss_last", "mmlu_after", "mmlu_after.social_sciences"):
+        check(flow(metric, benchmarks=["mmlu"]))
+    check(flow("rougeL_after", eval_metrics=["rouge"]))  # rouge's keys come from the library
+    check(SftThenDpoConfig(output=OutputSettings(promote_metric="dpo_reward_accuracy")))
+    for metric in ("mmlu_after", "exact_match_aftr", "bleu_after"):
+        with pytest.raises(ConfigError, match=rf"promote_metric: this flow records no score '{metric}'"):
+            check(flow(metric))
+    with pytest.raises(ConfigError, match="it records exact_match_after, mmlu_after"):
+        check(flow("mmlu", benchmarks=["mmlu"]))
