@@ -8,7 +8,8 @@
   the result as a new version of gym-tiny-sft-dpo with alias `challenger`.
 - `train/train`: one method on demand; the Prefect UI shows its form (model, dataset, method and every
   hyperparameter with its description).
-- `evaluate/evaluate`: the evaluation flow (flows/evaluate.py), when that flow is present.
+- `evaluate/evaluate`: the evaluation flow (flows/evaluate.py) on demand: benchmarks and held-out metrics of
+  a model; a registered version (`models:/NAME@ALIAS`) gets its scores recorded, for promotion.
 
 Each runs from this repository (pull step: its absolute path) against this workspace: GYM_HOME and Prefect's
 result storage are set in the job's environment, so a deployment run and a local run share artifacts,
@@ -18,7 +19,6 @@ MLflow store and Prefect's task cache. Uses the Prefect server of `gym up` unles
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -31,8 +31,6 @@ if str(REPO) not in sys.path:  # `python deployments/deploy.py` from a clone wit
 
 POOL = "gym-process"
 WEEKLY_CRON, WEEKLY_TZ = "0 3 * * 1", "UTC"
-# TODO(lead): flows/evaluate.py comes with the evaluation issue; its deployment is registered once it exists.
-EVALUATE = REPO / "flows" / "evaluate.py"
 # The console of a deployment run is its log: no progress bars of the libraries in it.
 QUIET = {"HF_DATASETS_DISABLE_PROGRESS_BARS": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1"}
 
@@ -58,20 +56,6 @@ def weekly_parameters() -> dict[str, Any]:
     return {"config": config.model_dump(mode="json")}
 
 
-def flow_in(path: Path) -> str:
-    """`path:function` of the one Prefect flow defined in `path`."""
-    from prefect import Flow
-
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    names = [n for n, v in vars(module).items() if isinstance(v, Flow) and v.__module__ == module.__name__]
-    if len(names) != 1:
-        raise SystemExit(f"error: expected one flow in {path}, found {names or 'none'}")
-    return f"{path.relative_to(REPO)}:{names[0]}"
-
-
 def deployments(
     cron: str = WEEKLY_CRON, timezone: str = WEEKLY_TZ, paused: bool = False, image: str | None = None
 ) -> list[Any]:
@@ -89,7 +73,7 @@ def deployments(
             return load_flow_from_entrypoint(entrypoint)  # run from REPO: entrypoints stay repo-relative
         return Flow.from_source(source=str(REPO), entrypoint=entrypoint)
 
-    found = [
+    return [
         load("flows/sft_then_dpo.py:sft_then_dpo").to_deployment(
             name="retrain-weekly",
             description=f"Retrain gym-tiny with SFT then DPO on a schedule ({cron}, {timezone}).",
@@ -104,17 +88,14 @@ def deployments(
             job_variables=env,
             tags=["gym"],
         ),
+        load("flows/evaluate.py:evaluate").to_deployment(
+            name="evaluate",
+            description="Evaluate a model on demand: benchmarks and held-out metrics; a models:/NAME@ALIAS "
+            "version gets its scores recorded, for promotion.",
+            job_variables=env,
+            tags=["gym", "evaluation"],
+        ),
     ]
-    if EVALUATE.exists():
-        found.append(
-            load(flow_in(EVALUATE)).to_deployment(
-                name="evaluate",
-                description="Evaluate a model.",
-                job_variables=env,
-                tags=["gym", "evaluation"],
-            )
-        )
-    return found
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 """The simplest way to run gym on a schedule: serve the flows from this process (no work pool, no worker).
 
     gym up                              # Prefect + MLflow servers for this workspace (or set PREFECT_API_URL)
-    python deployments/serve.py         # serves retrain-weekly (cron) and train until Ctrl-C
+    python deployments/serve.py         # serves retrain-weekly (cron), train and evaluate until Ctrl-C
 
 Flow runs start as subprocesses of this one, in this workspace (GYM_HOME, Prefect's results in it).
 Stopping the process (Ctrl-C) pauses the schedules through the API: stop it before `gym down`.
@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     from prefect.schedules import Cron
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
+    from flows.evaluate import evaluate
     from flows.sft_then_dpo import sft_then_dpo
     from flows.train import train
     from gym import services
@@ -51,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
                 tags=["gym", "retraining"],
             ),
             train.to_deployment(name="serve-train", tags=["gym"]),
+            evaluate.to_deployment(name="serve-evaluate", tags=["gym", "evaluation"]),
         )
     return 0
 

@@ -7,7 +7,9 @@ held-out data, tracked in MLflow and published as Prefect table artifacts.
     python flows/evaluate.py --model ./my-model --template chatml --eval_dataset demo_sft_eval \\
         --eval_metrics exact_match bleu rouge
 
-`--model` is a registry name, a model folder or an MLflow model version (`models:/name@alias`).
+`--model` is a registry name, a model folder or an MLflow model version (`models:/name@alias`);
+a registered version gets the scores as tags (`score.mmlu`, `score.mmlu.stem`, `score.exact_match`)
+and on its model card, so `gym promote --metric mmlu` can use an evaluation made after registration.
 Every benchmark's data is read (and every lm-eval task found) before the MLflow run starts.
 With no flags it scores gym-tiny's exact match on the demo held-out data (gym ships no benchmark
 questions: MMLU, C-Eval and CMMLU come from your files or the hub).
@@ -28,6 +30,7 @@ from tasks.data import ingest_dataset
 from tasks.evaluate import benchmark_eval, check_benchmarks_task, exact_match
 from tasks.model import resolve_model
 from tasks.preflight import check_inputs
+from tasks.register import record_version_scores
 from tasks.tracking import end_failed_tracking, finish_tracking, start_tracking
 
 
@@ -97,6 +100,9 @@ def evaluate(config: EvaluateConfig = DEFAULTS) -> dict[str, Any]:
     )
 
     summary: dict[str, Any] = {"model": config.model, "mlflow_run_id": parent, "flow_run_id": run_label}
+    if config.model.startswith("models:/"):  # the registered version keeps its scores, for promotion
+        recorded = record_version_scores(model, list(scores.values()), generated, run_label)
+        summary["scored_version"] = recorded["version"]
     for label, result in scores.items():
         summary[label] = result.overall
         summary.update({f"{label}/{name}": value for name, value in result.categories.items()})

@@ -87,6 +87,7 @@ def sft_then_dpo(config: SftThenDpoConfig = DEFAULTS) -> dict[str, Any]:
         stages=stages,
         before=before,
         after=after,
+        benchmarks={"before": scores_before, "after": scores_after},
     )
     out = config.output
     promotion = (

@@ -85,6 +85,7 @@ def train(config: TrainFlowConfig = DEFAULTS) -> dict[str, Any]:
         stages=stages,
         before=before,
         after=after,
+        benchmarks={"before": scores_before, "after": scores_after},
     )
     out = config.output
     promotion = (

@@ -4,12 +4,27 @@
 datasets with digests, stage digests, hyperparameters, config digest, eval scores, gym version,
 Prefect flow run); `Lineage.tags()` flattens them for MLflow (one tag per fact, plus the whole
 record as JSON under `gym.lineage`) and `Lineage.from_tags` reads them back.
+
+Score names (tags `score.<name>`, the model card's Evaluation table, `gym promote --metric <name>`):
+
+- `<metric>_before` / `<metric>_after`: held-out generation metrics a training flow measured on its
+  base model and on the trained model (`exact_match_after`, `bleu_after`, `rougeL_after`...);
+- `<benchmark>_before` / `<benchmark>_after`: a benchmark's overall score (`mmlu_after`, `ceval_after`,
+  `arc_easy_after` for `lm-eval:arc_easy`), and `<benchmark>_after.<category>` per category (or
+  lm-eval group) in lower snake case (`mmlu_after.stem`, `mmlu_after.social_sciences`);
+- `<stage>_loss_last`, `<stage>_reward_accuracy`...: training signals of each stage;
+- without a suffix (`mmlu`, `mmlu.stem`, `exact_match`): measured later by flows/evaluate.py on the
+  registered version itself (`--model models:/name@alias`); a later evaluation replaces an earlier one.
+
+How each benchmark score was measured (engine, shots, questions) is the tag `score_setup.<name>`:
+promotion compares two versions only on scores measured the same way.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -19,6 +34,7 @@ from gym.hashing import hash_obj
 
 LINEAGE_TAG = "gym.lineage"
 SCORE_PREFIX = "score."
+SETUP_PREFIX = "score_setup."
 # Training-stage sections of a flow config (gym.pipeline): their fields are the hyperparameters.
 STAGE_SECTIONS = ("sft", "dpo", "train")
 
@@ -38,6 +54,10 @@ class Lineage(BaseModel):
     hyperparameters: dict[str, Any] = Field(default_factory=dict, description="Stage -> its training config.")
     config_digest: str | None = Field(None, description="Digest of the whole flow configuration.")
     scores: dict[str, float] = Field(default_factory=dict, description="Evaluation scores (name -> value).")
+    score_setups: dict[str, str] = Field(
+        default_factory=dict,
+        description="Benchmark score name -> how it was measured (engine, shots, questions).",
+    )
     gym_version: str = Field(gym.__version__, description="gym version that produced the model.")
     flow_run_id: str | None = Field(None, description="Prefect flow run that produced the model.")
     extra: dict[str, str] = Field(default_factory=dict, description="Other facts the flow recorded, as tags.")
@@ -55,14 +75,22 @@ class Lineage(BaseModel):
                 tags[role] = str(ds["digest"])
         tags.update({f"{stage}_stage": digest for stage, digest in self.stages.items()})
         tags.update({f"{SCORE_PREFIX}{k}": repr(float(v)) for k, v in self.scores.items()})
+        tags.update({f"{SETUP_PREFIX}{k}": v for k, v in self.score_setups.items()})
         tags[LINEAGE_TAG] = self.model_dump_json()
         return tags
 
     @classmethod
     def from_tags(cls, tags: Mapping[str, str]) -> Lineage:
-        """Read back what `tags()` wrote; versions registered before it existed give what their tags hold."""
+        """Read back what `tags()` wrote; versions registered before it existed give what their tags hold.
+        The `score.*` tags are the truth for scores (a later evaluation adds some)."""
         if LINEAGE_TAG in tags:
-            return cls.model_validate_json(tags[LINEAGE_TAG])
+            lineage = cls.model_validate_json(tags[LINEAGE_TAG])
+            return lineage.model_copy(
+                update={
+                    "scores": {**lineage.scores, **scores_of(tags)},
+                    "score_setups": {**lineage.score_setups, **setups_of(tags)},
+                }
+            )
         datasets = {k: {"name": None, "digest": v} for k, v in tags.items() if k.endswith("dataset")}
         return cls(
             base_model=tags.get("base_model", "unknown"),
@@ -71,6 +99,7 @@ class Lineage(BaseModel):
             datasets=datasets,
             stages={k.removesuffix("_stage"): v for k, v in tags.items() if k.endswith("_stage")},
             scores=scores_of(tags),
+            score_setups=setups_of(tags),
             flow_run_id=tags.get("prefect_flow_run_id"),
         )
 
@@ -79,16 +108,59 @@ def scores_of(tags: Mapping[str, str]) -> dict[str, float]:
     return {k.removeprefix(SCORE_PREFIX): float(v) for k, v in tags.items() if k.startswith(SCORE_PREFIX)}
 
 
-def eval_scores(stages: Mapping[str, Any], before: Any | None, after: Any | None) -> dict[str, float]:
-    """The numbers a version is judged by, named as in the flow summary (exact_match_after,
-    dpo_reward_accuracy, sft_loss_last...)."""
+def setups_of(tags: Mapping[str, str]) -> dict[str, str]:
+    return {k.removeprefix(SETUP_PREFIX): v for k, v in tags.items() if k.startswith(SETUP_PREFIX)}
+
+
+def slug(text: str) -> str:
+    """A score-name part: lower snake case (`Social Sciences` -> `social_sciences`)."""
+    return re.sub(r"[^a-z0-9_]+", "_", text.lower()).strip("_")
+
+
+def setup_of(result: Any) -> str:
+    """How a benchmark result was measured; two scores compare only when this is equal."""
+    shots = "default" if result.shots is None else result.shots
+    return f"{result.engine}, {shots}-shot, {result.n_questions} questions"
+
+
+def heldout_scores(result: Any, suffix: str) -> dict[str, float]:
+    """A generation evaluation's metrics (exact match, BLEU, ROUGE, custom) as `<metric><suffix>`."""
+    metrics = {"exact_match": result.exact_match, **result.scores}
+    return {f"{name}{suffix}": float(value) for name, value in metrics.items()}
+
+
+def benchmark_scores(result: Any, suffix: str) -> tuple[dict[str, float], dict[str, str]]:
+    """A benchmark result (gym.eval.results.EvalResult) as scores `<benchmark><suffix>` (overall) and
+    `<benchmark><suffix>.<category>`, and the setup of the overall one."""
+    name = f"{slug(result.benchmark)}{suffix}"
+    scores = {name: float(result.overall)}
+    scores.update({f"{name}.{slug(cat)}": float(v) for cat, v in result.categories.items()})
+    return scores, {name: setup_of(result)}
+
+
+def eval_scores(
+    stages: Mapping[str, Any],
+    before: Any | None,
+    after: Any | None,
+    benchmarks: Mapping[str, Sequence[Any]] | None = None,
+) -> tuple[dict[str, float], dict[str, str]]:
+    """The numbers a version is judged by, named as in the module docstring (exact_match_after,
+    mmlu_after, mmlu_after.stem, dpo_reward_accuracy, sft_loss_last...), and the benchmarks' setups.
+    `benchmarks` maps a phase (`before`, `after`) to the benchmark results of that phase."""
     from gym.summary import REWARD_METRICS
 
     scores: dict[str, float] = {}
+    setups: dict[str, str] = {}
     if before is not None:
-        scores["exact_match_before"] = float(before.exact_match)
+        scores.update(heldout_scores(before, "_before"))
     if after is not None:
-        scores["exact_match_after"] = float(after.exact_match)
+        scores.update(heldout_scores(after, "_after"))
+    for phase, results in (benchmarks or {}).items():
+        for result in results:
+            if result is not None:
+                named, setup = benchmark_scores(result, f"_{phase}")
+                scores.update(named)
+                setups.update(setup)
     for name, result in stages.items():
         if result.loss_last is not None:
             scores[f"{name}_loss_last"] = float(result.loss_last)
@@ -97,7 +169,7 @@ def eval_scores(stages: Mapping[str, Any], before: Any | None, after: Any | None
                 scores[f"{name}_{key}"] = float(result.eval_after[metric])
         if result.metric_last is not None and result.metric_name != "loss":
             scores[f"{name}_{result.metric_name}"] = float(result.metric_last)
-    return scores
+    return scores, setups
 
 
 def describe(
@@ -109,6 +181,7 @@ def describe(
     before: Any | None = None,
     after: Any | None = None,
     flow_run_id: str | None = None,
+    benchmarks: Mapping[str, Sequence[Any]] | None = None,
 ) -> Lineage:
     """A Lineage from what a flow has at its end: `lineage` is the flow's own {role: digest} map
     (`sft_dataset`, `dataset`, `sft_stage`...), `config` its configuration (dataset names and
@@ -127,6 +200,7 @@ def describe(
     stage_digests.update({name: result.digest for name, result in stages.items()})
     hyper = {s: redact(config[s]) for s in STAGE_SECTIONS if isinstance(config.get(s), Mapping)}
     entry, entry_digest = _registry_entry(base_model)
+    scores, setups = eval_scores(stages, before, after, benchmarks)
     return Lineage(
         base_model=base_model,
         template=template,
@@ -137,7 +211,8 @@ def describe(
         stages=stage_digests,
         hyperparameters=hyper,
         config_digest=hash_obj(config) if config else None,
-        scores=eval_scores(stages, before, after),
+        scores=scores,
+        score_setups=setups,
         flow_run_id=flow_run_id,
         extra=extra,
     )

@@ -141,6 +141,13 @@ def _resolve(name_or_path: str, template: str | None, dry_run: bool = False) -> 
     )
 
 
+def mlflow_digest(name: str, version: str, run_id: str) -> str:
+    """The digest of a registered version's ModelRef (tells which version an alias pointed to)."""
+    from gym import tracking
+
+    return hash_obj({"mlflow": f"models:/{name}/{version}", "run": run_id, "uri": tracking.tracking_uri()})
+
+
 def _resolve_mlflow(model_uri: str, template: str | None, dry_run: bool = False) -> ModelRef | None:
     """A registered MLflow model version (`models:/name@alias`, `models:/name/3`), downloaded once
     into the workspace. Its template and base model come from the version's lineage tags."""
@@ -154,7 +161,7 @@ def _resolve_mlflow(model_uri: str, template: str | None, dry_run: bool = False)
     if dry_run:
         return None
     pinned = f"models:/{name}/{version}"  # an alias can move; the version can't
-    digest = hash_obj({"mlflow": pinned, "run": run_id, "uri": tracking.tracking_uri()})
+    digest = mlflow_digest(name, version, run_id)
     local = tracking.download_model_version(pinned, workspace.path("models", f"mlflow-{digest}"))
     return ModelRef(
         name=model_uri,

@@ -2,7 +2,10 @@
 
 Ollama's TEMPLATE is a Go template, not Jinja, so each gym chat template has its Go counterpart
 here (the layouts Ollama's own library uses for these families), with the stop sequences that end
-an assistant turn. A model with a chat template gym does not know gets a Modelfile without
+an assistant turn. Each renders a conversation exactly as the Jinja template does (tests render both
+ways, the Go side with tests/go_template.py), except the BOS token, which llama.cpp adds itself.
+`{{-` trims the template text before it, newlines included: after a turn's closing newline, write
+`{{ else if` without the dash. A model with a chat template gym does not know gets a Modelfile without
 TEMPLATE: Ollama then uses the chat template embedded in the GGUF file.
 """
 
@@ -56,7 +59,7 @@ TEMPLATES: dict[str, tuple[str, list[str]]] = {
     "gemma": (
         '{{- range $i, $_ := .Messages }}{{- if eq .Role "user" }}<start_of_turn>user\n'
         "{{ if and $.System (eq $i 1) }}{{ $.System }}\n\n{{ end }}{{ .Content }}<end_of_turn>\n"
-        '{{- else if eq .Role "assistant" }}<start_of_turn>model\n{{ .Content }}<end_of_turn>\n'
+        '{{ else if eq .Role "assistant" }}<start_of_turn>model\n{{ .Content }}<end_of_turn>\n'
         "{{ end }}{{ end }}<start_of_turn>model\n",
         ["<end_of_turn>", "<start_of_turn>"],
     ),
@@ -76,7 +79,7 @@ TEMPLATES: dict[str, tuple[str, list[str]]] = {
     ),
     "deepseek-llm": (
         '{{- if .System }}{{ .System }}\n\n{{ end }}{{- range .Messages }}{{- if eq .Role "user" }}User: '
-        '{{ .Content }}\n\n{{- else if eq .Role "assistant" }}Assistant: {{ .Content }}<｜end▁of▁sentence｜>'
+        '{{ .Content }}\n\n{{ else if eq .Role "assistant" }}Assistant: {{ .Content }}<｜end▁of▁sentence｜>'
         "{{- end }}{{- end }}Assistant:",
         ["<｜end▁of▁sentence｜>", "User:"],
     ),
@@ -84,7 +87,7 @@ TEMPLATES: dict[str, tuple[str, list[str]]] = {
         "{{- if .System }}{{ .System }}{{ else }}Below is an instruction that describes a task. Write a "
         "response that appropriately completes the request.\n\n{{ end }}{{- range .Messages }}"
         '{{- if eq .Role "user" }}### Instruction:\n{{ .Content }}\n\n### Response:\n'
-        '{{- else if eq .Role "assistant" }}{{ .Content }}</s>\n\n{{ end }}{{- end }}',
+        '{{ else if eq .Role "assistant" }}{{ .Content }}</s>\n\n{{ end }}{{- end }}',
         ["### Instruction:", "</s>"],
     ),
 }

@@ -60,7 +60,8 @@ class OutputSettings(BaseModel):
     promote_metric: str | None = Field(
         None,
         description="Then promote the new version to `champion` if it beats the current one on this score "
-        "(exact_match_after, <method>_reward_accuracy, <method>_loss_last...); None: never promote.",
+        "(exact_match_after, mmlu_after, mmlu_after.stem, <method>_reward_accuracy, <method>_loss_last...; "
+        "see gym/lineage.py); None: never promote.",
     )
     promote_margin: float = Field(0.0, ge=0, description="Promotion needs a win by more than this margin.")
     promote_mode: Literal["max", "min"] = Field("max", description="max: higher scores win; min: lower win.")

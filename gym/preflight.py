@@ -120,3 +120,6 @@ def check(config: FlowInputs) -> None:
         check_model(config.model, config.template)
     for field, (name, use) in config.dataset_uses().items():
         check_dataset(field, name, use)
+    from gym.promotion import check_flow_metric
+
+    check_flow_metric(config)

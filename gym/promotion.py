@@ -3,10 +3,14 @@ on a chosen score by more than a margin, and record why it did or didn't.
 
     gym promote --name gym-tiny-sft --metric exact_match_after [--margin 0.02] [--mode max] [--json]
 
-Scores are the `score.<name>` tags registration writes (exact_match_after, dpo_reward_accuracy,
-sft_loss_last...; `--mode min` for losses). The first challenger with the score becomes champion;
-a challenger without it, or a champion without it, keeps the champion where it is. Every decision
-is written on the challenger's version as `promotion.*` tags (and, from a flow, a Prefect artifact).
+Scores are the `score.<name>` tags of the versions, named as gym/lineage.py documents: written at
+registration (exact_match_after, mmlu_after, mmlu_after.stem, dpo_reward_accuracy, sft_loss_last...;
+`--mode min` for losses) or by a later evaluation of the version (mmlu, exact_match). A metric that
+neither version has is an error listing the ones they have. The first challenger with the score
+becomes champion; a challenger without it, a champion without it, or two benchmark scores measured
+differently (other shots or question counts: `score_setup.<name>`) keep the champion where it is.
+Every decision is written on the challenger's version as `promotion.*` tags (and, from a flow, a
+Prefect artifact).
 """
 
 from __future__ import annotations
@@ -15,13 +19,13 @@ import argparse
 import json
 import time
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
 from gym import tracking
 from gym.errors import ConfigError
-from gym.lineage import scores_of
+from gym.lineage import scores_of, setups_of
 
 Mode = Literal["max", "min"]
 
@@ -82,9 +86,17 @@ def promote(
     score = scores_of(tags).get(metric)
     current = tracking.version_by_alias(name, champion_alias, uri)
     champion, champion_score = (current[0], scores_of(current[1]).get(metric)) if current else (None, None)
+    known = scores_of(tags).keys() | (scores_of(current[1]).keys() if current else set())
+    if metric not in known:
+        raise ConfigError(
+            f"--metric {metric!r}: neither {name}@{challenger_alias} nor {name}@{champion_alias} has "
+            f"that score; available: {', '.join(sorted(known)) or 'none (register with evaluations first)'}"
+        )
     promoted, reason = _decide(
         version, score, champion, champion_score, metric, margin, mode, sorted(scores_of(tags))
     )
+    if promoted and current is not None and champion != version:
+        promoted, reason = _same_setup(metric, tags, current[1], champion or "", reason)
     if promoted:
         tracking.set_alias(name, champion_alias, version, uri)
     decision = Promotion(
@@ -142,11 +154,82 @@ def _decide(
     return False, f"v{version} does not beat champion v{champion} by more than {margin}: {versus}"
 
 
+def _same_setup(
+    metric: str, challenger: dict[str, str], champion: dict[str, str], champion_version: str, reason: str
+) -> tuple[bool, str]:
+    """A benchmark score compares only with one measured the same way (shots, questions, engine)."""
+    evaluation = metric.split(".", 1)[0]  # mmlu_after.stem was measured by evaluation mmlu_after
+    ours, theirs = setups_of(challenger).get(evaluation), setups_of(champion).get(evaluation)
+    if ours == theirs:
+        return True, reason
+    return False, (
+        f"{metric} was measured differently on the challenger ({ours or 'setup not recorded'}) and on "
+        f"champion v{champion_version} ({theirs or 'setup not recorded'}); champion unchanged: evaluate "
+        "both the same way (flows/evaluate.py --model models:/NAME@ALIAS) and promote on that score"
+    )
+
+
+def check_flow_metric(config: Any) -> None:
+    """A training flow's `output.promote_metric` must be a score the flow records (gym/lineage.py's
+    names): checked before any work, so a typo doesn't surface after training."""
+    from gym.preflight import stages
+
+    output = getattr(config, "output", None)
+    metric = getattr(output, "promote_metric", None)
+    if not metric:
+        return
+    # Stage scores are named after the flow's stage: the method in the train flow, the field in others.
+    prefixes = {s.method for s in stages(config).values()} | (set(stages(config)) - {"train"})
+    if getattr(config, "warm_start", None):
+        prefixes.add("sft")
+    evaluations = {f"{label}_{phase}" for label in _labels(config) for phase in ("before", "after")}
+    held_out = _held_out_metrics(config)
+    if held_out is None:  # a metric giving several numbers (rouge, a custom one): any name may come
+        evaluations_ok = metric.endswith(("_before", "_after"))
+    else:
+        evaluations_ok = metric in {f"{m}_{phase}" for m in held_out for phase in ("before", "after")}
+    stage_ok = metric.startswith(tuple(f"{p}_" for p in prefixes))
+    if evaluations_ok or stage_ok or metric.split(".", 1)[0] in evaluations:
+        return
+    names = [f"{m}_after" for m in sorted(held_out or [])]
+    names += [f"{e}[.<category>]" for e in sorted(evaluations)]
+    names += [f"{p}_loss_last" for p in sorted(prefixes)]
+    raise ConfigError(
+        f"output.promote_metric: this flow records no score {metric!r}; it records {', '.join(names)} "
+        "(evaluations also as <name>_before, and each stage's <stage>_<reward or metric> scores)"
+    )
+
+
+def _held_out_metrics(config: Any) -> set[str] | None:
+    """Names of the held-out metrics the flow records (None when one may give several numbers)."""
+    if not getattr(config, "eval_dataset", None):
+        return set()
+    names = {"exact_match"}
+    for metric in getattr(config, "eval_metrics", []):
+        if metric not in ("exact_match", "bleu"):
+            return None
+        names.add(metric)
+    return names
+
+
+def _labels(config: Any) -> list[str]:
+    entries = getattr(config, "benchmarks", None) or []
+    if not entries:
+        return []
+    from gym.eval.suite import parse
+
+    return [parse(entry).label for entry in entries]
+
+
 def cmd_promote(argv: Sequence[str]) -> int:
     """`gym promote`: decide and print the decision (Markdown, or JSON with --json)."""
     parser = argparse.ArgumentParser(prog="gym promote", description=__doc__.splitlines()[0])
     parser.add_argument("--name", required=True, help="Registered model name.")
-    parser.add_argument("--metric", required=True, help="Score to compare (a score.<metric> version tag).")
+    parser.add_argument(
+        "--metric",
+        required=True,
+        help="Score to compare (a score.<metric> version tag: exact_match_after, mmlu_after, mmlu...).",
+    )
     parser.add_argument(
         "--margin", type=float, default=0.0, help="The challenger must win by more than this."
     )

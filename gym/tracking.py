@@ -348,3 +348,14 @@ def set_version_tags(name: str, version: str, tags: Mapping[str, Any], uri: str 
 def set_version_description(name: str, version: str, text: str, uri: str | None = None) -> None:
     """The version's description: gym puts its model card here."""
     _client(uri).update_model_version(name, version, description=text)
+
+
+def list_versions(name: str, uri: str | None = None) -> list[tuple[str, str, dict[str, str]]]:
+    """(version, run id, tags) of every version of registered model `name` (empty if it doesn't exist)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        versions = _client(uri).search_model_versions(f"name = '{_quote(name)}'")
+    except MlflowException:
+        return []
+    return [(str(v.version), str(v.run_id), dict(v.tags)) for v in versions]

@@ -1,7 +1,8 @@
 """Registration tasks: register the final model in MLflow's registry (lineage tags, model card, alias)
 and export it as a hub-style directory. Never cached: the registry, not Prefect's cache, knows which
 version an alias points to now (registering unchanged content reuses its version instead of adding
-one), and an export must exist on disk after the run whatever happened to it before."""
+one), and an export must exist on disk after the run whatever happened to it before. `record_scores`
+puts a later evaluation's scores on the registered version that was evaluated."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ from typing import Any
 from prefect.cache_policies import NO_CACHE
 
 from gym import tracking
+from gym.eval.exact_match import ExactMatch
+from gym.eval.results import EvalResult
 from gym.export import export_model
-from gym.lineage import Lineage, describe
+from gym.lineage import Lineage, benchmark_scores, describe, heldout_scores
 from gym.models import ModelRef
-from gym.registration import register
+from gym.registration import evaluated_version, record_scores, register
 from tasks._common import gym_task
 from tasks.tracking import link, publish, table
 
@@ -33,13 +36,17 @@ def register_model(
     stages: dict[str, Any] | None = None,
     before: Any | None = None,
     after: Any | None = None,
+    benchmarks: dict[str, list[EvalResult]] | None = None,
 ) -> dict[str, Any]:
     """Register `model` as a version of `name` with `alias`, tagged with its lineage and scores.
 
-    `lineage` maps roles to digests (`sft_dataset`, `sft_stage`...); `config`, `stages` and the
-    `before`/`after` evaluations add dataset names, hyperparameters, the config digest and scores.
+    `lineage` maps roles to digests (`sft_dataset`, `sft_stage`...); `config`, `stages`, the
+    `before`/`after` held-out evaluations and the `benchmarks` results by phase (`before`, `after`)
+    add dataset names, hyperparameters, the config digest and scores.
     """
-    facts = describe(model.base_model, model.template, lineage, config, stages, before, after, flow_run_id)
+    facts = describe(
+        model.base_model, model.template, lineage, config, stages, before, after, flow_run_id, benchmarks
+    )
     params = {"registered_model": name, "alias": alias}
     # Registration logs the model into a run: a nested one under the flow's run, or its own.
     with tracking.span("register", params=params, parent_run_id=parent_run_id, uri=tracking_uri) as run_id:
@@ -75,3 +82,34 @@ def export(
         tags = tracking.resolve_model_uri(f"models:/{name}/{registered['version']}", uri=tracking_uri)[3]
         lineage = Lineage.from_tags(tags)
     return str(export_model(model.path, Path(output_dir), lineage=lineage, name=name))
+
+
+@gym_task(
+    name="record-scores",
+    task_run_name="record scores on {model.name}",
+    cache_policy=NO_CACHE,
+    persist_result=False,
+)
+def record_version_scores(
+    model: ModelRef,
+    benchmarks: list[EvalResult],
+    held_out: ExactMatch | None = None,
+    flow_run_id: str | None = None,
+) -> dict[str, Any]:
+    """Record an evaluation of a registered version (`model` resolved from `models:/name@alias`) on that
+    version: scores named without a phase suffix (`mmlu`, `mmlu.stem`, `exact_match`)."""
+    name, version = evaluated_version(model.name, model.digest)
+    scores = heldout_scores(held_out, "") if held_out is not None else {}
+    setups: dict[str, str] = {}
+    for result in benchmarks:
+        named, setup = benchmark_scores(result, "")
+        scores.update(named)
+        setups.update(setup)
+    record_scores(name, version, scores, setups, evaluated_by=flow_run_id)
+    url = tracking.model_version_url(name, version)
+    publish(
+        "recorded-scores",
+        f"## Scores recorded on {link(url, f'{name} version {version}')}\n\n{table(scores)}",
+        f"Evaluation of {name} version {version}",
+    )
+    return {"name": name, "version": version, "scores": scores}

@@ -3,7 +3,8 @@
 `gym up` starts Prefect and MLflow; `prefect deploy` registers deployments/prefect.yaml; each deployment
 is triggered with parameters and run by a worker (`--run-once`); the runs complete, MLflow holds the
 registered versions, links go both ways, a local run is served from the deployment run's cache, the
-weekly schedule has the right next run, and a browser finds both in the UIs. One server pair per module.
+weekly schedule has the right next run, the evaluation deployment scores the trained version and records
+its scores on it, and a browser finds both in the UIs. One server pair per module.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.eval_fixtures import write_benchmark
 from tests.ops_servers import REPO, Stack, gym_up, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("servers")]
@@ -38,6 +40,12 @@ WEEKLY = {
     "eval_limit": 4,
     "data": {"max_samples": 256},
     "output": {"register_as": "gym-tiny-sft-dpo", "alias": "challenger"},
+}
+# Evaluates the version the train deployment registered (so it runs after that run, with its own worker).
+EVALUATE = {
+    "model": "models:/deployed-sft@challenger",
+    "benchmark_options": {"limit": 2, "shots": 1},
+    "eval_limit": 4,
 }
 LOCAL_TRAIN = "gym train --method sft --max-steps 8 --eval_limit 4 --output.register_as deployed-sft --json"
 
@@ -68,6 +76,14 @@ def runs(deployed: Stack) -> dict[str, str]:
     return ids
 
 
+@pytest.fixture(scope="module")
+def evaluation(runs: dict[str, str], deployed: Stack) -> str:
+    mmlu = write_benchmark("mmlu", deployed.home.parent / "mmlu")
+    run_id = trigger(deployed, "evaluate/evaluate", {**EVALUATE, "benchmarks": [f"mmlu={mmlu}"]})
+    deployed.sh(f'eval "$(gym status --env)" && {README_WORKER}', timeout=600)
+    return run_id
+
+
 def test_readme_shows_the_commands():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     for command in [*README_DEPLOY, README_WORKER.removesuffix(" --run-once"), "gym up", "gym down"]:
@@ -91,7 +107,8 @@ def test_deployments_run_from_the_repo_in_this_workspace_with_forms(deployed: St
     with deployed.client() as client:
         weekly = client.read_deployment_by_name("sft-then-dpo/retrain-weekly")
         train = client.read_deployment_by_name("train/train")
-    for dep in (weekly, train):
+        evaluate = client.read_deployment_by_name("evaluate/evaluate")
+    for dep in (weekly, train, evaluate):
         assert dep.pull_steps == [
             {"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}
         ]
@@ -105,6 +122,8 @@ def test_deployments_run_from_the_repo_in_this_workspace_with_forms(deployed: St
     assert {"sft", "dpo"} <= set(stage["method"]["enum"])
     assert all(prop.get("description") for prop in stage.values()), "every hyperparameter is described"
     assert weekly.parameters["config"]["output"]["alias"] == "challenger"
+    eval_form = evaluate.parameter_openapi_schema["definitions"]["EvaluateConfig"]["properties"]
+    assert {"model", "benchmarks", "benchmark_options", "eval_dataset"} <= set(eval_form)
 
 
 def test_weekly_schedule_has_the_right_next_run(deployed: Stack):
@@ -160,9 +179,25 @@ def test_each_deployment_run_completes_and_registers_in_mlflow(runs: dict[str, s
 
 def test_a_local_run_is_served_from_the_deployment_runs_cache(runs: dict[str, str], deployed: Stack):
     local = json.loads(deployed.sh(LOCAL_TRAIN, timeout=300).stdout.strip().splitlines()[-1])
-    assert local["cached_tasks"] >= 6, "ingest, tokenize, evaluate before/after, train and register"
+    # Registration is never cached (NO_CACHE): it finds the version by content digest and reuses it.
+    assert local["cached_tasks"] >= 6, "ingest, tokenize, evaluate before/after and train come from cache"
+    assert local["model_reused"] is True
     with deployed.client() as client:  # it ran against `gym up`'s server: the UI shows it
         assert client.read_flow_run(local["flow_run_id"]).state.is_completed()
+
+
+def test_the_evaluation_deployment_records_scores_on_the_version_it_evaluated(
+    evaluation: str, runs: dict[str, str], deployed: Stack
+):
+    with deployed.client() as client:
+        state = client.read_flow_run(evaluation).state
+    assert state is not None and state.is_completed(), state
+    mlflow = deployed.mlflow_client()
+    version = mlflow.get_model_version_by_alias("deployed-sft", "challenger")
+    assert version.tags["gym.last_evaluated_by"] == evaluation
+    assert 0 <= float(version.tags["score.mmlu"]) <= 1 and "score.mmlu.stem" in version.tags
+    assert version.tags["score_setup.mmlu"] == "gym, 1-shot, 4 questions"
+    assert "score.exact_match" in version.tags and "| mmlu |" in version.description
 
 
 def test_browser_finds_the_deployment_and_the_registered_model(

@@ -87,6 +87,12 @@ def test_training_flow_scores_benchmarks_before_and_after(prefect_server, tmp_pa
     assert before.data.params["limit"] == "3" and before.data.params["shots"] == "1"
     client = MlflowClient(tracking.tracking_uri())
     assert "mmlu-after-categories.png" in {a.path for a in client.list_artifacts(after.info.run_id)}
+    # The registered version carries both benchmark scores (overall and per category), for promotion.
+    tags = client.get_model_version(summary["model_name"], summary["model_version"]).tags
+    assert float(tags["score.mmlu_after"]) == summary["mmlu_after"]
+    assert float(tags["score.mmlu_before"]) == summary["mmlu_before"]
+    assert float(tags["score.mmlu_after.stem"]) == after.data.metrics["mmlu/STEM"]
+    assert tags["score_setup.mmlu_after"] == "gym, 1-shot, 6 questions"
 
 
 def test_bad_benchmark_data_stops_the_flow_before_anything_is_tracked(prefect_server, tmp_path, capsys):

@@ -94,10 +94,12 @@ def test_champion_moves_only_when_the_challenger_wins_by_the_margin(gym_home, va
 
     by_loss = promote(name, "sft_loss_last", margin=0.1, mode="min")  # 0.8 beats 1.0 by 0.2
     assert by_loss.promoted and by_loss.champion == "2" and by_loss.previous_champion == "1"
-    missing = promote(name, "dpo_reward_accuracy")
-    assert not missing.promoted and "has no 'dpo_reward_accuracy' score" in missing.reason
+    with pytest.raises(ConfigError, match="available: exact_match_after, sft_loss_last"):
+        promote(name, "dpo_reward_accuracy")  # neither version has it
 
     register_dir(variants[2], name, facts(0.80))
+    lacking = promote(name, "sft_loss_last", mode="min")  # only the champion has it
+    assert not lacking.promoted and "has no 'sft_loss_last' score" in lacking.reason
     best = promote(name, "exact_match_after", margin=0.05)
     assert best.promoted and best.champion == "3" and "## Promotion" in best.markdown()
     assert promote(name, "exact_match_after").reason == "v3 is already the champion"

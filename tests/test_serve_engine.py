@@ -60,6 +60,36 @@ def test_a_shipped_experience_library_reaches_every_chat_prompt(tmp_path):
         with_block = engine.chat(messages, max_tokens=2, temperature=0)
         without = plain.chat(messages, max_tokens=2, temperature=0)
         assert with_block.prompt_tokens > without.prompt_tokens
+        completions_get_the_library_only_when_asked(engine, block)
+
+
+def completions_get_the_library_only_when_asked(engine: Engine, block: str) -> None:
+    """/v1/completions over HTTP: the raw prompt as sent by default, the block before it with `prefix`."""
+    import openai
+
+    from gym.serve.app import build_app
+    from gym.serve.cli import parse_settings
+    from gym.serve.server import serve_in_thread
+
+    raw = "Question: 2+2?\nAnswer:"
+    greedy = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    expected = {
+        "none": engine.encode_text(raw),
+        "prefix": engine.encode_text(f"{block}\n\n") + engine.encode_text(raw),
+    }
+    for mode, ids in expected.items():
+        with serve_in_thread(build_app(engine, completion_experiences=mode)) as url:
+            client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+            got = client.completions.create(
+                model=engine.name, prompt=raw, max_tokens=4, temperature=0, extra_body={"ignore_eos": True}
+            )
+        assert got.usage.prompt_tokens == len(ids), mode
+        assert got.choices[0].text == engine.generate(ids, greedy).choices[0].text, mode
+    assert (
+        parse_settings(["--model", "m", "--completion_experiences", "prefix"]).completion_experiences
+        == "prefix"
+    )
+    assert parse_settings(["--model", "m"]).completion_experiences == "none"
 
 
 def test_requests_the_model_cannot_hold_are_refused_before_generating():

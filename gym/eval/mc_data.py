@@ -138,18 +138,20 @@ def _local_root(spec: BenchmarkSpec, data_dir: str | Path | None) -> Path:
 
 
 def _download(spec: BenchmarkSpec, repo_id: str) -> Path:
-    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
 
-    if constants.HF_HUB_OFFLINE:
+    try:  # offline (HF_HUB_OFFLINE=1), a copy downloaded earlier is found in the hub cache
+        return Path(
+            snapshot_download(
+                repo_id, repo_type="dataset", allow_patterns=["*.csv", "*.parquet", "*.zip", "*.json"]
+            )
+        )
+    except LocalEntryNotFoundError:
         raise ConfigError(
-            f"{spec.name}: {repo_id} is not a local folder and HF_HUB_OFFLINE=1: pass --data-dir with the "
-            f"files ({spec.file_pattern} layout), or go online to download {repo_id}"
-        )
-    return Path(
-        snapshot_download(
-            repo_id, repo_type="dataset", allow_patterns=["*.csv", "*.parquet", "*.zip", "*.json"]
-        )
-    )
+            f"{spec.name}: {repo_id} is not a local folder nor in the hub cache, and HF_HUB_OFFLINE=1: pass "
+            f"--data-dir with the files ({spec.file_pattern} layout), or go online to download {repo_id}"
+        ) from None
 
 
 def _mapping(

@@ -2,7 +2,7 @@
 
     GET  /v1/models              the served model
     POST /v1/chat/completions    chat, streamed over SSE with "stream": true
-    POST /v1/completions         raw-prompt completion, streamed likewise
+    POST /v1/completions         raw-prompt completion, streamed likewise (the prompt as sent; see build_app)
     GET  /health                 liveness (no key needed)
 
 Every error is a JSON body in OpenAI's shape: bad input is a 400 (never a 500), an unknown model
@@ -17,7 +17,7 @@ import json
 import logging
 import secrets
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -66,8 +66,19 @@ class _Gate:
         self.active -= 1
 
 
-def build_app(engine: Engine, limits: Limits | None = None, api_key: str | None = None) -> FastAPI:
-    """The API for `engine`. `api_key`: the bearer token clients must send (None: no auth)."""
+def build_app(
+    engine: Engine,
+    limits: Limits | None = None,
+    api_key: str | None = None,
+    completion_experiences: Literal["none", "prefix"] = "none",
+) -> FastAPI:
+    """The API for `engine`. `api_key`: the bearer token clients must send (None: no auth).
+
+    A TF-GRPO model's experience library goes into every chat request's system message. A raw
+    /v1/completions prompt is generated from exactly as sent unless `completion_experiences` is
+    `prefix`: it has no system message to hold the block, it is often already a rendered chat or
+    few-shot prompt whose layout the caller chose, and OpenAI's and vLLM's servers never alter it.
+    """
     limits = limits or Limits()
     gate = _Gate(limits.max_concurrent)
     app = FastAPI(title="gym serve", description=f"OpenAI-compatible API serving {engine.name}")
@@ -107,7 +118,8 @@ def build_app(engine: Engine, limits: Limits | None = None, api_key: str | None 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest) -> Any:
         _check_model(engine, body)
-        prompts = [engine.encode_text(p) if isinstance(p, str) else list(p) for p in body.prompts()]
+        prefix = completion_experiences == "prefix"
+        prompts = [engine.encode_completion(p, experiences=prefix) for p in body.prompts()]
         if not prompts:
             raise APIError(400, "prompt is empty", "invalid_request_error", "prompt")
         params = _params(engine, limits, body, max(len(p) for p in prompts), default_budget=16)

@@ -71,7 +71,8 @@ def cmd_serve(argv: Sequence[str]) -> int:
         print(f"gym serve: {engine.name} at {url}/v1 (OpenAI-compatible{auth}); Ctrl-C stops", flush=True)
 
     try:
-        run(build_app(engine, settings.limits, key), sock, on_ready=ready)
+        app = build_app(engine, settings.limits, key, settings.completion_experiences)
+        run(app, sock, on_ready=ready)
     finally:
         engine.close()
     print("gym serve: stopped", file=sys.stderr, flush=True)

@@ -32,7 +32,7 @@ from gym.errors import GymError
 from gym.serve.params import SamplingParams
 from gym.serve.requests import Delta, Event, Failed, Finished, Request, RequestError, Result, Row, RowTracker
 from gym.serve.sampling import RowSampler, row_generator
-from gym.tfgrpo.injection import inject
+from gym.tfgrpo.injection import experience_block, inject
 
 __all__ = ["Delta", "Engine", "Event", "Failed", "Finished", "Request", "RequestError", "Result"]
 
@@ -133,6 +133,14 @@ class Engine:
 
     def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
         return self.encode_text(self.render_chat(messages))
+
+    def encode_completion(self, prompt: str | list[int], experiences: bool = False) -> list[int]:
+        """A raw completion prompt's ids: as sent, or (`experiences`, when the model ships a library)
+        after the experience block and a blank line, the only place a raw prompt has for it."""
+        ids = self.encode_text(prompt) if isinstance(prompt, str) else list(prompt)
+        if not (experiences and self.experiences):
+            return ids
+        return self.encode_text(f"{experience_block(self.experiences)}\n\n") + ids
 
     def encode_text(self, prompt: str) -> list[int]:
         # The template (or the caller) already wrote any special tokens the prompt needs.

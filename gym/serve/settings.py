@@ -38,6 +38,12 @@ class ServeSettings(BaseModel):
     )
     limits: Limits = Field(default_factory=Limits, description="Request caps.")
     max_batch_size: int = Field(32, ge=1, description="Most sequences generated together in one batch.")
+    completion_experiences: Literal["none", "prefix"] = Field(
+        "none",
+        description="A TF-GRPO model's experience library in /v1/completions: none (the raw prompt is "
+        "generated from exactly as sent; chat requests always get it) or prefix (the block, a blank "
+        "line, then the prompt).",
+    )
     trust_remote_code: bool = Field(False, description="Run Python code from the model repository.")
     backend: Literal["transformers", "vllm", "sglang"] = Field(
         "transformers",

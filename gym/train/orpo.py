@@ -6,8 +6,8 @@ One stage, no reference model: the SFT loss on the chosen answer plus lambda (TR
 Rewards are beta x the length-normalised log-probability of each answer, so the held-out reward
 margin and accuracy are meaningful from the first step (they are not 0 as for DPO).
 
-TRL's ORPOTrainer (trl.experimental in TRL 1.12) tokenizes row by row; `_Pretokenized` feeds it
-gym's own chat-template ids (gym.train.pairs).
+TRL's ORPOTrainer (trl.experimental in TRL 1.12) tokenizes row by row; gym feeds it
+gym's own chat-template ids (gym.train.pairs.row_trainer).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 from gym.train import signals
 from gym.train.common import trl_args
 from gym.train.config import TrainConfig, filled
-from gym.train.pairs import fitting, require_ids, row_from_ids
+from gym.train.pairs import require_ids, row_trainer
 
 
 def build_trainer(
@@ -34,21 +34,17 @@ def build_trainer(
 ) -> Any:
     from trl.experimental.orpo import ORPOConfig, ORPOTrainer
 
-    class _Pretokenized(ORPOTrainer):
-        """ORPOTrainer over pairs gym already tokenized with the model's chat template."""
-
-        def tokenize_row(self, feature: dict[str, Any], model: Any = None) -> dict[str, list[int]]:
-            return row_from_ids(feature, max_length)
-
     require_ids(train_data, config.method)
     args = ORPOConfig(**trl_args(config, output_dir), beta=filled(config.beta, "beta"), max_length=max_length)
-    return _Pretokenized(
+    return row_trainer(
+        ORPOTrainer,
+        args,
         model=model,
-        args=args,
-        train_dataset=fitting(train_data, max_length),
-        eval_dataset=fitting(eval_data, max_length) if eval_data is not None else None,
-        processing_class=tokenizer,
+        tokenizer=tokenizer,
+        train_data=train_data,
+        eval_data=eval_data,
         peft_config=peft_config,
+        max_length=max_length,
     )
 
 

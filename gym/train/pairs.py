@@ -3,7 +3,8 @@
 gym renders every pair with the model's chat template once (`prompt_ids`, `chosen_ids`,
 `rejected_ids`; each answer ends with its end-of-turn token), the same ids DPO trains on. TRL's
 ORPOTrainer and CPOTrainer tokenize text in a `tokenize_row` method mapped over the dataset; the
-trainers in gym.train.orpo and gym.train.simpo override that method with `row_from_ids`, which lays
+trainers in gym.train.orpo and gym.train.simpo are built by `row_trainer`, whose subclass overrides that
+method with `row_from_ids`, which lays
 gym's ids out as those trainers' collator expects: each answer after its prompt, labels -100 on the
 prompt. Answers are cut so that prompt + answer fits `max_length`; pairs whose prompt alone fills it
 are dropped beforehand (`fitting`), as TRL's DPOTrainer does.
@@ -48,3 +49,32 @@ def row_from_ids(feature: dict[str, Any], max_length: int | None) -> dict[str, l
         row[f"{name}_attention_mask"] = [1] * len(ids)
         row[f"{name}_labels"] = [IGNORE_INDEX] * len(prompt) + answer
     return row
+
+
+def row_trainer(
+    trainer_class: type,
+    args: Any,
+    *,
+    model: Any,
+    tokenizer: Any,
+    train_data: Any,
+    eval_data: Any | None,
+    peft_config: Any | None,
+    max_length: int | None,
+) -> Any:
+    """A TRL trainer that tokenizes row by row (ORPO, CPO), fed the ids gym already made instead."""
+
+    class Pretokenized(trainer_class):  # type: ignore[valid-type, misc]
+        """The trainer over pairs gym already tokenized with the model's chat template."""
+
+        def tokenize_row(self, feature: dict[str, Any], model: Any = None) -> dict[str, list[int]]:
+            return row_from_ids(feature, max_length)
+
+    return Pretokenized(
+        model=model,
+        args=args,
+        train_dataset=fitting(train_data, max_length),
+        eval_dataset=fitting(eval_data, max_length) if eval_data is not None else None,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+    )

@@ -5,8 +5,8 @@ answer, and the loss asks the chosen reward to beat the rejected one by a target
 Paper defaults: beta 2.0-2.5 with gamma / beta = 0.5 (gym: beta 2.0, gamma 1.0). `cpo_alpha=0`
 leaves out CPO's behaviour-cloning term, so this is SimPO itself, not CPO-SimPO.
 
-TRL's CPOTrainer (trl.experimental in TRL 1.12) tokenizes row by row; `_Pretokenized` feeds it
-gym's own chat-template ids (gym.train.pairs).
+TRL's CPOTrainer (trl.experimental in TRL 1.12) tokenizes row by row; gym feeds it
+gym's own chat-template ids (gym.train.pairs.row_trainer).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 from gym.train import signals
 from gym.train.common import trl_args
 from gym.train.config import TrainConfig, filled
-from gym.train.pairs import fitting, require_ids, row_from_ids
+from gym.train.pairs import require_ids, row_trainer
 
 
 def build_trainer(
@@ -33,12 +33,6 @@ def build_trainer(
 ) -> Any:
     from trl.experimental.cpo import CPOConfig, CPOTrainer
 
-    class _Pretokenized(CPOTrainer):
-        """CPOTrainer over pairs gym already tokenized with the model's chat template."""
-
-        def tokenize_row(self, feature: dict[str, Any], model: Any = None) -> dict[str, list[int]]:
-            return row_from_ids(feature, max_length)
-
     require_ids(train_data, config.method)
     args = CPOConfig(
         **trl_args(config, output_dir),
@@ -48,13 +42,15 @@ def build_trainer(
         simpo_gamma=filled(config.simpo_gamma, "simpo_gamma"),
         max_length=max_length,
     )
-    return _Pretokenized(
+    return row_trainer(
+        CPOTrainer,
+        args,
         model=model,
-        args=args,
-        train_dataset=fitting(train_data, max_length),
-        eval_dataset=fitting(eval_data, max_length) if eval_data is not None else None,
-        processing_class=tokenizer,
+        tokenizer=tokenizer,
+        train_data=train_data,
+        eval_data=eval_data,
         peft_config=peft_config,
+        max_length=max_length,
     )
 
 

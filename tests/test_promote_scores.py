@@ -1,0 +1,156 @@
+"""Every evaluation reaches the registry: benchmark scores (overall and per category, before and after
+training) and held-out metrics become `score.*` tags and card rows with the names gym/lineage.py
+documents; an evaluation made later by flows/evaluate.py on `models:/name@alias` is recorded on that
+version; `promote` uses any of them, refuses to compare scores measured differently, and names the
+available scores when asked for an unknown one. Real MLflow (SQLite) and real Prefect."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from gym import tracking
+from gym.errors import ConfigError
+from gym.eval.exact_match import ExactMatch
+from gym.eval.results import EvalResult
+from gym.lineage import Lineage, describe
+from gym.models import resolve
+from gym.promotion import promote
+from gym.registration import register
+from tests.eval_fixtures import write_benchmark
+from tests.serve_fixtures import noisy_tiny
+
+
+def mmlu(overall: float, stem: float, questions: int = 8, shots: int = 5) -> EvalResult:
+    return EvalResult(
+        benchmark="mmlu",
+        model="m",
+        overall=overall,
+        categories={"STEM": stem, "Social Sciences": 1 - stem},
+        n_questions=questions,
+        seconds=1.0,
+        shots=shots,
+    )
+
+
+def held_out(value: float) -> ExactMatch:
+    return ExactMatch(exact_match=value, n=4, samples=[], scores={"exact_match": value, "bleu": 12.5})
+
+
+def registered(model_dir: Path, name: str, after: EvalResult, before: EvalResult | None = None) -> str:
+    lineage = describe(
+        "gym-tiny",
+        "chatml",
+        {"dataset": "d" * 16},
+        after=held_out(0.25),
+        benchmarks={"before": [before or mmlu(0.2, 0.1)], "after": [after]},
+    )
+    return register(model_dir, name, lineage, tracking.start_run("register")).version
+
+
+def test_benchmark_scores_reach_tags_and_card_and_promote_only_when_measured_alike(
+    gym_home, tmp_path, capsys
+):
+    name = "tiny-bench"
+    registered(noisy_tiny(tmp_path / "a", seed=1), name, mmlu(0.40, 0.30))
+    mv = MlflowClient(tracking.tracking_uri()).get_model_version(name, "1")
+    scores = {k.removeprefix("score."): float(v) for k, v in mv.tags.items() if k.startswith("score.")}
+    assert scores == {
+        "exact_match_after": 0.25,
+        "bleu_after": 12.5,
+        "mmlu_before": 0.2,
+        "mmlu_before.stem": 0.1,
+        "mmlu_before.social_sciences": 0.9,
+        "mmlu_after": 0.4,
+        "mmlu_after.stem": 0.3,
+        "mmlu_after.social_sciences": 0.7,
+    }
+    assert mv.tags["score_setup.mmlu_after"] == "gym, 5-shot, 8 questions"
+    assert "| mmlu_after.stem | 0.3000 |" in mv.description
+    assert Lineage.from_tags(mv.tags).scores == scores
+
+    assert promote(name, "mmlu_after").champion == "1"
+    registered(noisy_tiny(tmp_path / "b", seed=2), name, mmlu(0.60, 0.20))
+    by_category = promote(name, "mmlu_after.stem")  # 0.20 < 0.30: kept
+    assert not by_category.promoted and "0.2000 vs 0.3000" in by_category.reason
+    assert promote(name, "mmlu_after", margin=0.1).champion == "2"  # 0.60 beats 0.40 by 0.2
+
+    registered(noisy_tiny(tmp_path / "c", seed=3), name, mmlu(0.90, 0.9, questions=2))
+    unlike = promote(name, "mmlu_after")  # 2 questions vs 8: not comparable
+    assert not unlike.promoted and unlike.champion == "2"
+    assert "measured differently" in unlike.reason and "2 questions" in unlike.reason
+
+    with pytest.raises(
+        ConfigError, match=r"'mmlu_afterr'.*available: bleu_after, exact_match_after, mmlu_after"
+    ):
+        promote(name, "mmlu_afterr")
+    from flows.cli import main
+
+    assert main(["promote", "--name", name, "--metric", "cmmlu_after"]) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: --metric 'cmmlu_after'") and "mmlu_after.stem" in last
+
+
+def test_an_evaluation_after_registration_is_recorded_on_the_version(
+    prefect_server, gym_home, tmp_path, capsys
+):
+    from flows.evaluate import EvaluateConfig, evaluate
+    from flows.runner import main
+
+    name = "tiny-later"
+    tiny = Path(resolve("gym-tiny").path)
+    registered(tiny, name, mmlu(0.4, 0.3))
+    promote(name, "mmlu_after")  # v1 is champion
+    registered(noisy_tiny(tmp_path / "b", seed=2), name, mmlu(0.4, 0.3))  # v2 challenger
+    data = write_benchmark("mmlu", tmp_path / "mmlu")
+    argv = [
+        "--benchmarks",
+        f"mmlu={data}",
+        "--benchmark_options.limit",
+        "3",
+        "--benchmark_options.shots",
+        "1",
+    ]
+    argv += ["--eval_limit", "3", "--json"]
+    measured = {}
+    for alias in ("champion", "challenger"):
+        assert main(evaluate, EvaluateConfig, ["--model", f"models:/{name}@{alias}", *argv]) == 0
+        summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert summary["scored_version"] == {"champion": "1", "challenger": "2"}[alias]
+        mv = MlflowClient(tracking.tracking_uri()).get_model_version(name, summary["scored_version"])
+        assert float(mv.tags["score.mmlu"]) == summary["mmlu"]
+        assert float(mv.tags["score.mmlu.stem"]) == summary["mmlu/STEM"]
+        assert float(mv.tags["score.exact_match"]) == summary["exact_match"]
+        assert mv.tags["score_setup.mmlu"] == "gym, 1-shot, 6 questions"
+        assert mv.tags["gym.last_evaluated_by"] == summary["flow_run_id"]
+        assert f"| mmlu | {summary['mmlu']:.4f} |" in mv.description
+        assert float(mv.tags["score.mmlu_after"]) == 0.4  # what registration recorded stays
+        measured[alias] = summary["mmlu"]
+    decision = promote(name, "mmlu")  # on the later evaluation's scores
+    assert (decision.champion_score, decision.challenger_score) == (
+        measured["champion"],
+        measured["challenger"],
+    )
+    assert decision.promoted == (measured["challenger"] > measured["champion"])
+
+
+def test_a_flow_promoting_on_a_score_it_never_records_fails_in_preflight():
+    from gym.pipeline import OutputSettings, SftThenDpoConfig, TrainFlowConfig
+    from gym.preflight import check
+
+    def flow(metric: str, **more) -> TrainFlowConfig:
+        return TrainFlowConfig(output=OutputSettings(promote_metric=metric), **more)
+
+    for metric in ("exact_match_after", "sft_loss_last", "mmlu_after", "mmlu_after.social_sciences"):
+        check(flow(metric, benchmarks=["mmlu"]))
+    check(flow("rougeL_after", eval_metrics=["rouge"]))  # rouge's keys come from the library
+    check(SftThenDpoConfig(output=OutputSettings(promote_metric="dpo_reward_accuracy")))
+    for metric in ("mmlu_after", "exact_match_aftr", "bleu_after"):
+        with pytest.raises(ConfigError, match=rf"promote_metric: this flow records no score '{metric}'"):
+            check(flow(metric))
+    with pytest.raises(ConfigError, match="it records exact_match_after, mmlu_after"):
+        check(flow("mmlu", benchmarks=["mmlu"]))
