@@ -160,7 +160,16 @@ def tf_grpo(config: TfGrpoFlowConfig = DEFAULTS) -> dict[str, Any]:
             "tf_grpo_run": run.config_hash,
             "library": result.library_hash,
         }
-        registered = register_model(model, name, config.output.alias, lineage, parent, run_label, uri)
+        registered = register_model(
+            model,
+            name,
+            config.output.alias,
+            lineage,
+            parent,
+            run_label,
+            uri,
+            benchmarks={"before": scores_before, "after": scores_after},
+        )
     if config.output.output_dir:
         export_model_dir(model_dir, config.output.output_dir)
 

@@ -214,3 +214,5 @@ def test_benchmarks_score_the_model_before_and_with_its_library_after(prefect_se
     # the registered version carries the library too: evaluating or serving models:/... injects it
     registered = resolve(f"models:/{out['model_name']}/{out['model_version']}")
     assert shipped_library(registered.path) == shipped_library(out["model_dir"])
+    version_tags = tracking.resolve_model_uri(f"models:/{out['model_name']}/{out['model_version']}")[3]
+    assert float(version_tags["score.mmlu_after"]) == out["mmlu_after"]  # the registry has the scores
