@@ -32,7 +32,7 @@ from gym.errors import GymError
 from gym.serve.params import SamplingParams
 from gym.serve.requests import Delta, Event, Failed, Finished, Request, RequestError, Result, Row, RowTracker
 from gym.serve.sampling import RowSampler, row_generator
-from gym.tfgrpo.injection import experience_block, inject
+from gym.tfgrpo.injection import inject, inject_text
 
 __all__ = ["Delta", "Engine", "Event", "Failed", "Finished", "Request", "RequestError", "Result"]
 
@@ -140,7 +140,8 @@ class Engine:
         ids = self.encode_text(prompt) if isinstance(prompt, str) else list(prompt)
         if not (experiences and self.experiences):
             return ids
-        return self.encode_text(f"{experience_block(self.experiences)}\n\n") + ids
+        # Text and ids are encoded apart so that ids sent by the caller stay exactly as sent.
+        return self.encode_text(inject_text("", self.experiences)) + ids
 
     def encode_text(self, prompt: str) -> list[int]:
         # The template (or the caller) already wrote any special tokens the prompt needs.
