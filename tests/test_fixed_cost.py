@@ -1,6 +1,7 @@
 """Fixed cost of a run: with no Prefect server, the run's process starts Prefect's temporary API as a
 separate process (Prefect's own server command) without importing Prefect's server, uses it for the
-whole run (task states, cache, logs), makes no links to a UI it doesn't have, and stops it at the end."""
+whole run (task states, cache, logs), makes no links to a UI it doesn't have, and stops it at the end;
+and the heavy imports of a run don't set off full garbage collections."""
 
 from __future__ import annotations
 
@@ -10,10 +11,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from flows.process import FULL_COLLECTION_THRESHOLD
+
 REPO = Path(__file__).resolve().parents[1]
 
 SCRIPT = """
-import json, socket, sys
+import gc, json, socket, sys
+from flows.process import tune_collector
+tune_collector()  # as the gym console does first
 from pydantic import BaseModel
 from prefect import flow, task
 from prefect.settings import PREFECT_API_URL
@@ -39,7 +44,8 @@ port = int(summary["api"].split(":")[2].split("/")[0])
 with socket.socket() as s:
     stopped = s.connect_ex(("127.0.0.1", port)) != 0
 imported = "prefect.server.api.server" in sys.modules
-print(json.dumps({**summary, "stopped": stopped, "server_imported": imported}))
+full = gc.get_stats()[2]["collections"]
+print(json.dumps({**summary, "stopped": stopped, "server_imported": imported, "full_collections": full}))
 """
 
 
@@ -59,3 +65,15 @@ def test_the_temporary_api_is_prefects_own_server_process_started_without_its_im
     assert out["stopped"], "the API process ends with the run"
     assert out["server_imported"] is False, "Prefect's server package stays out of the run's process"
     assert "Prefect's temporary API on http://127.0.0.1:" in proc.stderr
+    # Importing Prefect and MLflow and running a flow: CPython's default thresholds would walk the whole
+    # (growing) heap several times over; young objects are still collected.
+    assert out["full_collections"] == 0
+
+
+def test_the_gym_console_holds_back_full_collections():
+    code = "import gc; from flows.cli import main; main(['registry', 'list']); print(*gc.get_threshold())"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    young, middle, full = map(int, proc.stdout.strip().splitlines()[-1].split())
+    assert (young, middle) == (700, 10), "CPython's defaults for the young generations stay"
+    assert full == FULL_COLLECTION_THRESHOLD == 1000
