@@ -75,7 +75,7 @@ def cmd_train(argv: Sequence[str]) -> int:
     if method in PIPELINES:
         module, fn, cls = PIPELINES[method]
         pipeline_cls = getattr(importlib.import_module("gym.pipeline"), cls)
-        return main(getattr(importlib.import_module(module), fn), pipeline_cls, rest, prog=prog)
+        return main(f"{module}:{fn}", pipeline_cls, rest, prog=prog)
     from gym.pipeline import TrainFlowConfig
 
     if method in ("ppo", "grpo", "gspo"):  # --reward, --reward-weight, --group-size; the demo's warm start
@@ -88,8 +88,8 @@ def cmd_train(argv: Sequence[str]) -> int:
         extra += ["--dataset", dataset]
         if method_eval and not _given(rest, "--method_eval_dataset", "--method-eval-dataset"):
             extra += ["--method_eval_dataset", method_eval]
-    flow_module = importlib.import_module("flows.train")
-    return main(flow_module.train, TrainFlowConfig, [*extra, *rest], prog=prog)
+    # The flow by name: it is imported once the run's inputs are checked and Prefect's API is starting.
+    return main("flows.train:train", TrainFlowConfig, [*extra, *rest], prog=prog)
 
 
 def _renamed(arg: str, names: dict[str, str]) -> str:

@@ -14,19 +14,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import contextvars
-import functools
+import importlib
 import json
 import logging
 import os
 import sys
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 from pydantic import BaseModel, ValidationError
 
+from flows import temporary_api
 from gym import preflight, progress
 from gym.cli_options import ArgumentParser, add_config_options, merge, overrides_from
 from gym.errors import GymError
@@ -180,28 +179,11 @@ def describe(exc: ValidationError) -> str:
 
 def run_script(flow_fn: Any, config_cls: type[BaseModel]) -> NoReturn:
     """`python flows/<name>.py`: run `main` on the command line's flags, then end the process."""
+    from flows.process import tune_collector
     from gym.cli import exit_process
 
+    tune_collector()
     exit_process(main(flow_fn, config_cls))
-
-
-def _start_temporary_api() -> threading.Thread | None:
-    """With no Prefect server configured, Prefect starts a temporary API in a subprocess (~3 s here).
-
-    Start it now from a background thread, so it comes up while this process connects to MLflow
-    (which every run needs first) instead of after. Join the thread before the flow runs.
-    """
-    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
-
-    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
-        return None
-    from prefect.server.api.server import SubprocessASGIServer
-
-    # Run in a copy of this context, so the server sees the same (workspace) settings.
-    start = functools.partial(contextvars.copy_context().run, SubprocessASGIServer().start)
-    thread = threading.Thread(target=start, name="prefect-temporary-api", daemon=True)
-    thread.start()
-    return thread
 
 
 def _open_tracking(config: BaseModel) -> None:
@@ -217,24 +199,38 @@ def _open_tracking(config: BaseModel) -> None:
 
 
 def run_flow(flow_fn: Any, config: BaseModel, refresh_cache: bool = False) -> dict[str, Any]:
-    """Run the flow with workspace-bound results; add the flow run id and how many tasks were cached."""
+    """Run the flow with workspace-bound results; add the flow run id and how many tasks were cached.
+
+    `flow_fn` may be named ("flows.train:train") so that, with no Prefect server to use, Prefect's
+    temporary API starts booting (flows/temporary_api.py) before the flow's module is imported.
+    """
     from tasks._common import workspace_settings
 
     with workspace_settings(refresh_cache=refresh_cache), workspace_servers():
-        starting = _start_temporary_api()
+        api = temporary_api.TemporaryApi().start() if temporary_api.wanted() else None
         try:
-            if starting is not None:
-                _open_tracking(config)
-                starting.join()
-            state = flow_fn(config=config, return_state=True)
-            flow_run_id = str(state.state_details.flow_run_id)
-            summary = dict(state.result())
-            summary["flow_run_id"] = flow_run_id
-            summary["cached_tasks"] = cached_task_count(flow_run_id)
+            flow_fn = _load(flow_fn)
+            if api is not None:
+                _open_tracking(config)  # while the API boots in its own process
+                api.ready()
+            with api.in_use() if api is not None else contextlib.nullcontext():
+                state = flow_fn(config=config, return_state=True)
+                flow_run_id = str(state.state_details.flow_run_id)
+                summary = dict(state.result())
+                summary["flow_run_id"] = flow_run_id
+                summary["cached_tasks"] = cached_task_count(flow_run_id)
         finally:
-            if starting is not None:
-                _stop_temporary_api()
+            if api is not None:
+                api.stop()
     return summary
+
+
+def _load(flow_fn: Any) -> Any:
+    """A flow, or one named "module:function"."""
+    if isinstance(flow_fn, str):
+        module, name = flow_fn.split(":")
+        return getattr(importlib.import_module(module), name)
+    return flow_fn
 
 
 @contextlib.contextmanager
@@ -251,18 +247,6 @@ def workspace_servers() -> Iterator[None]:
         return
     with temporary_settings({PREFECT_API_URL: f"{url}/api"}):
         yield
-
-
-def _stop_temporary_api() -> None:
-    """Send the run's last logs and events, then stop the temporary API now rather than at exit, so
-    nothing Prefect prints follows the run's own last lines."""
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
-    from prefect.server.api.server import SubprocessASGIServer
-
-    APILogWorker.drain_all(timeout=5)
-    EventsWorker.drain_all(timeout=5)
-    SubprocessASGIServer().stop()
 
 
 def cached_task_count(flow_run_id: str, settle_s: float = 0.2, timeout_s: float = 15.0) -> int:

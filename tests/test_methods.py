@@ -72,6 +72,8 @@ def test_kto_raises_desirable_over_undesirable_log_probability(warm_tiny):
     assert result.metric_first == pytest.approx(gap_before)
     assert result.metric_last > result.metric_first + 0.05, (result.metric_first, result.metric_last)
     assert result.eval_after["eval_rewards/margins"] > 0  # rewards: log-ratios to the reference, 0 at start
+    # Its batches carry input_ids: real tokens are counted (20 steps of 16 rows, each well over 5 tokens).
+    assert result.tokens_seen > 20 * 16 * 5 and result.tokens_per_second
 
 
 def test_cdpo_is_dpo_plus_label_smoothing_times_the_margin(warm_tiny, tmp_path):

@@ -1,0 +1,155 @@
+"""Prefect's temporary API for a run that has no Prefect server: Prefect's own server command, started early.
+
+Used by flows/runner.py (`gym train`, `python flows/<name>.py`); not a command itself.
+
+With no API configured, Prefect's client starts a temporary API on its first call: it imports Prefect's
+server package into the run's process (~2 s of CPU here, only to build a command line) and starts
+`uvicorn ... prefect.server.api.server:create_app` in a subprocess, once the flow begins. gym starts
+that same command, with the same environment, itself: as soon as the run's inputs are checked, so the
+API boots in its own process while this one imports the flow and connects to MLflow, and without the
+server import (its garbage collector tuned as in gym's own process: flows/process.py). The run then
+talks to it through PREFECT_API_URL, as to any Prefect server; it has no UI (as Prefect's temporary
+API), so no UI links are made. It stops when the run ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import prefect
+from prefect.logging import get_logger
+from prefect.settings import (
+    PREFECT_API_URL,
+    PREFECT_SERVER_EPHEMERAL_ENABLED,
+    PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+    PREFECT_UI_URL,
+    get_current_settings,
+    temporary_settings,
+)
+
+from flows.process import FULL_COLLECTION_THRESHOLD
+from gym.errors import GymError
+
+# uvicorn's exit status when it could not bind its port (another process took it first).
+STARTUP_FAILURE = 3
+# `python -m uvicorn`, with the collector tuned as in gym's own process (flows/process.py): the server's
+# start-up is mostly imports (~2.5 s of CPU here; ~0.35 s less this way).
+UVICORN = (
+    f"import gc, runpy, sys; gc.set_threshold(*gc.get_threshold()[:2], {FULL_COLLECTION_THRESHOLD}); "
+    "sys.argv[0] = 'uvicorn'; runpy.run_module('uvicorn', run_name='__main__', alter_sys=True)"
+)
+logger = get_logger("gym")
+
+
+def wanted() -> bool:
+    """True when Prefect would start a temporary API: no API URL configured, and not turned off."""
+    return not PREFECT_API_URL.value() and bool(PREFECT_SERVER_EPHEMERAL_ENABLED.value())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class TemporaryApi:
+    """One temporary API server process: `start` returns at once, `ready` waits for its health check."""
+
+    def __init__(self) -> None:
+        self.port = 0
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    def start(self) -> TemporaryApi:
+        # The command and environment Prefect's SubprocessASGIServer uses (settings made in this
+        # process, such as the workspace's result storage, reach the server as variables).
+        self.port = free_port()
+        env = {
+            **os.environ,
+            "PREFECT_UI_ENABLED": "0",
+            "PREFECT__SERVER_EPHEMERAL": "1",
+            "PREFECT__SERVER_FINAL": "1",
+            **get_current_settings().to_environment_variables(exclude_unset=True),
+        }
+        command = [
+            sys.executable,
+            "-c",
+            UVICORN,
+            "--app-dir",
+            str(prefect.__module_path__.parent),
+            "--factory",
+            "prefect.server.api.server:create_app",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--log-level",
+            "error",
+            "--lifespan",
+            "on",
+        ]
+        self.process = subprocess.Popen(command, env=env)
+        return self
+
+    def ready(self, timeout_s: float | None = None) -> None:
+        """Wait until the API answers its health check (a port taken meanwhile: start again elsewhere)."""
+        limit = timeout_s or float(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
+        deadline = time.monotonic() + limit
+        with httpx.Client() as client:
+            while time.monotonic() < deadline:
+                assert self.process is not None, "start() first"
+                status = self.process.poll()
+                if status == STARTUP_FAILURE:
+                    self.start()
+                    continue
+                if status is not None:
+                    raise GymError(f"Prefect's temporary API exited with status {status} while starting")
+                with contextlib.suppress(httpx.TransportError):
+                    if client.get(f"{self.url}/health", timeout=2).status_code == 200:
+                        logger.info(
+                            f"Prefect's temporary API on {self.url} (no UI: `gym up` starts a Prefect "
+                            "server with its UI, and runs then use it)"
+                        )
+                        return
+                time.sleep(0.05)
+        self.stop()
+        raise GymError(
+            f"Prefect's temporary API did not answer within {limit:.0f} s; on a busy machine raise "
+            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, or start a server with `gym up`"
+        )
+
+    @contextlib.contextmanager
+    def in_use(self) -> Iterator[None]:
+        """Prefect's clients talk to this API; an empty UI URL: it has none, so no links to it are made."""
+        with temporary_settings({PREFECT_API_URL: self.url, PREFECT_UI_URL: ""}):
+            yield
+
+    def stop(self) -> None:
+        """Send the run's last logs and events, then stop the server (at once, not at exit, so nothing
+        Prefect prints follows the run's own last lines)."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            from prefect.events.worker import EventsWorker
+            from prefect.logging.handlers import APILogWorker
+
+            with self.in_use():
+                APILogWorker.drain_all(timeout=5)
+                EventsWorker.drain_all(timeout=5)
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None

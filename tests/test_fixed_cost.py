@@ -1,0 +1,79 @@
+"""Fixed cost of a run: with no Prefect server, the run's process starts Prefect's temporary API as a
+separate process (Prefect's own server command) without importing Prefect's server, uses it for the
+whole run (task states, cache, logs), makes no links to a UI it doesn't have, and stops it at the end;
+and the heavy imports of a run don't set off full garbage collections."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from flows.process import FULL_COLLECTION_THRESHOLD
+
+REPO = Path(__file__).resolve().parents[1]
+
+SCRIPT = """
+import gc, json, socket, sys
+from flows.process import tune_collector
+tune_collector()  # as the gym console does first
+from pydantic import BaseModel
+from prefect import flow, task
+from prefect.settings import PREFECT_API_URL
+from tasks._common import gym_task
+from tasks.tracking import flow_run_url
+from prefect.runtime import flow_run
+from flows.runner import run_flow
+
+@gym_task(name="double")
+def double(x: int) -> int:
+    return 2 * x
+
+@flow(name="tiny", persist_result=True)
+def tiny(config: BaseModel) -> dict:
+    link = flow_run_url(flow_run.get_id())
+    return {"values": [double(21), double(21)], "api": PREFECT_API_URL.value(), "ui_link": link}
+
+class Config(BaseModel):
+    x: int = 1
+
+summary = run_flow(tiny, Config())
+port = int(summary["api"].split(":")[2].split("/")[0])
+with socket.socket() as s:
+    stopped = s.connect_ex(("127.0.0.1", port)) != 0
+imported = "prefect.server.api.server" in sys.modules
+full = gc.get_stats()[2]["collections"]
+print(json.dumps({**summary, "stopped": stopped, "server_imported": imported, "full_collections": full}))
+"""
+
+
+def test_the_temporary_api_is_prefects_own_server_process_started_without_its_import(gym_home):
+    env = {**os.environ, "GYM_HOME": str(gym_home), "PREFECT_HOME": str(gym_home / "prefect-home")}
+    env.pop("PREFECT_API_URL", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["values"] == [42, 42]
+    # The second call came from the cache: task states and results round-trip through the API process.
+    assert out["cached_tasks"] == 1
+    assert out["api"].startswith("http://127.0.0.1:") and out["api"].endswith("/api")
+    assert out["ui_link"] is None, "the temporary API has no UI to link to"
+    assert out["stopped"], "the API process ends with the run"
+    assert out["server_imported"] is False, "Prefect's server package stays out of the run's process"
+    assert "Prefect's temporary API on http://127.0.0.1:" in proc.stderr
+    # Importing Prefect and MLflow and running a flow: CPython's default thresholds would walk the whole
+    # (growing) heap several times over; young objects are still collected.
+    assert out["full_collections"] == 0
+
+
+def test_the_gym_console_holds_back_full_collections():
+    code = "import gc; from flows.cli import main; main(['registry', 'list']); print(*gc.get_threshold())"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    young, middle, full = map(int, proc.stdout.strip().splitlines()[-1].split())
+    assert (young, middle) == (700, 10), "CPython's defaults for the young generations stay"
+    assert full == FULL_COLLECTION_THRESHOLD == 1000
