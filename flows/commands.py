@@ -56,16 +56,16 @@ def cmd_train(argv: Sequence[str]) -> int:
     method, finetuning_type, rest = method_of(argv)
     from gym.train import METHODS
 
+    names = ", ".join(dict.fromkeys([*METHODS, *PIPELINES]))  # tf_grpo is in both
     if finetuning_type and finetuning_type not in (*FINETUNING_TYPES, *METHODS, *PIPELINES):
         print(
             f"error: unknown --finetuning_type {finetuning_type!r}; adaptation types: "
-            f"{', '.join(FINETUNING_TYPES)} (or a method: {', '.join([*METHODS, *PIPELINES])})",
+            f"{', '.join(FINETUNING_TYPES)} (or a method: {names})",
             file=sys.stderr,
         )
         return 2
     if method not in METHODS and method not in PIPELINES:
-        available = ", ".join([*METHODS, *PIPELINES])
-        print(f"error: method {method!r} is not available; available: {available}", file=sys.stderr)
+        print(f"error: method {method!r} is not available; available: {names}", file=sys.stderr)
         return 2
     if finetuning_type in FINETUNING_TYPES:
         rest = [*rest, "--finetuning_type", finetuning_type]

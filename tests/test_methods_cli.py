@@ -54,6 +54,8 @@ def test_unknown_method_or_adaptation_type_lists_the_valid_ones(capsys):
     assert cmd_train(["--method", "dpoo"]) == 2
     err = capsys.readouterr().err
     assert "'dpoo'" in err and all(m in err for m in METHODS) and "sft_then_dpo" in err
+    listed = err.strip().rsplit("available: ", 1)[1].split(", ")
+    assert len(listed) == len(set(listed)), listed  # each name once
     assert cmd_train(["--finetuning_type", "qlora4"]) == 2
     err = capsys.readouterr().err
     assert "'qlora4'" in err and all(t in err for t in FINETUNING_TYPES)
