@@ -2,7 +2,9 @@
 needed), requirements.txt and the Space's README.md metadata.
 
 The app prompts the model as gym does: the chat template shipped in the model's tokenizer, plus
-the TF-GRPO experience block (gym.tfgrpo.injection's exact text) when the model carries one.
+the TF-GRPO experience block (gym.tfgrpo.injection's exact text) when the model carries one: the
+whole library, even one shipped with `retrieval_top_k` (the app has no embedding model to retrieve
+with; `gym serve` and `gym eval` inject the per-question top k as training did).
 `MODEL_ID` (an environment variable) overrides which model it loads, so the same app runs on the
 Space against the hub repo and locally against the deploy folder's `model/`.
 """

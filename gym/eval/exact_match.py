@@ -5,7 +5,8 @@ the last assistant turn, rendered with the model's chat template, and the refere
 assistant turn. Exact match (whitespace-stripped) is always reported; `metrics` adds BLEU, ROUGE
 or your own function by dotted path (gym/eval/generation.py), all checked before the model loads.
 A TF-GRPO model's shipped experience library is injected into every prompt as training and serving
-inject it (gym.tfgrpo.injection), and named in the result.
+inject it (gym.tfgrpo.injection: the whole library, or the run's top-k most similar to each example's
+last user turn), and named in the result.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pydantic import BaseModel
 from gym.eval.generation import check_metrics, score
 from gym.models import ModelRef, load_model, load_tokenizer
 from gym.templates import render
-from gym.tfgrpo.injection import inject, shipped_library
+from gym.tfgrpo.injection import inject, query_of, shipped_library
 
 
 class ExactMatch(BaseModel):
@@ -48,13 +49,14 @@ def evaluate(
     if limit is not None:
         records = records.select(range(min(limit, len(records))))
     shipped = shipped_library(model.path)
-    experiences = shipped.texts if shipped is not None else None
     tokenizer = load_tokenizer(model)
     tokenizer.padding_side = "left"
     lm = load_model(model).eval()
     prompts, refs = [], []
     for rec in records:
-        messages = inject(rec["messages"][:-1], experiences)
+        messages = rec["messages"][:-1]
+        if shipped is not None:
+            messages = inject(messages, shipped.texts_for(query_of(messages)))
         prompts.append(render(tokenizer, messages, model.template, add_generation_prompt=True))
         refs.append(rec["messages"][-1]["content"])
     preds: list[str] = []

@@ -12,7 +12,8 @@ tokenizer) and maps lm-eval's results onto subjects (leaf tasks), categories (gr
 Task configs (dicts) work too: gym/eval/lm_eval_tasks.py builds lm-eval's MMLU / C-Eval / CMMLU
 tasks over local files, which is how `gym eval --engine lm-eval --benchmark mmlu` runs.
 A TF-GRPO model's shipped experience block goes in as lm-eval's system instruction (first in the
-prompt; the system message's start with a chat template) and is named in the result.
+prompt; the system message's start with a chat template) and is named in the result. A library
+shipped with `retrieval_top_k` (a selection per question) cannot: it is refused before loading.
 """
 
 from __future__ import annotations
@@ -93,6 +94,14 @@ def run_lm_eval(
     """Run lm-eval's `settings.tasks` (or the given full task configs) on `model`.
     `manager`: the index from `task_manager(settings)`, if the caller already checked the names."""
     start = time.perf_counter()
+    shipped = shipped_library(model.path)
+    if shipped is not None and shipped.retrieves:
+        raise ConfigError(
+            f"{model.name} ships a TF-GRPO library of {len(shipped.texts)} experiences with retrieval_top_k="
+            f"{shipped.retrieval_top_k}: each question gets its own {shipped.retrieval_top_k}, which cannot "
+            "go through lm-eval's single system instruction. Evaluate it with gym's own evaluator "
+            "(`gym eval --benchmark ... --engine gym`, or a generation eval), which retrieves per question"
+        )
     if manager is None:
         manager = task_manager(settings, with_defaults=task_configs is None)
     import lm_eval
@@ -104,7 +113,6 @@ def run_lm_eval(
         batch_size=settings.batch_size,
         max_length=settings.max_length,
     )
-    shipped = shipped_library(model.path)
     out = lm_eval.simple_evaluate(
         model=lm,
         tasks=task_configs if task_configs is not None else list(settings.tasks),

@@ -10,8 +10,10 @@ Two prompt styles:
   lm-eval's `--apply_chat_template --fewshot_as_multiturn` (and LLaMA-Factory's style).
 
 A TF-GRPO model's experience library (`experiences`) is injected as everywhere else
-(gym.tfgrpo.injection): appended to the system message in the chat style; first, where lm-eval puts
-`--system_instruction`, in the plain style (so the prompt equals lm-eval's with that instruction).
+(gym.tfgrpo.injection; a shipped library with `retrieval_top_k` gives each question the experiences
+most similar to its own text, the last user turn of the chat style, in both styles): appended to
+the system message in the chat style; first, where lm-eval puts `--system_instruction`, in the
+plain style (so the prompt equals lm-eval's with that instruction).
 
 Token ids follow lm-eval's `_encode_pair` and `_loglikelihood_tokens`: trailing whitespace of
 the context moves to the continuation, the continuation's tokens are those of context+choice
@@ -25,7 +27,7 @@ from typing import Any, Literal
 
 from gym.eval.benchmarks import LETTERS, BenchmarkSpec
 from gym.eval.mc_data import Question, SubjectData
-from gym.tfgrpo.injection import inject, inject_text
+from gym.tfgrpo.injection import ShippedLibrary, inject, inject_text
 
 PromptStyle = Literal["lm-eval", "chat"]
 PROMPT_STYLES: tuple[str, ...] = ("lm-eval", "chat")
@@ -84,11 +86,15 @@ class Encoder:
     WINDOW = 8
 
     def __init__(
-        self, tokenizer: Any, render_chat: Any | None = None, experiences: list[str] | None = None
+        self,
+        tokenizer: Any,
+        render_chat: Any | None = None,
+        experiences: list[str] | ShippedLibrary | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.render_chat = render_chat  # messages -> text with the generation prompt (chat style)
-        self.experiences = experiences  # a TF-GRPO model's library, injected into every prompt
+        # A TF-GRPO model's library: every text into every prompt, or a shipped library's choice per question.
+        self.experiences = experiences
         prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
         self._prefix_text = tokenizer.decode(prefix) if prefix is not None else None
         # Windows need offsets (fast tokenizers) and specials only at the start (BOS), never at the end.
@@ -116,11 +122,15 @@ class Encoder:
 
     def context(self, spec: BenchmarkSpec, subject: SubjectData, q: Question, style: PromptStyle) -> str:
         """The question's prompt text in `style`, experiences injected."""
+        if isinstance(self.experiences, ShippedLibrary):
+            texts: list[str] | None = self.experiences.texts_for(format_question(spec, q))
+        else:
+            texts = self.experiences
         if style == "chat":
             if self.render_chat is None:
                 raise ValueError("the chat style needs a chat template renderer")
-            return str(self.render_chat(inject(chat_messages(spec, subject, q), self.experiences)))
-        return inject_text(text_context(spec, subject, q), self.experiences)
+            return str(self.render_chat(inject(chat_messages(spec, subject, q), texts)))
+        return inject_text(text_context(spec, subject, q), texts)
 
     def pair(self, context: str, continuations: list[str]) -> Encoded:
         """lm-eval's `_encode_pair` for one context and several continuations."""

@@ -99,7 +99,7 @@ def build_requests(
     encoder = Encoder(
         tokenizer,
         render_chat=lambda msgs: _render_chat(tokenizer, msgs, model.template, render),
-        experiences=shipped.texts if shipped is not None else None,
+        experiences=shipped,
     )
     requests: list[Request] = []
     key = truncated = split = 0

@@ -12,7 +12,8 @@ row with its own parameters; `RowTracker` (requests.py), a stopping criterion ca
 step, ends each row on its own end-of-sequence token, stop string or budget and publishes its
 text to the request as it grows. The engine stays usable as a library: `generate`/`chat` block, `agenerate`/
 `astream` await, and `submit` takes any callback. A TF-GRPO model's shipped experience library is
-injected into every chat prompt (gym.tfgrpo.injection).
+injected into every chat prompt (gym.tfgrpo.injection): all of it, or, when the run set
+`retrieval_top_k`, the k experiences most similar to the request's last user message, as in training.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from gym.errors import GymError
 from gym.serve.params import SamplingParams
 from gym.serve.requests import Delta, Event, Failed, Finished, Request, RequestError, Result, Row, RowTracker
 from gym.serve.sampling import RowSampler, row_generator
-from gym.tfgrpo.injection import inject, inject_text
+from gym.tfgrpo.injection import ShippedLibrary, inject, inject_text, query_of
 
 __all__ = ["Delta", "Engine", "Event", "Failed", "Finished", "Request", "RequestError", "Result"]
 
@@ -47,11 +48,13 @@ class Engine:
         *,
         name: str,
         chat_template: str,
-        experiences: list[str] | None = None,
+        experiences: list[str] | ShippedLibrary | None = None,
         max_batch_size: int = 32,
     ) -> None:
         self.model, self.name, self.chat_template = model.eval(), name, chat_template
-        self.experiences = experiences
+        if isinstance(experiences, list):
+            experiences = ShippedLibrary(texts=experiences)
+        self.library = experiences
         self.max_batch_size = max_batch_size
         config = model.config.get_text_config()
         self.context_length: int | None = getattr(config, "max_position_embeddings", None)
@@ -109,11 +112,20 @@ class Engine:
             tokenizer,
             name=name or model,
             chat_template=served.chat_template,
-            experiences=served.experiences,
+            experiences=served.library,
             max_batch_size=max_batch_size,
         )
 
     # ---- prompts --------------------------------------------------------------------------------------
+
+    @property
+    def experiences(self) -> list[str] | None:
+        """The whole shipped library (None: the model ships none)."""
+        return self.library.texts if self.library is not None else None
+
+    def experiences_for(self, query: str) -> list[str]:
+        """The experiences a prompt asking `query` gets: all, or the shipped retrieval_top_k most similar."""
+        return self.library.texts_for(query) if self.library is not None else []
 
     def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
         """The prompt for `messages`: experiences injected, chat template applied, assistant cue added."""
@@ -122,7 +134,7 @@ class Engine:
         try:
             with self._encode_lock:
                 text = self._encoder.apply_chat_template(
-                    inject(list(messages), self.experiences),
+                    inject(list(messages), self.experiences_for(query_of(list(messages)))),
                     chat_template=self.chat_template,
                     add_generation_prompt=True,
                     tokenize=False,
@@ -140,8 +152,13 @@ class Engine:
         ids = self.encode_text(prompt) if isinstance(prompt, str) else list(prompt)
         if not (experiences and self.experiences):
             return ids
+        if isinstance(prompt, str):
+            query = prompt  # the raw prompt is the question
+        else:
+            with self._encode_lock:  # the decoder belongs to the scheduler's thread
+                query = str(self._encoder.decode(ids, skip_special_tokens=True))
         # Text and ids are encoded apart so that ids sent by the caller stay exactly as sent.
-        return self.encode_text(inject_text("", self.experiences)) + ids
+        return self.encode_text(inject_text("", self.experiences_for(query))) + ids
 
     def encode_text(self, prompt: str) -> list[int]:
         # The template (or the caller) already wrote any special tokens the prompt needs.

@@ -18,7 +18,7 @@ from gym.errors import ConfigError
 from gym.hashing import hash_obj
 from gym.models import ModelRef, resolve
 from gym.templates import load_template
-from gym.tfgrpo.injection import load_shipped
+from gym.tfgrpo.injection import ShippedLibrary, shipped_library
 
 
 @dataclass(frozen=True)
@@ -28,11 +28,16 @@ class ServedModel:
     ref: ModelRef
     chat_template: str
     template_name: str | None  # None: the tokenizer's own template
-    experiences: list[str] | None
+    library: ShippedLibrary | None  # a TF-GRPO model's experiences (and its retrieval_top_k)
 
     @property
     def path(self) -> str:
         return self.ref.path
+
+    @property
+    def experiences(self) -> list[str] | None:
+        """The whole shipped library's texts (None: the model ships none)."""
+        return self.library.texts if self.library is not None else None
 
 
 def resolve_served(model: str, template: str | None = None, trust_remote_code: bool = False) -> ServedModel:
@@ -45,8 +50,8 @@ def resolve_served(model: str, template: str | None = None, trust_remote_code: b
         text, name = _tokenizer_template(Path(ref.path), model), None
     if trust_remote_code:
         ref = ref.model_copy(update={"trust_remote_code": True})
-    experiences = load_shipped(ref.path) if Path(ref.path).is_dir() else None
-    return ServedModel(ref=ref, chat_template=text, template_name=name, experiences=experiences)
+    library = shipped_library(ref.path) if Path(ref.path).is_dir() else None
+    return ServedModel(ref=ref, chat_template=text, template_name=name, library=library)
 
 
 def _own_template_ref(model: str, template: str | None) -> ModelRef | None:

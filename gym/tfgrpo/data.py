@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict
 
 from gym.errors import ConfigError, DataError
 from gym.hashing import hash_obj
+from gym.tfgrpo.injection import query_of
 
 QA_COLUMNS = {"instruction": "question", "output": "answer"}
 
@@ -33,7 +34,7 @@ class Question(BaseModel):
     @property
     def text(self) -> str:
         """The last user turn: what the optimizer prompts show as the problem."""
-        return next((m["content"] for m in reversed(self.prompt) if m["role"] == "user"), "")
+        return query_of(self.prompt)
 
 
 class StepPlan(BaseModel):

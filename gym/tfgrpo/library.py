@@ -99,6 +99,7 @@ class Library(BaseModel):
         stored_hash = data.pop("hash", None)
         data.pop("format", None)
         data.pop("format_version", None)
+        data.pop("retrieval_top_k", None)  # how a shipped model injects it (injection.shipped_json)
         try:
             library = cls.model_validate(data)
         except ValidationError as exc:

@@ -25,7 +25,7 @@ from gym.tfgrpo.clients import LLMClient, LocalClient, OpenAIClient
 from gym.tfgrpo.config import ROLES, ResolvedRole, TfGrpoSettings
 from gym.tfgrpo.data import Question
 from gym.tfgrpo.library import Library
-from gym.tfgrpo.retrieval import Retriever
+from gym.tfgrpo.retrieval import Retriever, select
 
 _LOCAL: dict[tuple[str, str | None, bool], LocalClient] = {}
 _LOCAL_LOCK = threading.Lock()
@@ -95,16 +95,11 @@ class Runtime:
         self.run_dir = (
             Path(run_dir) if run_dir is not None else workspace.path("runs", "tfgrpo", self.config_hash)
         )
-        self._retriever: Retriever | None = None
+        self._retriever = Retriever()  # loads its model on first use
 
     def experiences_for(self, question: Question, library: Library) -> list[str]:
         """The experience texts injected for `question`: all of them, or the top-k most similar."""
-        k = self.settings.retrieval_top_k
-        if k is None or len(library.items) <= k:
-            return library.texts
-        if self._retriever is None:
-            self._retriever = Retriever()
-        return self._retriever.top_k(question.text, library.texts, k)
+        return select(question.text, library.texts, self.settings.retrieval_top_k, self._retriever)
 
 
 def _configured(settings: TfGrpoSettings, name: str) -> bool:

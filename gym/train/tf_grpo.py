@@ -28,7 +28,7 @@ from gym.models import ModelRef
 from gym.tfgrpo.config import TfGrpoSettings
 from gym.tfgrpo.data import Question, StepPlan, load_questions, plan_steps, questions_from
 from gym.tfgrpo.engine import RunResult, train
-from gym.tfgrpo.injection import EXPERIENCE_FILE
+from gym.tfgrpo.injection import EXPERIENCE_FILE, shipped_json
 from gym.tfgrpo.library import Library
 from gym.tfgrpo.runtime import Runtime
 from gym.train.common import TrainResult
@@ -147,7 +147,8 @@ def local_model(run: TfGrpoRun) -> ModelRef | None:
 
 
 def ship(run: TfGrpoRun, result: RunResult, model: ModelRef | None) -> Path:
-    """The final model directory: the model's files plus experiences.json (atomically, once per library)."""
+    """The final model directory: the model's files plus experiences.json (atomically, once per library),
+    which records the run's retrieval_top_k so that evaluation and serving inject what training did."""
     name = f"tf_grpo-{run.config_hash[:8]}-{result.library_hash[:8]}"
     target = workspace.path("models", name, "model")
     if target.is_dir():
@@ -160,7 +161,10 @@ def ship(run: TfGrpoRun, result: RunResult, model: ModelRef | None) -> Path:
         else:  # a model behind an API: the library is all there is to ship
             meta.update(endpoint=run.settings.endpoint, model=run.model)
         workspace.atomic_write_json(tmp / "gym_model.json", meta)
-        shutil.copyfile(result.library_file, tmp / EXPERIENCE_FILE)
+        library_json = Path(result.library_file).read_text(encoding="utf-8")
+        (tmp / EXPERIENCE_FILE).write_text(
+            shipped_json(library_json, run.settings.retrieval_top_k), encoding="utf-8"
+        )
     return target
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from gym import workspace
 from gym.errors import ConfigError
-from gym.tfgrpo.injection import EXPERIENCE_FILE, experience_block, inject
+from gym.tfgrpo.injection import EXPERIENCE_FILE, experience_block, inject, shipped_json
 from gym.tfgrpo.library import Library, diff
 from gym.tfgrpo.ops import Add, ApplyResult, Delete, Merge, Op, Update, apply
 from gym.tfgrpo.parse import parse_ops, resolve_id
@@ -169,8 +169,9 @@ class ExperienceManager:
         old = other.library if isinstance(other, ExperienceManager) else other
         return diff(old, self.library).markdown()
 
-    def export(self, directory: str | Path) -> Path:
-        """Write experiences.json into a model directory (how a model ships its library)."""
+    def export(self, directory: str | Path, retrieval_top_k: int | None = None) -> Path:
+        """Write experiences.json into a model directory (how a model ships its library); with
+        `retrieval_top_k`, evaluation and serving inject only the k most relevant per question."""
         target = Path(directory) / EXPERIENCE_FILE
-        workspace.atomic_write_text(target, self.library.to_json())
+        workspace.atomic_write_text(target, shipped_json(self.library.to_json(), retrieval_top_k))
         return target
