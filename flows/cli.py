@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from flows.process import tune_collector
+from flows.process import tune_process
 from gym.errors import GymError
 
 # subcommand -> ("module:function", one-line help). The function takes the arguments after the
@@ -58,7 +58,7 @@ def usage() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     _offline_defaults()
-    tune_collector()
+    tune_process()
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         print(usage(), end="")

@@ -1,15 +1,28 @@
 """Process-wide settings of a gym command's own process (`gym ...`, `python flows/<name>.py`).
 
-Not a command; flows/cli.py and flows/runner.py call `tune_collector` first thing. Imports nothing
+Not a command; flows/cli.py and flows/runner.py call `tune_process` first thing. Imports nothing
 heavy, so `gym registry list` stays free of Prefect and torch.
 """
 
 from __future__ import annotations
 
 import gc
+import importlib.util
+import sys
+import threading
+import types
+from typing import Any
 
 # Full (oldest-generation) collections wait for 100x more young-generation ones than CPython's default 10.
 FULL_COLLECTION_THRESHOLD = 1000
+# Optional packages that other libraries import eagerly but only a few runs use.
+DEFERRED_IMPORTS = ("bitsandbytes",)
+
+
+def tune_process() -> None:
+    """What a gym command's process sets first: the collector's thresholds and deferred imports."""
+    tune_collector()
+    defer_imports()
 
 
 def tune_collector() -> None:
@@ -24,3 +37,49 @@ def tune_collector() -> None:
     """
     young, middle, _ = gc.get_threshold()
     gc.set_threshold(young, middle, FULL_COLLECTION_THRESHOLD)
+
+
+def defer_imports() -> None:
+    """Load bitsandbytes when something first uses it, not when peft is imported.
+
+    peft imports bitsandbytes whenever it is installed (gym's `quant` extra), and bitsandbytes wraps
+    its kernels in torch.compile at import, which loads TorchInductor: 0.6-1.1 s of CPU in every run,
+    though only QLoRA (and peft's LoRA layer dispatch) uses it. The package is put in sys.modules with
+    its import metadata only (`__name__`, `__file__`, `__spec__`...); the first access to anything else,
+    `__path__` included (a submodule import), runs its code in place, so every holder of the module
+    then sees the real one. (importlib.util.LazyLoader is not enough: it loads on *any* attribute, and
+    inspect.getmodule, which pydantic calls for docstrings, reads `__file__` of every module.)
+    A package that is absent stays absent.
+    """
+    for name in DEFERRED_IMPORTS:
+        if name in sys.modules:
+            continue
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            continue
+        module = importlib.util.module_from_spec(spec)
+        module.__dict__.pop("__path__", None)  # restored when the code runs
+        module.__class__ = _Deferred
+        sys.modules[name] = module
+
+
+_LOADING = threading.RLock()
+
+
+class _Deferred(types.ModuleType):
+    """A module whose code has not run yet; `__getattr__` is only called for names not yet set."""
+
+    def __getattr__(self, attr: str) -> Any:
+        with _LOADING:
+            if type(self) is _Deferred:
+                spec = self.__spec__
+                assert spec is not None and spec.loader is not None
+                self.__class__ = types.ModuleType  # from here on, a plain (partly initialised) module
+                if spec.submodule_search_locations is not None:
+                    self.__path__ = spec.submodule_search_locations
+                try:
+                    spec.loader.exec_module(self)
+                except BaseException:
+                    sys.modules.pop(spec.name, None)  # as a failed import leaves it: absent
+                    raise
+        return getattr(self, attr)

@@ -179,10 +179,10 @@ def describe(exc: ValidationError) -> str:
 
 def run_script(flow_fn: Any, config_cls: type[BaseModel]) -> NoReturn:
     """`python flows/<name>.py`: run `main` on the command line's flags, then end the process."""
-    from flows.process import tune_collector
+    from flows.process import tune_process
     from gym.cli import exit_process
 
-    tune_collector()
+    tune_process()
     exit_process(main(flow_fn, config_cls))
 
 

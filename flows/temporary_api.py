@@ -27,6 +27,7 @@ import prefect
 from prefect.logging import get_logger
 from prefect.settings import (
     PREFECT_API_URL,
+    PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
     PREFECT_SERVER_EPHEMERAL_ENABLED,
     PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
     PREFECT_UI_URL,
@@ -130,8 +131,14 @@ class TemporaryApi:
 
     @contextlib.contextmanager
     def in_use(self) -> Iterator[None]:
-        """Prefect's clients talk to this API; an empty UI URL: it has none, so no links to it are made."""
-        with temporary_settings({PREFECT_API_URL: self.url, PREFECT_UI_URL: ""}):
+        """Prefect's clients talk to this API; an empty UI URL: it has none, so no links to it are made.
+
+        No flow-run heartbeats: they let a server notice a run whose process died, and this API dies
+        with the run's process. (Prefect's heartbeat thread sleeps in 1 s steps and is joined when the
+        flow ends: up to a second of every run's wall time.)
+        """
+        settings = {PREFECT_API_URL: self.url, PREFECT_UI_URL: "", PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
+        with temporary_settings(settings):
             yield
 
     def stop(self) -> None:

@@ -5,11 +5,14 @@ and the heavy imports of a run don't set off full garbage collections."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from flows.process import FULL_COLLECTION_THRESHOLD
 
@@ -17,11 +20,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 SCRIPT = """
 import gc, json, socket, sys
-from flows.process import tune_collector
-tune_collector()  # as the gym console does first
+from flows.process import tune_process
+tune_process()  # as the gym console does first
 from pydantic import BaseModel
 from prefect import flow, task
-from prefect.settings import PREFECT_API_URL
+from prefect.settings import PREFECT_API_URL, get_current_settings
 from tasks._common import gym_task
 from tasks.tracking import flow_run_url
 from prefect.runtime import flow_run
@@ -34,7 +37,9 @@ def double(x: int) -> int:
 @flow(name="tiny", persist_result=True)
 def tiny(config: BaseModel) -> dict:
     link = flow_run_url(flow_run.get_id())
-    return {"values": [double(21), double(21)], "api": PREFECT_API_URL.value(), "ui_link": link}
+    heartbeat = get_current_settings().flows.heartbeat_frequency
+    return {"values": [double(21), double(21)], "api": PREFECT_API_URL.value(), "ui_link": link,
+            "heartbeat": heartbeat}
 
 class Config(BaseModel):
     x: int = 1
@@ -62,6 +67,7 @@ def test_the_temporary_api_is_prefects_own_server_process_started_without_its_im
     assert out["cached_tasks"] == 1
     assert out["api"].startswith("http://127.0.0.1:") and out["api"].endswith("/api")
     assert out["ui_link"] is None, "the temporary API has no UI to link to"
+    assert out["heartbeat"] is None, "no heartbeats to an API that ends with the run"
     assert out["stopped"], "the API process ends with the run"
     assert out["server_imported"] is False, "Prefect's server package stays out of the run's process"
     assert "Prefect's temporary API on http://127.0.0.1:" in proc.stderr
@@ -77,3 +83,34 @@ def test_the_gym_console_holds_back_full_collections():
     young, middle, full = map(int, proc.stdout.strip().splitlines()[-1].split())
     assert (young, middle) == (700, 10), "CPython's defaults for the young generations stay"
     assert full == FULL_COLLECTION_THRESHOLD == 1000
+
+
+DEFERRED = """
+import json, sys
+from flows.process import tune_process
+tune_process()
+import peft, trl, transformers  # peft imports bitsandbytes when it is installed
+before = "bitsandbytes.nn" in sys.modules
+from gym.train.quant import require_bitsandbytes
+require_bitsandbytes()  # what a QLoRA run checks first
+import bitsandbytes as bnb
+print(json.dumps({"loaded_by_imports": before, "loaded_for_qlora": "bitsandbytes.nn" in sys.modules,
+                  "linear4bit": bnb.nn.Linear4bit.__module__,
+                  "peft_sees": peft.import_utils.is_bnb_4bit_available()}))
+"""
+
+
+NO_BNB = importlib.util.find_spec("bitsandbytes") is None
+
+
+@pytest.mark.skipif(NO_BNB, reason="bitsandbytes (gym[quant]) is absent")
+def test_bitsandbytes_loads_on_first_use_not_when_peft_is_imported():
+    proc = subprocess.run(
+        [sys.executable, "-c", DEFERRED], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["loaded_by_imports"] is False, "importing peft/trl/transformers ran bitsandbytes' code"
+    assert out["loaded_for_qlora"] is True
+    assert out["linear4bit"] == "bitsandbytes.nn.modules", "the deferred module is the real one once used"
+    assert out["peft_sees"] is True

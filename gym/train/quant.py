@@ -12,6 +12,7 @@ quantized weights would bake the quantization error into every adapted layer).
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,8 @@ HEADROOM = 0.9  # leave a tenth of the available memory for what the estimate do
 
 def require_bitsandbytes() -> None:
     try:
-        import bitsandbytes  # noqa: F401
+        # bitsandbytes.nn, not the package: gym's console defers the package's loading to its first use.
+        importlib.import_module("bitsandbytes.nn")
     except ImportError:
         raise MissingExtraError(
             "finetuning_type qlora needs bitsandbytes: pip install 'gym[quant]'"
