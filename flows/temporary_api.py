@@ -38,14 +38,24 @@ from prefect.settings import (
 from flows.process import FULL_COLLECTION_THRESHOLD
 from gym.errors import GymError
 
-# uvicorn's exit status when it could not bind its port (another process took it first).
+# uvicorn's exit status when it could not start: its port was taken meanwhile (start again on another),
+# or the app's start-up failed (e.g. its database cannot be opened; retrying will not help).
 STARTUP_FAILURE = 3
+STARTS = 3
 # `python -m uvicorn`, with the collector tuned as in gym's own process (flows/process.py): the server's
-# start-up is mostly imports (~2.5 s of CPU here; ~0.35 s less this way).
-UVICORN = (
-    f"import gc, runpy, sys; gc.set_threshold(*gc.get_threshold()[:2], {FULL_COLLECTION_THRESHOLD}); "
-    "sys.argv[0] = 'uvicorn'; runpy.run_module('uvicorn', run_name='__main__', alter_sys=True)"
-)
+# start-up is mostly imports (~2.5 s of CPU here; ~0.35 s less this way). It ends with the run's process
+# even when that is killed (SIGKILL, OOM) and cannot stop it: it watches for its parent to change.
+UVICORN = f"""
+import gc, os, runpy, sys, threading, time
+gc.set_threshold(*gc.get_threshold()[:2], {FULL_COLLECTION_THRESHOLD})
+def exit_with_parent(parent=os.getppid()):
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(0)
+threading.Thread(target=exit_with_parent, daemon=True).start()
+sys.argv[0] = "uvicorn"
+runpy.run_module("uvicorn", run_name="__main__", alter_sys=True)
+"""
 logger = get_logger("gym")
 
 
@@ -106,15 +116,20 @@ class TemporaryApi:
         """Wait until the API answers its health check (a port taken meanwhile: start again elsewhere)."""
         limit = timeout_s or float(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
         deadline = time.monotonic() + limit
+        starts = 1
         with httpx.Client() as client:
             while time.monotonic() < deadline:
                 assert self.process is not None, "start() first"
                 status = self.process.poll()
-                if status == STARTUP_FAILURE:
+                if status == STARTUP_FAILURE and starts < STARTS:
+                    starts += 1
                     self.start()
                     continue
                 if status is not None:
-                    raise GymError(f"Prefect's temporary API exited with status {status} while starting")
+                    raise GymError(
+                        f"Prefect's temporary API exited with status {status} while starting (its error "
+                        "is above); or start a Prefect server with `gym up`, and runs use it"
+                    )
                 with contextlib.suppress(httpx.TransportError):
                     if client.get(f"{self.url}/health", timeout=2).status_code == 200:
                         logger.info(

@@ -1,7 +1,9 @@
 """Fixed cost of a run: with no Prefect server, the run's process starts Prefect's temporary API as a
 separate process (Prefect's own server command) without importing Prefect's server, uses it for the
-whole run (task states, cache, logs), makes no links to a UI it doesn't have, and stops it at the end;
-and the heavy imports of a run don't set off full garbage collections."""
+whole run (task states, cache, logs), makes no links to a UI it doesn't have, sends it no heartbeats,
+and stops it at the end (it stops itself if the run is killed); the heavy imports of a run don't set
+off full garbage collections; and bitsandbytes, which peft imports whenever it is installed, loads
+only when something uses it."""
 
 from __future__ import annotations
 
@@ -10,7 +12,9 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -114,3 +118,82 @@ def test_bitsandbytes_loads_on_first_use_not_when_peft_is_imported():
     assert out["loaded_for_qlora"] is True
     assert out["linear4bit"] == "bitsandbytes.nn.modules", "the deferred module is the real one once used"
     assert out["peft_sees"] is True
+
+
+ORPHAN = """
+import time
+from flows.temporary_api import TemporaryApi
+api = TemporaryApi().start()
+api.ready()
+print(api.process.pid, api.url, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_temporary_api_ends_when_the_run_is_killed(gym_home):
+    """A run killed outright (SIGKILL, the OOM killer) cannot stop its temporary API: the API stops itself."""
+    import httpx
+    import psutil
+
+    (gym_home / "prefect-home").mkdir(parents=True)
+    env = {**os.environ, "GYM_HOME": str(gym_home), "PREFECT_HOME": str(gym_home / "prefect-home")}
+    env.pop("PREFECT_API_URL", None)
+    cmd = [sys.executable, "-c", ORPHAN]
+    run = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
+    api_pid = None
+    try:
+        assert run.stdout is not None
+        pid, url = run.stdout.readline().split()
+        api_pid = int(pid)
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+        run.kill()
+        run.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _alive(psutil, api_pid):
+            time.sleep(0.2)
+        assert not _alive(psutil, api_pid), "the temporary API outlived the killed run"
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"{url}/health", timeout=2)
+    finally:
+        run.kill()
+        if api_pid is not None and _alive(psutil, api_pid):
+            psutil.Process(api_pid).kill()
+
+
+def _alive(psutil: Any, pid: int) -> bool:
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
+
+
+CANNOT_START = """
+import json
+from flows.temporary_api import STARTS, TemporaryApi
+from gym.errors import GymError
+api = TemporaryApi()
+starts = []
+start = api.start
+api.start = lambda: starts.append(1) or start()
+api.start()
+try:
+    api.ready(timeout_s=600)
+    print(json.dumps({"error": None}))
+except GymError as e:
+    print(json.dumps({"error": str(e), "starts": len(starts), "allowed": STARTS}))
+"""
+
+
+def test_a_temporary_api_that_cannot_start_fails_the_run_at_once(tmp_path):
+    """Its database cannot be opened (PREFECT_HOME under a file): an error, not retries until the timeout."""
+    (tmp_path / "file").write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env["PREFECT_HOME"] = str(tmp_path / "file" / "prefect")
+    proc = subprocess.run(
+        [sys.executable, "-c", CANNOT_START], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["error"] is not None and "exited with status 3 while starting" in out["error"]
+    assert out["starts"] == out["allowed"], "a start-up failure is retried only as a taken port would be"
+    assert "unable to open database file" in proc.stderr, "the server's own error is shown"
