@@ -114,7 +114,7 @@ def run_trl(trl_class: type, args: Any, model: Any, records: Any, kind: str, out
     fields = {f.name for f in dataclasses.fields(args)}
     reset = {k: v for k, v in SPEED_FIELDS.items() if k in fields}
     trl_args = dataclasses.replace(args, output_dir=str(out), **reset, **extra)
-    trainer = trl_class(
+    trainer = counting(trl_class)(
         model=AutoModelForCausalLM.from_pretrained(model.path),
         args=trl_args,
         train_dataset=records,
@@ -123,6 +123,16 @@ def run_trl(trl_class: type, args: Any, model: Any, records: Any, kind: str, out
     start = time.perf_counter()
     trainer.train()
     return time.perf_counter() - start, int(trainer.state.num_input_tokens_seen)
+
+
+def counting(trl_class: type) -> type:
+    """The TRL class as it is; for the trainers that tokenize pairs row by row (ORPO, CPO/SimPO), whose
+    batches have no `input_ids` for the Trainer to count, counting tokens as gym's subclass does."""
+    from gym.train.pairs import count_pair_tokens
+
+    if not hasattr(trl_class, "tokenize_row"):
+        return trl_class
+    return type(trl_class.__name__, (trl_class,), {"_track_num_input_tokens": count_pair_tokens})
 
 
 def best(samples: list[tuple[float, int]]) -> dict[str, float]:
@@ -166,7 +176,7 @@ def bench_methods(a: argparse.Namespace, model: Any, root: Path) -> list[dict[st
                 "trl_tok_s": t["tok_s"],
                 "gym_s": g["seconds"],
                 "trl_s": t["seconds"],
-                "ratio": round(g["tok_s"] / t["tok_s"], 3),
+                "ratio": round(g["tok_s"] / t["tok_s"], 3) if t["tok_s"] else None,
             }
         )
         print(rows[-1], flush=True)

@@ -137,3 +137,22 @@ def test_method_names_and_their_losses_agree():
     simpo = train.config.with_defaults(TrainConfig(method="simpo", beta=2.5), {})
     assert simpo.simpo_gamma == 1.25  # the paper's gamma / beta = 0.5
     assert train.config.with_defaults(TrainConfig(method="cdpo"), {}).label_smoothing == 0.1
+
+
+@pytest.mark.parametrize("method", ["orpo", "simpo"])
+def test_row_trainers_count_the_tokens_they_train_on(warm_tiny, method):
+    """ORPO/SimPO batches have no input_ids for the Trainer to count; gym counts what the model reads,
+    each answer after its prompt, so their tokens/s exist like every other method's."""
+    from datasets import load_from_disk
+
+    from gym.data.ingest import load_meta
+    from gym.train.pairs import fitting, row_from_ids
+
+    data = tokenized("demo_dpo_eval", warm_tiny, max_samples=32)
+    max_length = load_meta(data)["settings"]["cutoff_len"]
+    rows = [row_from_ids(r, max_length) for r in fitting(load_from_disk(str(data)), max_length)]
+    assert len(rows) == 32, "2 steps of 16 pairs: one epoch, every pair once"
+    config = TrainConfig(method=method, max_steps=2, per_device_train_batch_size=16)
+    result = train.run(config, warm_tiny, data)
+    assert result.tokens_seen == sum(len(r["chosen_input_ids"]) + len(r["rejected_input_ids"]) for r in rows)
+    assert result.tokens_per_second

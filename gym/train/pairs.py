@@ -7,7 +7,9 @@ trainers in gym.train.orpo and gym.train.simpo are built by `row_trainer`, whose
 method with `row_from_ids`, which lays
 gym's ids out as those trainers' collator expects: each answer after its prompt, labels -100 on the
 prompt. Answers are cut so that prompt + answer fits `max_length`; pairs whose prompt alone fills it
-are dropped beforehand (`fitting`), as TRL's DPOTrainer does.
+are dropped beforehand (`fitting`), as TRL's DPOTrainer does. The subclass also counts the tokens it
+trains on (`count_pair_tokens`), for tokens/s: transformers' Trainer counts a batch's `input_ids`,
+which these batches don't have.
 """
 
 from __future__ import annotations
@@ -70,6 +72,9 @@ def row_trainer(
         def tokenize_row(self, feature: dict[str, Any], model: Any = None) -> dict[str, list[int]]:
             return row_from_ids(feature, max_length)
 
+        def _track_num_input_tokens(self, inputs: dict[str, Any]) -> None:
+            count_pair_tokens(self, inputs)
+
     return Pretokenized(
         model=model,
         args=args,
@@ -78,3 +83,23 @@ def row_trainer(
         processing_class=tokenizer,
         peft_config=peft_config,
     )
+
+
+def count_pair_tokens(trainer: Any, inputs: dict[str, Any]) -> None:
+    """Add a batch of pairs to `trainer.state.num_input_tokens_seen`, as the Trainer does for `input_ids`.
+
+    What the model reads: each answer after its prompt (`chosen_input_ids`, `rejected_input_ids`),
+    padding excluded under "non_padding" (the attention masks), all of it under "all".
+    """
+    import torch
+
+    mode = trainer.args.include_num_input_tokens_seen
+    if mode in ("no", False, None):
+        return
+    answers = ("chosen", "rejected")
+    if mode == "non_padding":
+        count = sum(int(inputs[f"{a}_attention_mask"].sum()) for a in answers)
+    else:
+        count = sum(inputs[f"{a}_input_ids"].numel() for a in answers)
+    total = trainer.accelerator.gather(torch.tensor(count, device=trainer.args.device, dtype=torch.int64))
+    trainer.state.num_input_tokens_seen += int(total.sum().item())

@@ -54,10 +54,12 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
             self.bar = None
 
     def _rate(self, logs: dict[str, Any]) -> float | None:
-        """Tokens per second between two logs, from TRL's running `num_tokens` count."""
-        if "num_tokens" not in logs:
+        """Tokens per second between two logs, from TRL's running `num_tokens` count (or the Trainer's
+        `num_input_tokens_seen`, for trainers that don't log one)."""
+        count = logs.get("num_tokens", logs.get("num_input_tokens_seen"))
+        if count is None:
             return None
-        now, seen = time.monotonic(), float(logs["num_tokens"])
+        now, seen = time.monotonic(), float(count)
         previous, self._tokens = self._tokens, (now, seen)
         if previous is None or now <= previous[0] or seen < previous[1]:
             return None

@@ -38,10 +38,10 @@ PADDING_FREE_METHODS = ("sft",)
 # Methods where "auto" turns Liger on. DPO-style trainers are left out: gym precomputes the reference
 # log-probs, which TRL's Liger DPO loss does not support.
 LIGER_METHODS = ("sft",)
-# Methods whose TRL batches carry `input_ids` (+ attention mask) the Trainer can count tokens from. KTO's
-# count is its prompt+completion rows (not the mismatched KL rows it also runs). ORPO and SimPO (TRL's
-# experimental ORPO/CPO trainers) batch `chosen_input_ids`/`rejected_input_ids` only: not counted.
-TOKEN_COUNTED_METHODS = ("sft", "dpo", "ipo", "cdpo", "hinge", "kto")
+# Methods whose trainers count the real tokens they train on (for tokens/s). The Trainer counts batches'
+# `input_ids`; KTO's count is its prompt+completion rows (not the mismatched KL rows it also runs); ORPO
+# and SimPO batch each answer after its prompt instead, counted by gym.train.pairs.count_pair_tokens.
+TOKEN_COUNTED_METHODS = ("sft", "dpo", "ipo", "cdpo", "hinge", "kto", "orpo", "simpo")
 GPU_EXTRAS = "pip install 'gym[flash-attn]' on a machine with a CUDA GPU"
 
 
