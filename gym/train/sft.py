@@ -7,15 +7,23 @@ padding, or packs rows of cutoff_len tokens (gym.train.speed decides).
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from gym.errors import DataError
-from gym.train import signals, speed
+from gym.train import signals, speed, varlen
 from gym.train.common import trl_args
 from gym.train.config import TrainConfig
 
 REQUIRED_COLUMNS = ("input_ids", "labels")
+# The openings of TRL 1.12's warnings about padding-free/packed batches without a flash-attn kernel.
+FLASH_ONLY_WARNINGS = (
+    "Padding-free training is enabled, but the attention implementation",
+    "You are using packing, but the attention implementation",
+)
 
 
 def build_trainer(
@@ -39,14 +47,35 @@ def build_trainer(
         )
     batching = speed.sft_args(speed.resolve(config), max_length)  # padded, padding-free or packed
     args = SFTConfig(**trl_args(config, output_dir), **batching)
-    return SFTTrainer(
-        model=model,
-        args=args,
-        train_dataset=train_data,
-        eval_dataset=eval_data,
-        processing_class=tokenizer,
-        peft_config=peft_config,
-    )
+    with _flash_only_warnings_dropped(model):
+        return SFTTrainer(
+            model=model,
+            args=args,
+            train_dataset=train_data,
+            eval_dataset=eval_data,
+            processing_class=tokenizer,
+            peft_config=peft_config,
+        )
+
+
+@contextlib.contextmanager
+def _flash_only_warnings_dropped(model: Any) -> Iterator[None]:
+    """SFTTrainer warns that padding-free or packed batches may mix sequences unless attention is a
+    flash-attn variant; gym's varlen SDPA keeps them apart (tests/test_varlen.py), so the warning
+    would be false for it. Only those two messages are dropped, only for such a model."""
+    if getattr(getattr(model, "config", None), "_attn_implementation", None) != varlen.NAME:
+        yield
+        return
+    logger = logging.getLogger("trl.trainer.sft_trainer")
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not any(start in str(record.msg) for start in FLASH_ONLY_WARNINGS)
+
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
 
 
 def signal(

@@ -5,8 +5,9 @@ path (`load_options`) and the TRL arguments every method shares (`trainer_args`)
     gym train --method sft --train.speed.liger on --train.speed.attn_implementation flash_attention_2
 
 "auto" means: on where it is safe and measured faster. On this project's CPU machines that is
-SDPA attention with padded batches: padding-free batches through SDPA build a dense block mask
-and ran 2x slower than padding on the demo data (benchmarks/methods.py measures it); on a CUDA
+SDPA attention with padded batches: padding-free batches run through gym's per-sequence SDPA
+(gym.train.varlen, no dense block mask) at about the speed of padded ones on the demo data, not
+faster (benchmarks/methods.py measures it; TRL's loss already skips padded positions); on a CUDA
 GPU with flash-attn installed they run through its varlen kernel. Liger kernels are on by default
 where they can run (CUDA, liger-kernel installed) for the methods whose TRL trainer uses them
 with gym's settings. GPU-only backends asked for where they can't run fail before any model is
@@ -58,7 +59,7 @@ class SpeedSettings(BaseModel):
     padding_free: Switch = Field(
         "auto",
         description="Flatten each batch into one row without padding, positions restarting per sequence "
-        "(sft). auto = on only with a flash-attention (varlen) kernel; SDPA runs it through a block mask.",
+        "(sft). auto = on only with a flash-attention (varlen) kernel; with SDPA, gym keeps sequences apart.",
     )
     packing: bool = Field(
         False,
@@ -175,8 +176,14 @@ def _require_gpu_package(what: str, module: str, extra: str, cuda: bool) -> None
 
 
 def load_options(resolved: Resolved) -> dict[str, Any]:
-    """Keyword arguments for `gym.models.load_model`."""
-    return {"attn_implementation": resolved.attn_implementation, "unsloth": resolved.unsloth}
+    """Keyword arguments for `gym.models.load_model`. Padding-free or packed batches through SDPA run
+    gym's per-sequence SDPA (gym.train.varlen) instead of transformers' dense block mask."""
+    attn = resolved.attn_implementation
+    if resolved.padding_free and attn == "sdpa":
+        from gym.train import varlen
+
+        attn = varlen.register()
+    return {"attn_implementation": attn, "unsloth": resolved.unsloth}
 
 
 def trainer_args(resolved: Resolved, method: str) -> dict[str, Any]:
