@@ -6,8 +6,11 @@ heavy, so `gym registry list` stays free of Prefect and torch.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import gc
 import importlib.util
+import os
 import sys
 import threading
 import types
@@ -20,9 +23,32 @@ DEFERRED_IMPORTS = ("bitsandbytes",)
 
 
 def tune_process() -> None:
-    """What a gym command's process sets first: the collector's thresholds and deferred imports."""
+    """What a gym command's process sets first: the collector's thresholds, deferred imports, and a
+    quiet interpreter teardown after `gym.cli.exit_process`."""
     tune_collector()
     defer_imports()
+    atexit.register(_quiet_native_teardown)  # registered first, so it runs after every other exit handler
+
+
+def _quiet_native_teardown() -> None:
+    """Send the interpreter's teardown messages to /dev/null when the final collection is skipped.
+
+    `gym.cli.exit_process` freezes every object so that the interpreter's exit does not spend 1-2.5 s
+    collecting them. Triton's compiled module (imported by torch wherever Triton is installed: every
+    CUDA build of torch, and Liger's dependency) then prints a nanobind "leaked instances" report of
+    hundreds of lines as it is torn down: not a fault of the run, which is over. Triton's own worker
+    processes silence the same report the same way. Runs after all other exit handlers (Prefect's,
+    MLflow's), whose messages still show; only when objects are frozen and Triton is loaded.
+    """
+    if not gc.get_freeze_count() or "triton._C.libtriton" not in sys.modules:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
 
 
 def tune_collector() -> None:

@@ -200,3 +200,14 @@ def test_training_keeps_the_collector_off_older_objects_and_hands_them_back():
         assert gc.get_freeze_count() == frozen
     finally:
         gc.unfreeze()
+
+
+def test_liger_comes_with_gym_where_triton_ships_wheels():
+    import platform
+    import sys
+    from importlib.metadata import requires
+
+    core = [r for r in requires("gym") or [] if r.startswith("liger-kernel") and "extra ==" not in r]
+    assert core and "sys_platform == 'linux'" in core[0], "a core dependency on Linux, not only an extra"
+    if sys.platform == "linux" and platform.machine() == "x86_64":
+        assert speed._installed("liger_kernel"), "so 'auto' can turn it on wherever a CUDA GPU is"
