@@ -185,3 +185,31 @@ def logging_filters() -> list:
     import logging
 
     return logging.getLogger("trl.trainer.sft_trainer").filters
+
+
+ARCHITECTURES = {  # families in registry/ (config-built, tiny): their own masks, windows, norms, heads
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 8}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 0, "eos_token_id": 1}),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 8, "sliding_window": 4}),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"head_dim": 8, "sliding_window": 4}),
+}
+
+
+@pytest.mark.parametrize("family", list(ARCHITECTURES))
+def test_other_architectures_keep_flattened_sequences_apart(family):
+    import transformers
+
+    config_name, model_name, extra = ARCHITECTURES[family]
+    config_cls, model_cls = getattr(transformers, config_name), getattr(transformers, model_name)
+    size = {"vocab_size": 100, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2}
+    shape = {**size, "num_attention_heads": 4, "num_key_value_heads": 2, **extra}
+    torch.manual_seed(0)
+    sdpa = model_cls(config_cls(**shape, attn_implementation="sdpa")).train()
+    flat = model_cls(config_cls(**shape, attn_implementation=varlen.register()))
+    flat.load_state_dict(sdpa.state_dict())
+    flat.train()
+    seqs = [torch.randint(2, 100, (n,)) for n in (9, 12, 3)]
+    alone = torch.cat([sdpa(input_ids=s[None], use_cache=False).logits[0] for s in seqs])
+    together = flat(**flattened(seqs), use_cache=False).logits[0]
+    assert (together - alone).abs().max() < 1e-5
