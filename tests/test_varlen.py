@@ -213,3 +213,23 @@ def test_other_architectures_keep_flattened_sequences_apart(family):
     alone = torch.cat([sdpa(input_ids=s[None], use_cache=False).logits[0] for s in seqs])
     together = flat(**flattened(seqs), use_cache=False).logits[0]
     assert (together - alone).abs().max() < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (SDPA's CUDA kernels, bf16)")
+def test_on_a_gpu_flattened_sequences_stay_apart_in_bf16():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    shape = {"vocab_size": 100, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
+    shape |= {"num_attention_heads": 4, "num_key_value_heads": 2}
+    torch.manual_seed(0)
+    sdpa = LlamaForCausalLM(LlamaConfig(**shape, attn_implementation="sdpa")).to("cuda", torch.bfloat16)
+    flat = LlamaForCausalLM(LlamaConfig(**shape, attn_implementation=varlen.register()))
+    flat.load_state_dict(sdpa.state_dict())
+    flat.to("cuda", torch.bfloat16)
+    seqs = [torch.randint(2, 100, (n,), device="cuda") for n in (90, 120, 30)]
+    with torch.no_grad():
+        alone = torch.cat([sdpa(input_ids=s[None], use_cache=False).logits[0] for s in seqs]).float()
+        batch = {k: v.cuda() for k, v in flattened(seqs).items()}
+        together = flat(**batch, use_cache=False).logits[0].float()
+    assert (together - alone).abs().max() < 5e-2
