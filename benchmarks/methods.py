@@ -9,7 +9,8 @@ method's demo data:
   `from_pretrained`, TRL's conversational data format, TRL tokenizing), with the same
   hyperparameters and gym's speed options reset to TRL's defaults.
 Then SFT batching on the demo data: padded, padding-free and packed, as useful (non-padding)
-tokens per second. Both sides run in this one process, alternating, after a warm-up; the best of
+tokens per second (without flash-attn, the last two run through gym's per-sequence SDPA,
+gym/train/varlen.py). Both sides run in this one process, alternating, after a warm-up; the best of
 `--repeats` is kept. If benchmarks/online_methods.py exists, its `run(args) -> list[dict]` rows are
 added. Prints a table and one JSON line. Goals: gym/TRL >= 1.0 per method; packed/padded >= 1.3.
 """
