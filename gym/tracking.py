@@ -56,6 +56,11 @@ def redact(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
 
 
 def experiment_id(name: str = EXPERIMENT, uri: str | None = None) -> str:
+    """The experiment's id, creating it on first use. Runs starting side by side in one workspace (a
+    worker running two deployments) may both find it missing: the one whose create loses reads the
+    winner's."""
+    from mlflow.exceptions import MlflowException
+
     client = _client(uri)
     exp = client.get_experiment_by_name(name)
     if exp is not None:
@@ -63,7 +68,15 @@ def experiment_id(name: str = EXPERIMENT, uri: str | None = None) -> str:
     location = None
     if tracking_uri(uri).startswith("sqlite:"):
         location = workspace.path("mlflow", "artifacts").as_uri()
-    return client.create_experiment(name, artifact_location=location)
+    try:
+        return client.create_experiment(name, artifact_location=location)
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
 
 
 def start_run(

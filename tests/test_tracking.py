@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from mlflow import MlflowClient
 
 from gym import tracking
@@ -58,3 +59,30 @@ def test_using_uri_leaves_no_process_wide_setting_behind(gym_home, monkeypatch, 
         assert "other.db" in os.environ["MLFLOW_TRACKING_URI"]
     assert "MLFLOW_TRACKING_URI" not in os.environ and "MLFLOW_REGISTRY_URI" not in os.environ
     assert str(gym_home) in tracking.tracking_uri()
+
+
+def test_an_experiment_another_run_creates_first_is_reused(gym_home, monkeypatch):
+    """Two runs starting side by side in one workspace both find the experiment missing; the one whose
+    create loses uses the winner's experiment instead of failing."""
+    created = tracking.experiment_id()
+    real = MlflowClient.get_experiment_by_name
+    reads: list[str] = []
+
+    def read_before_the_other_run_created_it(self, name):
+        reads.append(name)
+        return None if len(reads) == 1 else real(self, name)
+
+    monkeypatch.setattr(MlflowClient, "get_experiment_by_name", read_before_the_other_run_created_it)
+    assert tracking.experiment_id() == created
+    assert len(reads) == 2
+
+
+def test_other_experiment_errors_still_raise(gym_home, monkeypatch):
+    from mlflow.exceptions import MlflowException
+
+    def refuse(self, name, artifact_location=None):
+        raise MlflowException("no write access", error_code="PERMISSION_DENIED")
+
+    monkeypatch.setattr(MlflowClient, "create_experiment", refuse)
+    with pytest.raises(MlflowException, match="no write access"):
+        tracking.experiment_id()
