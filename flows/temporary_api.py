@@ -149,8 +149,7 @@ class TemporaryApi:
         """Prefect's clients talk to this API; an empty UI URL: it has none, so no links to it are made.
 
         No flow-run heartbeats: they let a server notice a run whose process died, and this API dies
-        with the run's process. (Prefect's heartbeat thread sleeps in 1 s steps and is joined when the
-        flow ends: up to a second of every run's wall time.)
+        with the run's process.
         """
         settings = {PREFECT_API_URL: self.url, PREFECT_UI_URL: "", PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
         with temporary_settings(settings):

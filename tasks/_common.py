@@ -31,6 +31,9 @@ from prefect.tasks import exponential_backoff
 from gym import workspace
 from gym.errors import GymError
 from gym.hashing import hash_obj, library_digest
+from tasks import _heartbeats
+
+_heartbeats.install()  # a finished flow returns at once, not when its heartbeat thread next wakes
 
 # Run labels never change a task's output, so they stay out of its cache key.
 RUN_LABELS = ("parent_run_id", "flow_run_id")

@@ -8,7 +8,8 @@ H200 measurement found 2.5x slower. Here the attention layers instead gather the
 into a [sequences, heads, longest, dim] block, run SDPA with `is_causal` (its flash kernel on CPU
 and GPU), and scatter the result back. Only attention sees padding; every other layer, and the
 loss, runs on the real tokens alone. Measured on gym-tiny and the demo data (benchmarks/methods.py):
-padding-free 0.40x -> 0.97x of padded, packed 0.37-0.44x -> 1.14x.
+padding-free 0.22-0.40x -> 1.02x of padded, packed 0.27-0.44x -> 1.22x (the data's padding caps
+it at 1.23x).
 
 It plugs in through transformers' AttentionInterface and AttentionMaskInterface under the name
 `gym_sdpa_varlen` (not saved in config.json: a saved model loads with plain SDPA). Anything that is
