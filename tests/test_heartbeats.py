@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -13,29 +14,34 @@ from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settin
 from tasks import _heartbeats
 
 
-def heartbeat_threads() -> list[threading.Thread]:
-    """Prefect's heartbeat threads still running (the thread runs `heartbeat_loop` in a copied context)."""
-
-    def runs_heartbeat_loop(t: threading.Thread) -> bool:
-        args = getattr(t, "_args", ()) or (None,)
-        return getattr(args[0], "__name__", "") == "heartbeat_loop"
-
-    return [t for t in threading.enumerate() if t.is_alive() and runs_heartbeat_loop(t)]
+@dataclass
+class Heartbeats:
+    sent_for: list[str] = field(default_factory=list)  # flow run ids, one per heartbeat
+    threads: list[threading.Thread] = field(default_factory=list)  # the threads that sent them
+    joined: list[threading.Thread] = field(default_factory=list)  # heartbeat threads someone waited for
 
 
 @pytest.fixture
-def beats(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """Heartbeats on (Prefect's minimum interval); yields the ids of the flow runs they were sent for."""
-    sent: list[str] = []
+def beats(monkeypatch: pytest.MonkeyPatch) -> Iterator[Heartbeats]:
+    """Heartbeats on (Prefect's minimum interval), with a record of who sent them and who waited."""
+    seen = Heartbeats()
     emit = flow_engine.FlowRunEngine._emit_flow_run_heartbeat
+    join = threading.Thread.join
 
-    def spy(self: Any, *args: Any, **kwargs: Any) -> None:
-        sent.append(str(self.flow_run.id))
+    def emit_spy(self: Any, *args: Any, **kwargs: Any) -> None:
+        seen.sent_for.append(str(self.flow_run.id))
+        seen.threads.append(threading.current_thread())
         emit(self, *args, **kwargs)
 
-    monkeypatch.setattr(flow_engine.FlowRunEngine, "_emit_flow_run_heartbeat", spy)
+    def join_spy(self: threading.Thread, timeout: float | None = None) -> None:
+        if self in seen.threads:
+            seen.joined.append(self)
+        join(self, timeout)
+
+    monkeypatch.setattr(flow_engine.FlowRunEngine, "_emit_flow_run_heartbeat", emit_spy)
+    monkeypatch.setattr(threading.Thread, "join", join_spy)
     with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 30}):
-        yield sent
+        yield seen
 
 
 @flow
@@ -53,26 +59,22 @@ def test_the_shim_is_installed_on_this_prefect() -> None:
     assert not getattr(flow_engine._send_heartbeats.__wrapped__, "_gym_unjoined", False)
 
 
-def test_a_finished_flow_returns_before_its_heartbeat_thread_wakes(prefect_server, beats) -> None:
+def test_a_finished_flow_does_not_wait_for_its_heartbeat_thread(prefect_server, beats: Heartbeats) -> None:
     _heartbeats.install()
-    before = set(heartbeat_threads())
     run_id = quick()
-    assert beats == [run_id]  # heartbeats are still sent
-    left = [t for t in heartbeat_threads() if t not in before]
-    assert left, "the flow waited for its heartbeat thread"
-    for t in left:  # and the thread stops by itself, without another heartbeat
-        t.join(timeout=10)
-        assert not t.is_alive()
-    assert beats == [run_id]
+    assert beats.sent_for == [run_id]  # heartbeats are still sent
+    (thread,) = beats.threads
+    assert beats.joined == [], "the flow waited for its heartbeat thread"
+    thread.join(timeout=10)  # it stops by itself, without another heartbeat
+    assert not thread.is_alive()
+    assert beats.sent_for == [run_id]
 
 
 def test_control_prefects_own_engine_waits_for_the_thread(
-    prefect_server, beats, monkeypatch: pytest.MonkeyPatch
+    prefect_server, beats: Heartbeats, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Without the shim the same flow returns only once the thread has ended: what the test above tells
-    apart."""
+    """Without the shim the flow's end waits for the thread: what the test above tells apart."""
     monkeypatch.setattr(flow_engine, "_send_heartbeats", flow_engine._send_heartbeats.__wrapped__)
-    before = set(heartbeat_threads())
     run_id = quick()
-    assert beats == [run_id]
-    assert [t for t in heartbeat_threads() if t not in before] == []
+    assert beats.sent_for == [run_id]
+    assert beats.joined == beats.threads and len(beats.threads) == 1
