@@ -17,15 +17,9 @@ Same model, data, order, learning rate and batch. Tokens/s counts real tokens af
 memory from torch.cuda. "loss_gap" is the largest gap between the two loss curves (smoothed).
 Goal: gym/trl tokens/s >= 1.6 with the same loss curve.
 
-On a lent GPU whose image lacks TRL and friends (see MEASURED.md: Python 3.12 there), carry
-wheels built for it, e.g.
-
-    pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
-        -c constraints/cpu.txt -d wheels trl datasets liger-kernel==0.8.5 dill multiprocess xxhash \
-        fsspec jsonschema jsonschema-specifications referencing rpds-py filelock pydantic pydantic-core \
-        typing-inspection annotated-types          # ~7 MB
-    # on the GPU machine, from the repository root:
-    pip install --no-deps wheels/*.whl && python benchmarks/gpu_train.py
+On a lent GPU whose image lacks TRL and friends (Python 3.12 there), benchmarks/gpu_checks.sh
+fetches the missing wheels here (`fetch`) and, there, installs them and runs this script and the
+GPU-marked tests in one command (`run`).
 """
 
 from __future__ import annotations
