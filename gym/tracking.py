@@ -34,11 +34,36 @@ def tracking_uri(uri: str | None = None) -> str:
     return f"sqlite:///{workspace.path('mlflow') / 'mlflow.db'}"
 
 
+# SQLite stores this process has opened once: their tables exist from then on.
+_OPENED: set[str] = set()
+
+
 def _client(uri: str | None = None) -> Any:
     from mlflow import MlflowClient
 
     u = tracking_uri(uri)
-    return MlflowClient(tracking_uri=u, registry_uri=u)
+    if u in _OPENED or not u.startswith("sqlite:///"):
+        return MlflowClient(tracking_uri=u, registry_uri=u)
+    with _creating(Path(u.removeprefix("sqlite:///"))):
+        client = MlflowClient(tracking_uri=u, registry_uri=u)  # creates and migrates a new database
+    _OPENED.add(u)
+    return client
+
+
+@contextlib.contextmanager
+def _creating(db: Path) -> Iterator[None]:
+    """One process at a time opens a SQLite store that may not exist yet.
+
+    MLflow creates a new database's tables when its store first opens it, unguarded: two runs starting
+    at once in a new workspace (a worker picking up two deployments, two `gym train` side by side) both
+    ran the migrations and both failed ("table _alembic_tmp_latest_metrics already exists"). The lock
+    sits beside the database; once the tables exist, opening the store only reads them.
+    """
+    from filelock import FileLock
+
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(db) + ".lock"):
+        yield
 
 
 def redact(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:

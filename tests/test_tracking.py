@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from mlflow import MlflowClient
 
 from gym import tracking
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_default_store_is_sqlite_in_the_workspace(gym_home):
@@ -86,3 +93,44 @@ def test_other_experiment_errors_still_raise(gym_home, monkeypatch):
     monkeypatch.setattr(MlflowClient, "create_experiment", refuse)
     with pytest.raises(MlflowException, match="no write access"):
         tracking.experiment_id()
+
+
+OPEN_AT_ONCE = """
+import sys, time, pathlib
+from gym import tracking
+import mlflow.tracking  # imported before the start: the processes then open the store together
+print("ready", flush=True)
+go = pathlib.Path(sys.argv[1])
+while not go.exists():
+    time.sleep(0.002)
+print(tracking.experiment_id(), flush=True)
+"""
+
+
+def test_runs_starting_together_in_a_new_workspace_share_one_new_store(tmp_path):
+    """Three processes open the same new SQLite store at the same moment, twice over: MLflow creates
+    its tables unguarded, so without gym's lock they collided (one failed about every third time)."""
+    for attempt in range(2):
+        home = tmp_path / f"home{attempt}"
+        go = tmp_path / f"go{attempt}"
+        env = {**os.environ, "GYM_HOME": str(home)}
+        env.pop("MLFLOW_TRACKING_URI", None)
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", OPEN_AT_ONCE, str(go)],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(3)
+        ]
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        go.write_text("")
+        outputs = [p.communicate(timeout=300) for p in procs]
+        for p, (_out, err) in zip(procs, outputs, strict=True):
+            assert p.returncode == 0, err[-3000:]
+        ids = {out.strip().splitlines()[-1] for out, _ in outputs}
+        assert len(ids) == 1, ids
