@@ -19,8 +19,10 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from typing import IO
 
 import httpx
 import prefect
@@ -70,12 +72,67 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class HeldBack:
+    """A server's stderr, held back while it starts and passed through once it is up.
+
+    A start that fails and is retried (its port taken meanwhile; two runs creating the same fresh
+    database at once, where one's migration fails) then prints nothing; a start that fails for good
+    shows the server's own error, once.
+    """
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self.held: list[bytes] = []
+        self.passing = False
+        self.dropped = False
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._pump, args=(stream,), daemon=True)
+        self.thread.start()
+
+    def _pump(self, stream: IO[bytes]) -> None:
+        for line in iter(stream.readline, b""):
+            with self.lock:
+                if self.passing:
+                    _write_stderr(line)
+                elif not self.dropped:
+                    self.held.append(line)
+        stream.close()
+
+    def pass_through(self) -> None:
+        """From now on, the server's lines go to this process's stderr (those held so far first)."""
+        with self.lock:
+            for line in self.held:
+                _write_stderr(line)
+            self.held.clear()
+            self.passing = True
+
+    def drop(self) -> str:
+        """Forget what the server said (it is being started again); returns its last line."""
+        self.thread.join(timeout=5)  # the server has exited: its stream ends
+        with self.lock:
+            self.dropped = True
+            last = self.held[-1].decode(errors="replace").strip() if self.held else ""
+            self.held.clear()
+        return last
+
+    def finish(self) -> None:
+        """The server has exited: show what it said, if it was still held back."""
+        self.thread.join(timeout=5)
+        self.pass_through()
+
+
+def _write_stderr(line: bytes) -> None:
+    with contextlib.suppress(Exception):
+        sys.stderr.write(line.decode(errors="replace"))
+        sys.stderr.flush()
+
+
 class TemporaryApi:
     """One temporary API server process: `start` returns at once, `ready` waits for its health check."""
 
     def __init__(self) -> None:
         self.port = 0
         self.process: subprocess.Popen[bytes] | None = None
+        self.stderr: HeldBack | None = None
 
     @property
     def url(self) -> str:
@@ -109,7 +166,9 @@ class TemporaryApi:
             "--lifespan",
             "on",
         ]
-        self.process = subprocess.Popen(command, env=env)
+        self.process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
+        assert self.process.stderr is not None
+        self.stderr = HeldBack(self.process.stderr)
         return self
 
     def ready(self, timeout_s: float | None = None) -> None:
@@ -120,25 +179,30 @@ class TemporaryApi:
         with httpx.Client() as client:
             while time.monotonic() < deadline:
                 assert self.process is not None, "start() first"
+                assert self.stderr is not None
                 status = self.process.poll()
                 if status == STARTUP_FAILURE and starts < STARTS:
+                    said = self.stderr.drop()
+                    logger.debug(f"Prefect's temporary API did not start ({said}); starting it again")
                     starts += 1
                     self.start()
                     continue
                 if status is not None:
+                    self.stderr.finish()
                     raise GymError(
                         f"Prefect's temporary API exited with status {status} while starting (its error "
                         "is above); or start a Prefect server with `gym up`, and runs use it"
                     )
                 with contextlib.suppress(httpx.TransportError):
                     if client.get(f"{self.url}/health", timeout=2).status_code == 200:
+                        self.stderr.pass_through()
                         logger.info(
                             f"Prefect's temporary API on {self.url} (no UI: `gym up` starts a Prefect "
                             "server with its UI, and runs then use it)"
                         )
                         return
                 time.sleep(0.05)
-        self.stop()
+        self.stop()  # and what the server said while it tried to start shows
         raise GymError(
             f"Prefect's temporary API did not answer within {limit:.0f} s; on a busy machine raise "
             "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, or start a server with `gym up`"
@@ -173,4 +237,6 @@ class TemporaryApi:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        self.process = None
+        if self.stderr is not None:
+            self.stderr.finish()
+        self.process = self.stderr = None

@@ -197,6 +197,42 @@ def test_a_temporary_api_that_cannot_start_fails_the_run_at_once(tmp_path):
     assert out["error"] is not None and "exited with status 3 while starting" in out["error"]
     assert out["starts"] == out["allowed"], "a start-up failure is retried only as a taken port would be"
     assert "unable to open database file" in proc.stderr, "the server's own error is shown"
+    assert proc.stderr.count("Application startup failed") == 1, "once, not for every start"
+
+
+RETRIED = """
+import json, socket
+from flows import temporary_api
+taken = socket.socket()
+taken.bind(("127.0.0.1", 0))
+taken.listen()
+first = [taken.getsockname()[1]]  # the first start gets a port something else holds
+free = temporary_api.free_port
+temporary_api.free_port = lambda: first.pop() if first else free()
+api = temporary_api.TemporaryApi()
+starts = []
+start = api.start
+api.start = lambda: starts.append(1) or start()
+api.start()
+api.ready(timeout_s=600)
+print(json.dumps({"starts": len(starts), "port": api.port, "taken": taken.getsockname()[1]}))
+api.stop()
+"""
+
+
+def test_a_temporary_api_start_that_is_retried_prints_nothing(tmp_path):
+    """Its first port is taken (as when two runs start at once): it starts again on another, and the
+    failed start's error stays off the console."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect")
+    env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"  # no network here: its telemetry would log an error
+    proc = subprocess.run(
+        [sys.executable, "-c", RETRIED], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["starts"] == 2 and out["port"] != out["taken"]
+    assert "address already in use" not in proc.stderr and "ERROR" not in proc.stderr, proc.stderr[-3000:]
 
 
 TEARDOWN = """
