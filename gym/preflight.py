@@ -7,8 +7,9 @@ Checks what can be checked without doing the work: every training method is impl
 model name resolves (registry name, local folder, registered MLflow version, or hub id present
 in the cache when offline) with a known chat template, and every dataset named by the config
 resolves and holds the record kind its consumer trains on (the format is read from the first
-record). Errors name the config field, so `--<field>` is what to fix. A record that is broken
-further into a file is reported by ingest, which flows run before loading any model.
+record), and a SQLite MLflow store can be created where the config puts it. Errors name the
+config field, so `--<field>` is what to fix. A record that is broken further into a file is
+reported by ingest, which flows run before loading any model.
 """
 
 from __future__ import annotations
@@ -123,3 +124,8 @@ def check(config: FlowInputs) -> None:
     from gym.promotion import check_flow_metric
 
     check_flow_metric(config)
+    output = getattr(config, "output", None)
+    if output is not None:
+        from gym.tracking import check_store
+
+        check_store(output.tracking_uri)

@@ -34,6 +34,50 @@ def tracking_uri(uri: str | None = None) -> str:
     return f"sqlite:///{workspace.path('mlflow') / 'mlflow.db'}"
 
 
+def check_store(uri: str | None = None) -> None:
+    """A SQLite store must be somewhere this process can create it (checked before a run starts, without
+    creating anything); other stores are checked by MLflow when the run opens them."""
+    from gym.errors import ConfigError
+
+    u = tracking_uri(uri)
+    db = _sqlite_file(u)
+    if db is None:
+        return
+    folder = db.absolute().parent
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    existing = folder.parents[len(missing) - 1] if missing else folder
+    problem = None
+    if not existing.is_dir():
+        problem = f"{existing} is not a folder"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        problem = f"{existing} is not writable"
+    else:
+        try:  # the folders it needs can be made (made and removed again: nothing is left behind)
+            for p in reversed(missing):
+                p.mkdir()
+        except OSError as exc:
+            problem = f"{exc.strerror.lower() if exc.strerror else exc}: {exc.filename}"
+        finally:
+            for p in missing:
+                with contextlib.suppress(OSError):
+                    p.rmdir()
+    if problem:
+        where = (
+            "output.tracking_uri"
+            if uri
+            else next((v for v in ("MLFLOW_TRACKING_URI",) if os.environ.get(v)), "GYM_HOME (the workspace)")
+        )
+        raise ConfigError(
+            f"{where}: the MLflow database {u} can't be created there ({problem}); point it at a "
+            "writable place (sqlite:////abs/path/mlflow.db) or at a tracking server (http://...)"
+        )
+
+
+def _sqlite_file(uri: str) -> Path | None:
+    """The database file of a `sqlite:///` tracking URI (None for any other store)."""
+    return Path(uri.removeprefix("sqlite:///").split("?", 1)[0]) if uri.startswith("sqlite:///") else None
+
+
 # SQLite stores this process has opened once: their tables exist from then on.
 _OPENED: set[str] = set()
 
@@ -42,9 +86,10 @@ def _client(uri: str | None = None) -> Any:
     from mlflow import MlflowClient
 
     u = tracking_uri(uri)
-    if u in _OPENED or not u.startswith("sqlite:///"):
+    db = _sqlite_file(u)
+    if u in _OPENED or db is None:
         return MlflowClient(tracking_uri=u, registry_uri=u)
-    with _creating(Path(u.removeprefix("sqlite:///"))):
+    with _creating(db):
         client = MlflowClient(tracking_uri=u, registry_uri=u)  # creates and migrates a new database
     _OPENED.add(u)
     return client

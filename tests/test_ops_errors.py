@@ -160,3 +160,24 @@ def test_only_user_errors_lose_their_traceback():
     assert any(isinstance(f, UserErrorFilter) for f in logging.getLogger("prefect.task_runs").filters)
     assert any(isinstance(f, UserErrorFilter) for f in logging.getLogger("prefect.flow_runs").filters)
     assert issubclass(DataError, GymError)
+
+
+def test_an_mlflow_store_that_cannot_be_created_is_caught_before_the_run(gym_home, tmp_path):
+    """A SQLite tracking URI under a file, or where no folder can be made: the field, the reason, and
+    nothing made while checking; a new nested folder is fine and is not left behind by the check."""
+    from gym.pipeline import OutputSettings
+
+    def config(uri: str) -> TrainFlowConfig:
+        return TrainFlowConfig(output=OutputSettings(tracking_uri=uri))
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    with pytest.raises(ConfigError, match=r"output\.tracking_uri: .*a_file is not a folder"):
+        preflight.check(config(f"sqlite:///{a_file}/mlflow.db"))
+    if Path("/proc/self").is_dir():  # Linux: no folder can be made under /proc, even by root
+        with pytest.raises(ConfigError, match=r"output\.tracking_uri: .*no such file or directory: /proc/"):
+            preflight.check(config("sqlite:////proc/gym-nope/mlflow.db"))
+    nested = tmp_path / "new" / "mlruns"
+    preflight.check(config(f"sqlite:///{nested}/mlflow.db"))
+    assert not (tmp_path / "new").exists(), "the check leaves nothing behind"
+    assert not (gym_home / "models").exists()
