@@ -62,11 +62,9 @@ def check_store(uri: str | None = None) -> None:
                 with contextlib.suppress(OSError):
                     p.rmdir()
     if problem:
-        where = (
-            "output.tracking_uri"
-            if uri
-            else next((v for v in ("MLFLOW_TRACKING_URI",) if os.environ.get(v)), "GYM_HOME (the workspace)")
-        )
+        where = "output.tracking_uri" if uri else "MLFLOW_TRACKING_URI"
+        if not uri and not os.environ.get("MLFLOW_TRACKING_URI"):
+            where = "GYM_HOME (the workspace)"
         raise ConfigError(
             f"{where}: the MLflow database {u} can't be created there ({problem}); point it at a "
             "writable place (sqlite:////abs/path/mlflow.db) or at a tracking server (http://...)"
