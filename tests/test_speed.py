@@ -195,9 +195,11 @@ def test_training_keeps_the_collector_off_older_objects_and_hands_them_back():
     gc.freeze()  # a caller's own freeze is left alone
     try:
         frozen = gc.get_freeze_count()
+        younger = [[] for _ in range(1000)]  # would be frozen too if gc_frozen froze again
+        # Frozen objects that die leave the count (other threads free some), so it may only fall.
         with speed.gc_frozen():
-            assert gc.get_freeze_count() == frozen
-        assert gc.get_freeze_count() == frozen
+            assert gc.get_freeze_count() <= frozen, "nothing younger is frozen"
+        assert gc.get_freeze_count() > frozen - len(younger), "the caller's freeze is kept"
     finally:
         gc.unfreeze()
 
