@@ -9,10 +9,54 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from flows.commands import cmd_train
+from flows.commands import DEMO_WARM_START, cmd_train, demo_args
 from gym.train import METHODS
 from gym.train.config import FINETUNING_TYPES
 from tests.test_flows import KEYS, run_script
+
+# The held-out signal each preference method reports in the summary (metric_name).
+PREFERENCE_SIGNALS = {
+    "dpo": "reward_margin",
+    "ipo": "reward_margin",
+    "cdpo": "reward_margin",
+    "hinge": "reward_margin",
+    "kto": "logp_gap",
+    "orpo": "reward_margin",
+    "simpo": "reward_margin",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", sorted(PREFERENCE_SIGNALS))
+def test_each_preference_method_with_no_other_flags_moves_its_signal_the_right_way(gym_home, method):
+    """`gym train --method M --json` exactly as the README gives it: M's demo data, gym-tiny's defaults."""
+    gym = str(Path(sys.executable).parent / "gym")
+    out = run_script([gym, "train", "--method", method, "--json"], gym_home)
+    assert out["metric_name"] == PREFERENCE_SIGNALS[method]
+    # Held-out evaluation is deterministic on CPU: a rise beyond float noise is the training's doing.
+    assert out["metric_last"] > out["metric_first"] + 1e-4, (out["metric_first"], out["metric_last"])
+    assert out[f"{method}_reward_margin"] > out[f"{method}_reward_margin_before"]
+    if method in DEMO_WARM_START:  # SFT ran first, and the method started from its result
+        assert out["sft_loss_last"] < 0.5 * out["sft_loss_first"]
+    else:
+        assert out["sft_loss_first"] is None
+
+
+def test_demo_data_and_warm_start_fill_only_what_is_not_given():
+    assert demo_args("kto", []) == [
+        "--train.method",
+        "kto",
+        "--dataset",
+        "demo_kto",
+        "--method_eval_dataset",
+        "demo_kto_eval",
+        "--warm_start.dataset",
+        "demo_sft",
+    ]
+    assert "--warm_start.dataset" not in demo_args("dpo", [])
+    # The user's data: no demo data, no warm start; the user's own held-out data is kept.
+    assert demo_args("kto", ["--dataset", "mine.jsonl"]) == ["--train.method", "kto"]
+    assert "demo_kto_eval" not in demo_args("kto", ["--method_eval_dataset=held.jsonl"])
 
 
 @pytest.mark.slow

@@ -3,7 +3,9 @@
 Online RL learns only from rewards that differ between sampled completions, and gym-tiny starts from
 random weights: `gym train --method grpo|gspo|ppo` on the demo data first fine-tunes it on
 demo_format_sft (answers in the requested form half of the time; gym/data/demo.py), a cached,
-content-addressed stage like any other, then runs the online method from the result.
+content-addressed stage like any other, then runs the online method from the result. `gym train
+--method kto` on its demo data does the same on demo_sft (flows/commands.py: KTO's unpaired answers
+can only be told apart by a model that already relates answers to questions).
 """
 
 from __future__ import annotations
