@@ -102,7 +102,7 @@ def demo_args(method: str, rest: Sequence[str]) -> list[str]:
     dataset, method_eval = DEMO_DATA.get(method, (None, None))
     if dataset and not _given(rest, "--dataset"):
         extra += ["--dataset", dataset]
-        if method_eval and not _given(rest, "--method_eval_dataset", "--method-eval-dataset"):
+        if method_eval and not _given(rest, "--method_eval_dataset", "--method-eval-dataset", "--val_size"):
             extra += ["--method_eval_dataset", method_eval]
         if method in DEMO_WARM_START:
             extra += ["--warm_start.dataset", DEMO_WARM_START[method]]

@@ -173,7 +173,8 @@ def describe(exc: ValidationError) -> str:
         flag = ".".join(str(p) for p in err["loc"])
         given = err.get("input")
         got = "" if isinstance(given, (dict, type(None))) else f" (got {given!r})"
-        parts.append(f"{flag}: {err['msg']}{got}")
+        msg = err["msg"].removeprefix("Value error, ")  # a validator's own sentence says what is wrong
+        parts.append(f"{flag}: {msg}{got}")
     return "; ".join(parts)
 
 

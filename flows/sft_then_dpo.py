@@ -19,7 +19,7 @@ from prefect.runtime import flow_run
 from gym.eval.suite import benchmark_summary
 from gym.pipeline import SftThenDpoConfig
 from gym.summary import summarize
-from tasks.data import ingest_dataset, tokenize_dataset
+from tasks.data import ingest_dataset, split_dataset, tokenize_dataset
 from tasks.evaluate import benchmark_eval, check_benchmarks_task, exact_match
 from tasks.model import resolve_model
 from tasks.preflight import check_inputs
@@ -48,18 +48,29 @@ def sft_then_dpo(config: SftThenDpoConfig = DEFAULTS) -> dict[str, Any]:
 
     sft_raw = ingest_dataset(config.sft_dataset)
     dpo_raw = ingest_dataset(config.dpo_dataset)
-    dpo_eval_raw = ingest_dataset(config.dpo_eval_dataset) if config.dpo_eval_dataset else None
-    held_out = ingest_dataset(config.eval_dataset) if config.eval_dataset else None
+    dpo_eval_raw = ingest_dataset(pairs) if (pairs := config.dpo_held_out()) else None
+    held_out = ingest_dataset(held) if (held := config.exact_match_dataset()) else None
+
+    sft_train_raw, sft_eval_raw, dpo_train_raw = sft_raw, None, dpo_raw
+    if config.val_size:  # each stage without held-out data holds out part of its own
+        sft_train_raw, sft_eval_raw = split_dataset(
+            sft_raw, config.val_size, config.sft.seed, config.sft_dataset
+        )
+        if dpo_eval_raw is None:
+            dpo_train_raw, dpo_eval_raw = split_dataset(
+                dpo_raw, config.val_size, config.dpo.seed, config.dpo_dataset
+            )
 
     model = resolve_model(config.model, config.template, config.trust_remote_code)
-    sft_data = tokenize_dataset(sft_raw, model, config.data)
-    dpo_data = tokenize_dataset(dpo_raw, model, config.data)
+    sft_data = tokenize_dataset(sft_train_raw, model, config.data)
+    sft_eval = tokenize_dataset(sft_eval_raw, model, config.data) if sft_eval_raw else None
+    dpo_data = tokenize_dataset(dpo_train_raw, model, config.data)
     dpo_eval = tokenize_dataset(dpo_eval_raw, model, config.data) if dpo_eval_raw else None
 
     limit, metrics = config.eval_limit, config.eval_metrics
     before = exact_match(model, held_out, "before", limit, parent, uri, metrics) if held_out else None
     scores_before = [benchmark_eval(model, b.entry, options, "before", parent, uri) for b in benchmarks]
-    sft, sft_model = train_stage(config.sft, model, sft_data, None, parent, uri)
+    sft, sft_model = train_stage(config.sft, model, sft_data, sft_eval, parent, uri)
     dpo, final_model = train_stage(config.dpo, sft_model, dpo_data, dpo_eval, parent, uri)
     after = exact_match(final_model, held_out, "after", limit, parent, uri, metrics) if held_out else None
     scores_after = [

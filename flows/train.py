@@ -19,7 +19,7 @@ from prefect.runtime import flow_run
 from gym.eval.suite import benchmark_summary
 from gym.pipeline import TfGrpoFlowConfig, TrainFlowConfig
 from gym.summary import summarize
-from tasks.data import ingest_dataset, tokenize_dataset
+from tasks.data import ingest_dataset, split_dataset, tokenize_dataset
 from tasks.evaluate import benchmark_eval, check_benchmarks_task, exact_match
 from tasks.model import resolve_model
 from tasks.preflight import check_inputs
@@ -47,7 +47,10 @@ def train(config: TrainFlowConfig = DEFAULTS) -> dict[str, Any]:
 
     raw = ingest_dataset(config.dataset)
     method_eval_raw = ingest_dataset(config.method_eval_dataset) if config.method_eval_dataset else None
-    held_out = ingest_dataset(config.eval_dataset) if config.eval_dataset else None
+    train_raw = raw
+    if config.val_size:  # the held-out part of the data is the method's held-out data
+        train_raw, method_eval_raw = split_dataset(raw, config.val_size, config.train.seed, config.dataset)
+    held_out = ingest_dataset(held) if (held := config.exact_match_dataset()) else None
     warm_raw = ingest_dataset(config.warm_start.dataset) if config.warm_start else None
 
     model = resolve_model(config.model, config.template, config.trust_remote_code)
@@ -55,7 +58,7 @@ def train(config: TrainFlowConfig = DEFAULTS) -> dict[str, Any]:
     if config.warm_start and warm_raw:  # SFT first; the method starts from its result
         warm_data = tokenize_dataset(warm_raw, model, config.data)
         warm, model = train_stage(config.warm_start.train, model, warm_data, None, parent, uri)
-    data = tokenize_dataset(raw, model, config.data)
+    data = tokenize_dataset(train_raw, model, config.data)
     method_eval = tokenize_dataset(method_eval_raw, model, config.data) if method_eval_raw else None
 
     limit, metrics = config.eval_limit, config.eval_metrics

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from gym.cli_options import merge
+from gym.data.registry import AUTO, held_out
 from gym.data.tokenize import TokenizeSettings
 from gym.eval.suite import BenchmarkOptions
 from gym.tfgrpo.config import TfGrpoSettings
@@ -43,6 +44,13 @@ def registry_choices(kind: str, other: str) -> Any:
         ]
 
     return extra
+
+
+def unscored(what: str, dataset: str, flag: str) -> str:
+    return (
+        f"no {what}: {dataset} is not a demo dataset, and the demo's held-out data would score your model "
+        f"on tasks it did not train for; name held-out data of your own with {flag} FILE_OR_NAME"
+    )
 
 
 class OutputSettings(BaseModel):
@@ -87,7 +95,15 @@ class FlowConfig(BaseModel):
         description="Let transformers run Python code from the model repository (off by default).",
     )
     eval_dataset: str | None = Field(
-        "demo_sft_eval", description="Held-out instruction data for exact match before/after (None to skip)."
+        AUTO,
+        description="Held-out instruction data for exact match before/after (None to skip); auto: "
+        "demo_sft_eval when training on a demo dataset, none on your own data.",
+    )
+    val_size: float = Field(
+        0.0,
+        ge=0,
+        description="Hold out this share (below 1) or number (from 1) of each stage's training records as "
+        "its held-out data where it has none (LLaMA-Factory's val_size); 0: hold out nothing.",
     )
     eval_limit: int | None = Field(None, description="Evaluate on the first N held-out records only.")
     eval_metrics: list[str] = Field(
@@ -105,6 +121,13 @@ class FlowConfig(BaseModel):
     )
     data: TokenizeSettings = Field(default_factory=TokenizeSettings, description="Templating, tokenization.")
     output: OutputSettings = Field(default_factory=OutputSettings, description="Registration and export.")
+
+    @field_validator("val_size")
+    @classmethod
+    def _share_or_count(cls, value: float) -> float:
+        if value >= 1 and value != int(value):
+            raise ValueError("neither a share below 1 (such as 0.1) nor a whole number of records (200)")
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -124,12 +147,27 @@ class FlowConfig(BaseModel):
                     out[name] = merge(default.model_dump(), given)
         return out
 
+    def trained_on(self) -> str:
+        """The dataset the first stage trains on (what `eval_dataset: auto` goes by)."""
+        raise NotImplementedError
+
+    def exact_match_dataset(self) -> str | None:
+        """The held-out data scored by exact match before and after, with `auto` resolved."""
+        return held_out(self.eval_dataset, self.trained_on(), "demo_sft_eval")
+
+    def held_out_notes(self) -> list[str]:
+        """What `auto` left unscored, and how to score it (the flow logs these as it starts)."""
+        if self.eval_dataset == AUTO and self.exact_match_dataset() is None:
+            return [unscored("exact match before/after", self.trained_on(), "--eval_dataset")]
+        return []
+
     def dataset_uses(self) -> dict[str, tuple[str, str]]:
         """Each dataset field that is set -> (dataset name, what reads it: a method or `exact_match`).
 
         gym.preflight checks, before any work, that each holds the record kind its reader needs.
         """
-        return {"eval_dataset": (self.eval_dataset, "exact_match")} if self.eval_dataset else {}
+        held = self.exact_match_dataset()
+        return {"eval_dataset": (held, "exact_match")} if held else {}
 
 
 class SftThenDpoConfig(FlowConfig):
@@ -146,18 +184,33 @@ class SftThenDpoConfig(FlowConfig):
         json_schema_extra=registry_choices("dataset", "file, folder or hub id"),
     )
     dpo_eval_dataset: str | None = Field(
-        "demo_dpo_eval", description="Held-out preference pairs for DPO reward accuracy (None to skip)."
+        AUTO,
+        description="Held-out preference pairs for DPO reward accuracy (None to skip); auto: demo_dpo_eval "
+        "when dpo_dataset is a demo dataset, none on your own data.",
     )
     sft: TrainConfig = Field(default_factory=lambda: DEFAULT_SFT.model_copy(), description="SFT stage.")
     dpo: TrainConfig = Field(default_factory=lambda: DEFAULT_DPO.model_copy(), description="DPO stage.")
+
+    def trained_on(self) -> str:
+        return self.sft_dataset
+
+    def dpo_held_out(self) -> str | None:
+        """The held-out pairs for the DPO stage's signal, with `auto` resolved."""
+        return held_out(self.dpo_eval_dataset, self.dpo_dataset, "demo_dpo_eval")
+
+    def held_out_notes(self) -> list[str]:
+        notes = super().held_out_notes()
+        if self.dpo_eval_dataset == AUTO and self.dpo_held_out() is None and not self.val_size:
+            notes.append(unscored("held-out DPO reward accuracy", self.dpo_dataset, "--dpo_eval_dataset"))
+        return notes
 
     def dataset_uses(self) -> dict[str, tuple[str, str]]:
         uses = {
             "sft_dataset": (self.sft_dataset, self.sft.method),
             "dpo_dataset": (self.dpo_dataset, self.dpo.method),
         }
-        if self.dpo_eval_dataset:
-            uses["dpo_eval_dataset"] = (self.dpo_eval_dataset, self.dpo.method)
+        if dpo_held := self.dpo_held_out():
+            uses["dpo_eval_dataset"] = (dpo_held, self.dpo.method)
         return {**uses, **super().dataset_uses()}
 
 
@@ -176,6 +229,9 @@ class TrainFlowConfig(FlowConfig):
     warm_start: WarmStart | None = Field(
         None, description="SFT first, then the method from the result (online RL on gym-tiny needs it)."
     )
+
+    def trained_on(self) -> str:
+        return self.dataset
 
     def dataset_uses(self) -> dict[str, tuple[str, str]]:
         uses = {"dataset": (self.dataset, self.train.method)}
@@ -201,7 +257,9 @@ class TfGrpoFlowConfig(TfGrpoSettings):
     trust_remote_code: bool = Field(False, description="Let transformers run the model repo's code (local).")
     dataset: str = Field("demo_sft", description="Training questions: registry name or path (sft format).")
     eval_dataset: str | None = Field(
-        "demo_sft_eval", description="Held-out questions for Mean@k / Pass@k before and after (None to skip)."
+        AUTO,
+        description="Held-out questions for Mean@k / Pass@k before and after (None to skip); auto: "
+        "demo_sft_eval when training on a demo dataset, none on your own questions.",
     )
     benchmarks: list[str] = Field(
         [],
@@ -226,6 +284,15 @@ class TfGrpoFlowConfig(TfGrpoSettings):
                 "--model a registry name or model folder)"
             )
         return value
+
+    def held_out_questions(self) -> str | None:
+        """The held-out questions, with `auto` resolved."""
+        return held_out(self.eval_dataset, self.dataset, "demo_sft_eval")
+
+    def held_out_notes(self) -> list[str]:
+        if self.eval_dataset == AUTO and self.held_out_questions() is None:
+            return [unscored("held-out Mean@k before/after", self.dataset, "--eval_dataset")]
+        return []
 
     def settings(self) -> TfGrpoSettings:
         return TfGrpoSettings.model_validate(self.model_dump(include=set(TfGrpoSettings.model_fields)))

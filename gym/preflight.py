@@ -75,6 +75,22 @@ def check_online(field: str, stage: Any) -> None:
         raise ConfigError(f"{field}.rl: {exc}") from None
 
 
+def check_val_size(config: Any) -> None:
+    """`val_size` where the run has another source of held-out data, or none that it could use."""
+    val_size = getattr(config, "val_size", 0)
+    named = getattr(config, "method_eval_dataset", None)
+    if val_size and named:
+        raise ConfigError(
+            f"val_size: {val_size:g} holds out part of the training data, and method_eval_dataset {named!r} "
+            "names held-out data too; give one of them"
+        )
+    stage = getattr(config, "train", None)
+    if val_size and stage is not None and stage.method == "tf_grpo":
+        raise ConfigError(
+            "val_size: Training-Free GRPO reads held-out questions from eval_dataset; give that"
+        )
+
+
 def check_model(name: str, template: str | None) -> None:
     from gym.models import check
     from gym.templates import load_template
@@ -121,6 +137,7 @@ def check(config: FlowInputs) -> None:
         check_model(config.model, config.template)
     for field, (name, use) in config.dataset_uses().items():
         check_dataset(field, name, use)
+    check_val_size(config)
     from gym.promotion import check_flow_metric
 
     check_flow_metric(config)

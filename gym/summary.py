@@ -5,10 +5,10 @@ dpo_reward_accuracy, exact_match_before, exact_match_after, mlflow_run_id, model
 model_version, flow_run_id, and the last stage's main signal: metric_name, metric_first,
 metric_last (the training loss unless the method reports another). Each stage adds
 `<method>_loss_first/last` and `<method>_tokens_per_second` (real training tokens/s), and
-stages evaluated on preference pairs add `<method>_reward_accuracy[_before]` and
-`<method>_reward_margin[_before]`. Registration adds `model_alias` and `model_reused`
-(model_version is the version the alias points to now); a promotion adds `promoted`,
-`champion_version` and `promotion_reason`.
+stages with held-out data add `<method>_eval_loss[_before]`, and those evaluated on preference
+pairs `<method>_reward_accuracy[_before]` and `<method>_reward_margin[_before]`. Registration
+adds `model_alias` and `model_reused` (model_version is the version the alias points to now); a
+promotion adds `promoted`, `champion_version` and `promotion_reason`.
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ def summarize(
         out[f"{name}_loss_first"] = result.loss_first
         out[f"{name}_loss_last"] = result.loss_last
         out[f"{name}_tokens_per_second"] = result.tokens_per_second
+        if "eval_loss" in result.eval_after:  # a stage with held-out data
+            out[f"{name}_eval_loss"] = result.eval_after["eval_loss"]
+            out[f"{name}_eval_loss_before"] = result.eval_before.get("eval_loss")
         for key, metric in REWARD_METRICS.items():
             if metric in result.eval_after:
                 out[f"{name}_{key}"] = result.eval_after[metric]

@@ -10,6 +10,7 @@ from typing import Any
 
 from gym.data.ingest import ingest, source_stamp
 from gym.data.registry import resolve_dataset
+from gym.data.split import split
 from gym.data.tokenize import TokenizeSettings, tokenize
 from gym.models import ModelRef
 from tasks._common import DATA_TIMEOUT_S, IO_RETRIES, gym_task
@@ -35,6 +36,19 @@ def ingest_dataset(name: str) -> Any:
         f"Dataset {name} as gym read it",
     )
     return result
+
+
+@gym_task(name="split-dataset", task_run_name="hold out {val_size} of {name}")
+def split_dataset(dataset: Any, val_size: float, seed: int, name: str) -> tuple[Any, Any]:
+    """(train, held-out) parts of ingested dataset `name`: `val_size` of its records held out at random."""
+    train, held = split(dataset, val_size, seed, name)
+    counts = {"train records": train.num_records, "held-out records": held.num_records, "of": dataset.digest}
+    publish(
+        "split",
+        f"## hold out {val_size}\n\n" + table(counts),
+        f"Held-out part of dataset {dataset.digest}",
+    )
+    return train, held
 
 
 @gym_task(name="tokenize-dataset", task_run_name="tokenize {dataset.digest}", timeout_seconds=DATA_TIMEOUT_S)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from gym import preflight
@@ -18,5 +18,7 @@ from gym import preflight
 # Never cached: it must see the registry, files and MLflow models as they are now.
 @task(name="check-inputs", cache_policy=NO_CACHE, persist_result=False)
 def check_inputs(config: Any) -> None:
-    """Raise a GymError naming the flow parameter at fault, else return."""
+    """Raise a GymError naming the flow parameter at fault, else log what `auto` held-out data left out."""
     preflight.check(config)
+    for note in config.held_out_notes() if hasattr(config, "held_out_notes") else []:
+        get_run_logger().info(note)

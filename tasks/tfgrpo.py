@@ -38,7 +38,7 @@ def prepare_run(config: TfGrpoFlowConfig) -> TfGrpoRun:
         config.settings(),
         config.model,
         config.dataset,
-        config.eval_dataset,
+        config.held_out_questions(),
         config.template,
         config.trust_remote_code,
     )

@@ -26,8 +26,8 @@ KEYS = {
 }
 
 
-def run_script(args: list[str], gym_home: Path, timeout: int = 900) -> dict:
-    """Run a command the way a user does and return its final JSON line."""
+def run_script(args: list[str], gym_home: Path, timeout: int = 900, logs: list[str] | None = None) -> dict:
+    """Run a command the way a user does and return its final JSON line (its stderr into `logs`)."""
     env = {
         **os.environ,
         "GYM_HOME": str(gym_home),
@@ -37,6 +37,8 @@ def run_script(args: list[str], gym_home: Path, timeout: int = 900) -> dict:
     env.pop("PREFECT_API_URL", None)  # the script starts its own ephemeral API, as a user's would
     proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    if logs is not None:
+        logs.append(proc.stderr)
     last = proc.stdout.strip().splitlines()[-1]
     return json.loads(last)
 
@@ -108,7 +110,11 @@ def test_gym_train_cli_runs_a_single_method_flow(gym_home):
     assert (exported / "model.safetensors").is_file() and (exported / "gym_model.json").is_file()
 
 
-def test_gym_train_accepts_the_papers_flags(gym_home):
+def test_gym_train_accepts_the_papers_flags_on_a_custom_dataset(gym_home, tmp_path):
+    custom = tmp_path / "custom_dataset.jsonl"
+    rows = [{"instruction": f"Double {i}.", "input": "", "output": str(2 * i)} for i in range(64)]
+    custom.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    logs: list[str] = []
     out = run_script(
         [
             str(Path(sys.executable).parent / "gym"),
@@ -118,21 +124,24 @@ def test_gym_train_accepts_the_papers_flags(gym_home):
             "--template",
             "chatml",
             "--dataset",
-            "demo_sft",
+            str(custom),
             "--finetuning_type",
             "lora",
             "--num_train_epochs",
-            "0.05",
+            "1",
             "--output_dir",
             str(gym_home / "out"),
-            "--eval_dataset",
-            "None",
             "--json",
         ],
         gym_home,
+        logs=logs,
     )
-    assert out["model_name"] == "gym-tiny-sft" and out["exact_match_before"] is None
+    assert out["model_name"] == "gym-tiny-sft" and out["sft_loss_last"] is not None
     assert (gym_home / "out" / "model.safetensors").is_file()
+    # Your own data is not scored on the demo's held-out tasks (eval_dataset: auto); the log says how to
+    # score held-out data of your own.
+    assert out["exact_match_before"] is None and out["exact_match_after"] is None
+    assert "no exact match before/after" in logs[0] and "--eval_dataset" in logs[0]
 
 
 def test_gym_train_explains_an_unavailable_model_offline(gym_home):

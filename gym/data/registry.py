@@ -32,6 +32,9 @@ from gym.paths import registry_dir
 
 Format = Literal["alpaca", "sharegpt", "openai", "preference", "kto", "prompt"]
 
+# A held-out dataset parameter's default: the demo's held-out split when the run trains on demo data.
+AUTO = "auto"
+
 
 class DatasetSpec(BaseModel):
     """Where a dataset's records come from and how to read them: the input of `ingest`."""
@@ -115,6 +118,18 @@ def load_registry(path: Path | None = None) -> dict[str, dict[str, Any]]:
     if errors:
         raise _schema_error(errors[0], path)
     return entries
+
+
+def held_out(given: str | None, trained_on: str, demo_split: str) -> str | None:
+    """The held-out dataset a flow parameter names: `given` as it is, except AUTO, which means
+    `demo_split` when `trained_on` is one of gym's demo datasets (a registry entry with a `generator`:
+    they share its tasks) and nothing otherwise. Held-out data of other tasks would score a
+    model trained on your data on questions it never trained for, so none is picked for you:
+    name yours (`--eval_dataset my_test.jsonl`)."""
+    if given != AUTO:
+        return given
+    entry = load_registry().get(trained_on)
+    return demo_split if entry and entry.get("generator") else None
 
 
 def data_dir(given: str | Path | None = None) -> Path:
