@@ -172,6 +172,7 @@ def _same_setup(
 def check_flow_metric(config: Any) -> None:
     """A training flow's `output.promote_metric` must be a score the flow records (gym/lineage.py's
     names): checked before any work, so a typo doesn't surface after training."""
+    from gym.data.registry import AUTO
     from gym.preflight import stages
 
     output = getattr(config, "output", None)
@@ -194,15 +195,18 @@ def check_flow_metric(config: Any) -> None:
     names = [f"{m}_after" for m in sorted(held_out or [])]
     names += [f"{e}[.<category>]" for e in sorted(evaluations)]
     names += [f"{p}_loss_last" for p in sorted(prefixes)]
+    unnamed = getattr(config, "eval_dataset", None) == AUTO and not held_out
     raise ConfigError(
         f"output.promote_metric: this flow records no score {metric!r}; it records {', '.join(names)} "
         "(evaluations also as <name>_before, and each stage's <stage>_<reward or metric> scores)"
+        + ("; held-out metrics need held-out data of your own: name it with eval_dataset" if unnamed else "")
     )
 
 
 def _held_out_metrics(config: Any) -> set[str] | None:
     """Names of the held-out metrics the flow records (None when one may give several numbers)."""
-    if not getattr(config, "eval_dataset", None):
+    resolve = getattr(config, "exact_match_dataset", None)  # eval_dataset with `auto` resolved
+    if not (resolve() if resolve else getattr(config, "eval_dataset", None)):
         return set()
     names = {"exact_match"}
     for metric in getattr(config, "eval_metrics", []):

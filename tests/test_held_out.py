@@ -22,7 +22,7 @@ from gym.data.ingest import ingest, load_meta
 from gym.data.registry import AUTO, held_out, resolve_dataset
 from gym.data.split import held_out_count, split
 from gym.errors import ConfigError
-from gym.pipeline import SftThenDpoConfig, TfGrpoFlowConfig, TrainFlowConfig
+from gym.pipeline import OutputSettings, SftThenDpoConfig, TfGrpoFlowConfig, TrainFlowConfig
 from gym.train.config import TrainConfig
 from tests.test_flows import run_script
 
@@ -71,6 +71,14 @@ def test_train_flow_scores_the_demo_on_demo_data_and_nothing_on_yours(own_sft):
     assert named.exact_match_dataset() == own_sft and named.held_out_notes() == []
     preflight.check(mine)
     preflight.check(named)
+
+
+def test_promoting_on_exact_match_needs_held_out_data_of_your_own(own_sft):
+    promote = OutputSettings(promote_metric="exact_match_after")
+    preflight.check(TrainFlowConfig(output=promote))  # the demo: scored on demo_sft_eval
+    with pytest.raises(ConfigError, match=r"records no score 'exact_match_after'.*name it with eval_dataset"):
+        preflight.check(TrainFlowConfig(dataset=own_sft, output=promote))
+    preflight.check(TrainFlowConfig(dataset=own_sft, eval_dataset=own_sft, output=promote))
 
 
 def test_a_named_held_out_set_is_still_checked(own_sft):
