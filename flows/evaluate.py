@@ -12,7 +12,9 @@ a registered version gets the scores as tags (`score.mmlu`, `score.mmlu.stem`, `
 and on its model card, so `gym promote --metric mmlu` can use an evaluation made after registration.
 Every benchmark's data is read (and every lm-eval task found) before the MLflow run starts.
 With no flags it scores gym-tiny's exact match on the demo held-out data (gym ships no benchmark
-questions: MMLU, C-Eval and CMMLU come from your files or the hub).
+questions: MMLU, C-Eval and CMMLU come from your files or the hub); other models get generation
+metrics only on held-out data you name (`--eval_dataset`: auto picks the demo's only for gym-tiny
+and models trained from it).
 For a quick score without Prefect or MLflow: `gym eval`.
 """
 
@@ -20,11 +22,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import flow
+from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 from pydantic import BaseModel, ConfigDict, Field
 
+from gym.data.registry import AUTO
 from gym.eval.suite import BenchmarkOptions
+from gym.models import ModelRef
 from gym.pipeline import registry_choices
 from tasks.data import ingest_dataset
 from tasks.evaluate import benchmark_eval, check_benchmarks_task, exact_match
@@ -64,7 +68,9 @@ class EvaluateConfig(BaseModel):
         default_factory=BenchmarkOptions, description="Questions per subject, shots, batch size."
     )
     eval_dataset: str | None = Field(
-        "demo_sft_eval", description="Held-out instruction data for generation metrics (None to skip)."
+        AUTO,
+        description="Held-out instruction data for generation metrics (None to skip); auto: demo_sft_eval "
+        "for gym-tiny and models trained from it (the demo's model), none for other models.",
     )
     eval_limit: int | None = Field(None, description="Only the first N held-out records.")
     eval_metrics: list[str] = Field(
@@ -73,8 +79,19 @@ class EvaluateConfig(BaseModel):
     output: EvalOutput = Field(default_factory=EvalOutput, description="Where results are tracked.")
 
     def dataset_uses(self) -> dict[str, tuple[str, str]]:
-        """For gym.preflight: the held-out data is read as instruction records."""
-        return {"eval_dataset": (self.eval_dataset, "exact_match")} if self.eval_dataset else {}
+        """For gym.preflight: named held-out data is read as instruction records (auto's is the demo's)."""
+        named = self.eval_dataset not in (None, AUTO)
+        return {"eval_dataset": (self.eval_dataset, "exact_match")} if named else {}
+
+    def held_out_for(self, model: ModelRef) -> str | None:
+        """The held-out data to score `model` on: as named, or for auto the demo's held-out split if the
+        model is gym-tiny or descends from it (a model trained on other data would be scored on tasks it
+        never saw, at the cost of generating every answer)."""
+        from gym import tiny
+
+        if self.eval_dataset != AUTO:
+            return self.eval_dataset
+        return "demo_sft_eval" if model.base_model == tiny.KIND else None
 
 
 DEFAULTS = EvaluateConfig()
@@ -92,7 +109,13 @@ def evaluate(config: EvaluateConfig = DEFAULTS) -> dict[str, Any]:
 
     model = resolve_model(config.model, config.template, config.trust_remote_code)
     scores = {b.label: benchmark_eval(model, b.entry, options, "eval", parent, uri) for b in benchmarks}
-    held_out = ingest_dataset(config.eval_dataset) if config.eval_dataset else None
+    held_name = config.held_out_for(model)
+    if held_name is None and config.eval_dataset == AUTO:
+        get_run_logger().info(
+            f"no generation metrics: {config.model} does not descend from gym-tiny, whose demo held-out "
+            "data would score it on tasks it never trained for; name yours with --eval_dataset FILE_OR_NAME"
+        )
+    held_out = ingest_dataset(held_name) if held_name else None
     generated = (
         exact_match(model, held_out, "eval", config.eval_limit, parent, uri, config.eval_metrics)
         if held_out

@@ -107,3 +107,30 @@ def test_bad_benchmark_data_stops_the_flow_before_anything_is_tracked(prefect_se
     client = MlflowClient(tracking.tracking_uri())
     experiment = client.get_experiment_by_name("gym")
     assert experiment is None or not client.search_runs([experiment.experiment_id])
+
+
+def test_evaluate_flow_scores_only_named_held_out_data_on_a_model_not_from_gym_tiny(
+    prefect_server, tmp_path, capsys, caplog
+):
+    """auto held-out data is the demo's for gym-tiny's line only: another model gets benchmarks alone,
+    and the log says how to add generation metrics; named held-out data is scored as before."""
+    import shutil
+
+    from flows.evaluate import EvaluateConfig, evaluate
+    from gym.models import resolve
+
+    folder = tmp_path / "my-model"
+    shutil.copytree(resolve("gym-tiny").path, folder)
+    (folder / "gym_model.json").unlink(missing_ok=True)  # a model from elsewhere: no gym lineage
+    mmlu = write_benchmark("mmlu", tmp_path / "mmlu")
+    argv = ["--model", str(folder), "--template", "chatml", "--benchmarks", f"mmlu={mmlu}"]
+    argv += ["--benchmark_options.limit", "2", "--json"]
+    assert main(evaluate, EvaluateConfig, argv) == 0
+    summary = last_json(capsys.readouterr().out)
+    assert "mmlu" in summary and "exact_match" not in summary
+    assert "eval-eval" not in child_runs(summary["mlflow_run_id"])
+    assert "no generation metrics" in caplog.text and "--eval_dataset" in caplog.text
+
+    named = ["--eval_dataset", "demo_sft_eval", "--eval_limit", "4"]
+    assert main(evaluate, EvaluateConfig, [*argv, *named]) == 0
+    assert "exact_match" in last_json(capsys.readouterr().out)
