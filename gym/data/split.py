@@ -55,16 +55,14 @@ def split(
             meta = {
                 **{k: parent[k] for k in ("kind", "format")},
                 "digest": digests[part],
-                "num_records": len(rows),
+                "num_records": len(rows),  # train_test_split keeps `count` rows in "test"
                 "split_of": {"digest": data.digest, "val_size": val_size, "seed": seed, "part": part},
             }
             with workspace.atomic_dir(finals[part]) as tmp:
                 rows.save_to_disk(str(tmp))
                 workspace.atomic_write_json(tmp / "meta.json", meta)
+    counts = {"train": data.num_records - count, "held_out": count}
     train, held = (
-        IngestResult(
-            path=finals[p], digest=digests[p], kind=data.kind, num_records=load_meta(finals[p])["num_records"]
-        )
-        for p in PARTS
+        IngestResult(path=finals[p], digest=digests[p], kind=data.kind, num_records=counts[p]) for p in PARTS
     )
     return train, held
