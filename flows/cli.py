@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from flows.process import tune_process
+from gym import progress
 from gym.errors import GymError
 
 # subcommand -> ("module:function", one-line help). The function takes the arguments after the
@@ -39,10 +41,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tfgrpo": ("gym.tfgrpo.cli:cmd_tfgrpo", "Training-Free GRPO tools (`gym tfgrpo simulate --json`)."),
 }
 
-
-def _offline_defaults() -> None:
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Commands that set up their console themselves: `gym train` once it has read --verbose; `gym up`
+# leaves the servers' and the worker's logging as their own.
+OWN_CONSOLE = {"train", "up", "status", "down"}
 
 
 def _command(name: str) -> Callable[[Sequence[str]], int]:
@@ -57,7 +58,8 @@ def usage() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    _offline_defaults()
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     tune_process()
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
@@ -67,6 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"error: unknown command {name!r}; choose from {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
+    if name not in OWN_CONSOLE:
+        progress.console_defaults(verbose=progress.verbose())  # libraries' progress bars off
     try:
         return _command(name)(rest)
     except GymError as exc:
@@ -78,7 +82,15 @@ def console() -> NoReturn:
     """The `gym` console script."""
     from gym.cli import exit_process
 
-    exit_process(main())
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`gym registry list | head -3`): stop quietly, as a shell command does.
+        # Python would report the pipe again when it flushes stdout at exit; point it at /dev/null.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 128 + signal.SIGPIPE
+    exit_process(code)
 
 
 if __name__ == "__main__":

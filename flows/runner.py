@@ -16,8 +16,6 @@ import argparse
 import contextlib
 import importlib
 import json
-import logging
-import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -120,7 +118,7 @@ def main(
 ) -> int:
     parser = build_parser(config_cls, prog=prog)
     args = parser.parse_args(argv)
-    console_defaults(verbose=args.verbose)
+    progress.console_defaults(verbose=args.verbose)
     try:
         config = parse_config(config_cls, args)
         preflight.check(config)  # before Prefect starts: a mistake is reported in about a second
@@ -133,32 +131,6 @@ def main(
     if args.json:
         print(json.dumps(summary, sort_keys=True, default=str))
     return 0
-
-
-# What the console shows by default: Prefect's task lines, one progress bar per training stage, the
-# summary. Libraries' progress bars and info lines stay off unless `--verbose` (the environment wins).
-QUIET = {
-    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
-    "HF_HUB_DISABLE_PROGRESS_BARS": "1",  # also transformers' (loading and writing weights)
-    "TQDM_DISABLE": "1",  # TRL's reference log-prob pass
-    "MLFLOW_LOGGING_LEVEL": "ERROR",
-}
-
-
-def console_defaults(verbose: bool = False) -> None:
-    """Set the environment a run's console needs, before the libraries that read it are imported.
-
-    Environment variables rather than library calls: they also reach processes the run starts
-    (Prefect's temporary API, launched trainers).
-    """
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if verbose:
-        os.environ[progress.VERBOSE_ENV] = "1"
-        return
-    for key, value in QUIET.items():
-        os.environ.setdefault(key, value)
-    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # its CPU-kernel notice on every import
 
 
 def user_error(message: str) -> int:

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -22,6 +23,33 @@ LINE_EVERY_S = 300.0  # not a terminal: a line at each quarter, and at least eve
 
 def verbose() -> bool:
     return os.environ.get(VERBOSE_ENV, "").lower() in ("1", "true", "yes", "on")
+
+
+# What the console shows by default: gym's own lines (Prefect's task lines, one progress bar per
+# training stage, the summary, a command's result). Libraries' progress bars and info lines stay off
+# unless `--verbose` / GYM_VERBOSE=1 (a variable already in the environment wins).
+QUIET = {
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",  # also transformers' (loading and writing weights)
+    "TQDM_DISABLE": "1",  # TRL's reference log-prob pass
+    "MLFLOW_LOGGING_LEVEL": "ERROR",
+}
+
+
+def console_defaults(verbose: bool = False) -> None:
+    """Set the environment a command's console needs, before the libraries that read it are imported.
+
+    Environment variables rather than library calls: they also reach processes the command starts
+    (Prefect's temporary API, launched trainers, a server's workers).
+    """
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if verbose:
+        os.environ[VERBOSE_ENV] = "1"
+        return
+    for key, value in QUIET.items():
+        os.environ.setdefault(key, value)
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # its CPU-kernel notice on every import
 
 
 def clock(seconds: float) -> str:

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 from gym.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_registry_list_json_has_one_object_per_entry(capsys):
@@ -46,3 +52,45 @@ def test_data_preview_reports_bad_file_with_record_and_field(tmp_path, capsys):
     assert main(["data", "preview", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "bad.jsonl" in err and "record 2" in err and "output" in err
+
+
+def _gym(*args: str, home, **env: str) -> subprocess.Popen:
+    quiet = (
+        "HF_DATASETS_DISABLE_PROGRESS_BARS",
+        "HF_HUB_DISABLE_PROGRESS_BARS",
+        "TQDM_DISABLE",
+        "GYM_VERBOSE",
+    )
+    base = {k: v for k, v in os.environ.items() if k not in quiet}
+    cmd = [sys.executable, "-m", "flows.cli", *args]
+    return subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env={**base, "GYM_HOME": str(home), **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def test_output_piped_into_a_reader_that_stops_early_ends_quietly(tmp_path):
+    """`gym registry list | head -1`: the reader is gone before gym writes; no traceback, SIGPIPE's status."""
+    proc = _gym("registry", "list", home=tmp_path)
+    assert proc.stdout is not None
+    proc.stdout.close()  # before the process has imported anything, let alone printed
+    _, err = proc.communicate(timeout=120)
+    assert b"Traceback" not in err and b"BrokenPipe" not in err, err.decode()
+    assert proc.returncode == 141
+
+
+def test_library_progress_bars_stay_off_the_console_unless_verbose(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"instruction": "a", "output": "b"}\n')
+    args = ("data", "preview", str(data), "--model", "gym-tiny")
+    quiet = _gym(*args, home=tmp_path / "q").communicate(timeout=300)
+    verbose = _gym(*args, home=tmp_path / "v", GYM_VERBOSE="1").communicate(timeout=300)
+    assert b"1 sft records" in quiet[0] and b"1 sft records" in verbose[0]
+    # datasets' "Saving the dataset" and transformers' "Writing model shards" bars (building gym-tiny)
+    assert b"Saving the dataset" in verbose[1] and b"Writing model shards" in verbose[1]
+    assert b"Saving the dataset" not in quiet[1] and b"Writing model shards" not in quiet[1], quiet[
+        1
+    ].decode()
