@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
@@ -80,17 +79,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def console() -> NoReturn:
     """The `gym` console script."""
-    from gym.cli import exit_process
+    from gym.cli import run_console
 
-    try:
-        code = main()
-        sys.stdout.flush()
-    except BrokenPipeError:
-        # The reader went away (`gym registry list | head -3`): stop quietly, as a shell command does.
-        # Python would report the pipe again when it flushes stdout at exit; point it at /dev/null.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        code = 128 + signal.SIGPIPE
-    exit_process(code)
+    run_console(main)
 
 
 if __name__ == "__main__":

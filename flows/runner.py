@@ -153,10 +153,10 @@ def describe(exc: ValidationError) -> str:
 def run_script(flow_fn: Any, config_cls: type[BaseModel]) -> NoReturn:
     """`python flows/<name>.py`: run `main` on the command line's flags, then end the process."""
     from flows.process import tune_process
-    from gym.cli import exit_process
+    from gym.cli import run_console
 
     tune_process()
-    exit_process(main(flow_fn, config_cls))
+    run_console(lambda: main(flow_fn, config_cls))
 
 
 def _open_tracking(config: BaseModel) -> None:

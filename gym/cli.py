@@ -12,8 +12,10 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from gym.errors import GymError
@@ -78,6 +80,22 @@ def main(argv: Sequence[str]) -> int:
     except GymError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+def run_console(command: Callable[[], int]) -> NoReturn:
+    """Run a console script's `command` and end the process with its status (see `exit_process`).
+
+    A reader that goes away early (`gym registry list | head -3`) ends the command quietly with
+    SIGPIPE's status, as a shell command does, instead of a BrokenPipeError traceback.
+    """
+    try:
+        code = command()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Python would report the pipe again when it flushes stdout at exit; point it at /dev/null.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 128 + signal.SIGPIPE
+    exit_process(code)
 
 
 def exit_process(code: int) -> NoReturn:
