@@ -2,6 +2,7 @@
 
     gym train [--method sft|dpo|sft_then_dpo|tf_grpo|...] [any flow parameter as --flag] [--json]
     gym train --finetuning_type grpo --training_free_grpo --group_size 5 --num_train_epochs 3 --output_dir D
+    gym train run.yaml [flags]      # a YAML file's settings (LLaMA-Factory's names too), then the flags
 
 `gym train` picks the flow for the method (flows/train.py for one method, a pipeline flow such
 as flows/sft_then_dpo.py for several stages) and runs it through flows/runner.py.
@@ -13,7 +14,10 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import Any
 
+from gym.cli_options import read_config_file, split_config_file
+from gym.errors import ConfigError
 from gym.train.config import FINETUNING_TYPES
 
 # Pipelines of several stages: method name -> (flow module, flow function, config class in gym.pipeline)
@@ -39,16 +43,26 @@ DEMO_DATA |= {m: ("demo_prompts", "demo_prompts_eval") for m in ("ppo", "grpo", 
 DEMO_WARM_START = {"kto": "demo_sft"}
 
 
+# LLaMA-Factory's `stage` -> gym's method; its `pref_loss` picks the method of the dpo stage.
+STAGES = {"sft": "sft", "dpo": "dpo", "kto": "kto", "ppo": "ppo"}
+PREF_LOSSES = {"sigmoid": "dpo", "ipo": "ipo", "hinge": "hinge", "orpo": "orpo", "simpo": "simpo"}
+DPO_STAGE = (*PREF_LOSSES.values(), "cdpo")  # the methods of LLaMA-Factory's dpo stage
+# Settings of a config file that choose the method: `gym train` reads them, the flow does not.
+METHOD_KEYS = ("method", "stage", "pref_loss", "finetuning_type", "training_free_grpo", "grpo_training_free")
+
+
 def method_of(argv: Sequence[str]) -> tuple[str, str | None, list[str]]:
     """(method, finetuning_type, the other arguments) from `gym train`'s command line."""
     pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--method", default="sft")
+    pre.add_argument("--method")
+    pre.add_argument("--stage")
+    pre.add_argument("--pref_loss")
     pre.add_argument("--finetuning_type")
     pre.add_argument(
         "--training_free_grpo", "--grpo_training_free", dest="training_free", action="store_true"
     )
     known, rest = pre.parse_known_args(argv)
-    method = known.method
+    method = _llamafactory_method(known.method, known.stage, known.pref_loss)
     if known.finetuning_type and known.finetuning_type not in FINETUNING_TYPES:
         method = known.finetuning_type  # the papers spell the method this way
     if known.training_free and method in ("sft", "grpo"):  # `--finetuning_type grpo --training_free_grpo`
@@ -58,8 +72,50 @@ def method_of(argv: Sequence[str]) -> tuple[str, str | None, list[str]]:
     return method, known.finetuning_type, rest
 
 
+def _llamafactory_method(method: str | None, stage: str | None, pref_loss: str | None) -> str:
+    """The method from --method, or from LLaMA-Factory's --stage and --pref_loss."""
+    if stage is not None:
+        if stage not in STAGES:
+            raise ConfigError(
+                f"--stage {stage!r} has no gym method (LLaMA-Factory's pt and rm stages); stages: "
+                f"{', '.join(STAGES)}, or pick a --method"
+            )
+        family = DPO_STAGE if stage == "dpo" else (STAGES[stage],)
+        if method is not None and method not in family:
+            raise ConfigError(f"--stage {stage} and --method {method} disagree: give one of them")
+        method = method or STAGES[stage]
+    if pref_loss is not None:
+        if pref_loss not in PREF_LOSSES:
+            raise ConfigError(
+                f"--pref_loss {pref_loss!r} is not available: {', '.join(PREF_LOSSES)} "
+                "(for LLaMA-Factory's kto_pair, train unpaired data with --method kto)"
+            )
+        picked = PREF_LOSSES[pref_loss]
+        if method in (None, "dpo"):
+            method = picked
+        elif method != picked and not (method == "cdpo" and pref_loss == "sigmoid"):  # cDPO: smoothed sigmoid
+            raise ConfigError(f"--pref_loss {pref_loss} picks method {picked}, not {method}")
+    return method or "sft"
+
+
+def _method_flags(settings: dict[str, Any]) -> list[str]:
+    """A config file's method-choosing settings (taken out of `settings`) as `gym train` flags."""
+    flags = []
+    for key in METHOD_KEYS:
+        value = settings.pop(key, None)
+        if value is True:
+            flags.append(f"--{key}")
+        elif value not in (None, False):
+            flags.append(f"--{key}={value}")
+    return flags
+
+
 def cmd_train(argv: Sequence[str]) -> int:
-    method, finetuning_type, rest = method_of(argv)
+    path, argv = split_config_file(argv)
+    settings = read_config_file(path) if path else {}
+    method, finetuning_type, rest = method_of([*_method_flags(settings), *argv])
+    config_file = (path, settings) if path else None
+    named = [*rest, *(f"--{key}" for key in settings)]  # set on the command line or in the file
     from gym.train import METHODS
 
     names = ", ".join(dict.fromkeys([*METHODS, *PIPELINES]))  # tf_grpo is in both
@@ -81,15 +137,16 @@ def cmd_train(argv: Sequence[str]) -> int:
     if method in PIPELINES:
         module, fn, cls = PIPELINES[method]
         pipeline_cls = getattr(importlib.import_module("gym.pipeline"), cls)
-        return main(f"{module}:{fn}", pipeline_cls, rest, prog=prog)
+        return main(f"{module}:{fn}", pipeline_cls, rest, prog=prog, config_file=config_file)
     from gym.pipeline import TrainFlowConfig
 
     if method in ("ppo", "grpo", "gspo"):  # --reward, --reward-weight, --group-size; the demo's warm start
         from flows.online_rl import rl_args
 
-        rest = rl_args(rest, demo=not _given(rest, "--dataset"))
+        rest = rl_args(rest, demo=not _given(named, "--dataset"))
     # The flow by name: it is imported once the run's inputs are checked and Prefect's API is starting.
-    return main("flows.train:train", TrainFlowConfig, [*demo_args(method, rest), *rest], prog=prog)
+    argv = [*demo_args(method, named), *rest]
+    return main("flows.train:train", TrainFlowConfig, argv, prog=prog, config_file=config_file)
 
 
 def demo_args(method: str, rest: Sequence[str]) -> list[str]:

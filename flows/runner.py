@@ -19,13 +19,21 @@ import json
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from pydantic import BaseModel, ValidationError
 
 from flows import temporary_api
-from gym import preflight, progress
-from gym.cli_options import ArgumentParser, add_config_options, merge, overrides_from
+from gym import cli_llamafactory, preflight, progress
+from gym.cli_options import (
+    ArgumentParser,
+    add_config_options,
+    merge,
+    overrides_from,
+    read_config_file,
+    split_config_file,
+)
 from gym.errors import GymError
 from gym.train import METHODS
 from gym.train.config import FINETUNING_TYPES
@@ -74,14 +82,35 @@ def build_parser(config_cls: type[BaseModel], prog: str | None = None) -> argpar
     )
     if "dataset" not in config_cls.model_fields:
         paper.add_argument("--dataset", dest="alias_dataset", help="Same as --sft_dataset.")
+    if stages := stage_fields(config_cls):
+        cli_llamafactory.add_options(parser, stages)
     add_config_options(parser, config_cls)
     return parser
 
 
-def parse_config(config_cls: type[BaseModel], args: argparse.Namespace) -> BaseModel:
-    """Defaults, then the paper aliases, then explicit field flags (the most specific wins)."""
-    base = config_cls().model_dump()
+def parse_config(
+    config_cls: type[BaseModel], args: argparse.Namespace, under: argparse.Namespace | None = None
+) -> BaseModel:
+    """Defaults, then a config file's settings (`under`), then the command line's flags. Within each:
+    the paper aliases, then LLaMA-Factory's names, then gym's own flags (the most specific wins)."""
+    sources = [ns for ns in (under, args) if ns is not None]
     stages = stage_fields(config_cls)
+    # Settings LLaMA-Factory's names derive from others, as the user gave them in either source
+    given_types = [_finetuning_type(config_cls, ns, stages) for ns in reversed(sources)]
+    derived = {
+        "finetuning_type": next((t for t in given_types if t), None),
+        "alpha_given": any(_alpha_given(config_cls, ns, stages) for ns in sources),
+    }
+    config = config_cls().model_dump()
+    for ns in sources:
+        config = merge(config, _overrides(config_cls, ns, stages, derived))
+    return config_cls.model_validate(config)
+
+
+def _overrides(
+    config_cls: type[BaseModel], args: argparse.Namespace, stages: list[str], derived: dict[str, Any]
+) -> dict[str, Any]:
+    """The settings one source (command line or config file) gives, as a nested dict."""
     alias: dict[str, Any] = {}
     if args.alias_model:
         alias["model"] = args.alias_model
@@ -110,25 +139,60 @@ def parse_config(config_cls: type[BaseModel], args: argparse.Namespace) -> BaseM
                 )
         if s:
             alias[stage] = s
-    return config_cls.model_validate(merge(merge(base, alias), overrides_from(args, config_cls)))
+    if stages:
+        alias = merge(alias, cli_llamafactory.overrides(args, stages, **derived))
+    return merge(alias, overrides_from(args, config_cls))
+
+
+def _alpha_given(config_cls: type[BaseModel], args: argparse.Namespace, stages: list[str]) -> bool:
+    fields = overrides_from(args, config_cls)
+    by_name = "lora_alpha" in cli_llamafactory.given(args)
+    return by_name or any("alpha" in fields.get(s, {}).get("lora", {}) for s in stages)
+
+
+def _finetuning_type(config_cls: type[BaseModel], args: argparse.Namespace, stages: list[str]) -> str | None:
+    """The adaptation type one source names, by the paper's flag or a stage's own field."""
+    if args.alias_finetuning_type in FINETUNING_TYPES:
+        return str(args.alias_finetuning_type)
+    fields = overrides_from(args, config_cls)
+    return next(
+        (fields[s]["finetuning_type"] for s in stages if "finetuning_type" in fields.get(s, {})), None
+    )
 
 
 def main(
-    flow_fn: Any, config_cls: type[BaseModel], argv: Sequence[str] | None = None, prog: str | None = None
+    flow_fn: Any,
+    config_cls: type[BaseModel],
+    argv: Sequence[str] | None = None,
+    prog: str | None = None,
+    config_file: tuple[Path, dict[str, Any]] | None = None,
 ) -> int:
+    """Run the flow on the command line's flags, after a config file's settings if one comes first
+    (`python flows/train.py run.yaml --max-steps 10`), or those of `config_file` (path, settings)."""
     parser = build_parser(config_cls, prog=prog)
-    args = parser.parse_args(argv)
-    progress.console_defaults(verbose=args.verbose)
+    path, rest = split_config_file(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(rest)
     try:
-        config = parse_config(config_cls, args)
+        if config_file is None and path is not None:
+            config_file = (path, read_config_file(path))
+        under = parser.parse_file(*config_file) if config_file else None
+    except GymError as exc:
+        return user_error(str(exc))
+    sources = [ns for ns in (under, args) if ns is not None]
+    progress.console_defaults(verbose=any(ns.verbose for ns in sources))
+    try:
+        config = parse_config(config_cls, args, under)
+        for ns in sources:
+            for note in cli_llamafactory.notes(ns):
+                print(f"note: {note}", file=sys.stderr)
         preflight.check(config)  # before Prefect starts: a mistake is reported in about a second
-        summary = run_flow(flow_fn, config, refresh_cache=args.refresh_cache)
+        summary = run_flow(flow_fn, config, refresh_cache=any(ns.refresh_cache for ns in sources))
     except ValidationError as exc:
         return user_error(describe(exc))
     except GymError as exc:
         return user_error(str(exc))
     print_summary(summary)
-    if args.json:
+    if any(ns.json for ns in sources):
         print(json.dumps(summary, sort_keys=True, default=str))
     return 0
 

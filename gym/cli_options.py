@@ -1,29 +1,72 @@
 """Command-line options generated from pydantic configs, so every flow parameter is a flag.
 
 Fields become `--name` (and `--name-with-dashes`); nested configs become `--parent.field`.
-Only flags the user actually passes override the config defaults.
+Only flags the user actually passes override the config defaults. A YAML (or JSON) file of the
+same settings can stand in for the flags: `gym train run.yaml --max-steps 10` (see `file_argv`).
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import sys
 import types
 import typing
+from collections.abc import Collection, Sequence
+from pathlib import Path
 from typing import Any, Literal, NoReturn, get_args, get_origin
 
 from pydantic import BaseModel
 
+from gym.errors import ConfigError
+
 SEP = "."
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
 
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse, with a bad flag reported as `error: <message>` on the last line (status 2, as argparse)."""
 
+    source: Path | None = None  # a config file being read: its errors name it
+
     def error(self, message: str) -> NoReturn:
+        if self.source is not None:
+            raise ConfigError(f"{self.source}: {message}")
         self.print_usage(sys.stderr)
         self.exit(2, f"error: {message}\n")
+
+    def parse_file(self, path: Path, settings: dict[str, Any]) -> argparse.Namespace:
+        """The settings read from config file `path` (see `read_config_file`), parsed as flags."""
+        self.source = path
+        try:
+            return self.parse_args(file_argv(path, settings, self._option_string_actions))
+        finally:
+            self.source = None
+
+
+TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+
+
+class Switch(argparse.Action):
+    """A boolean flag: `--x` or `--x true` (True), `--x false` or `--no-x` (False)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        negated = [f"--no-{o[2:]}" for o in option_strings if o.startswith("--")]
+        super().__init__([*option_strings, *negated], dest, nargs="?", metavar="true|false", **kwargs)
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        flag = option_string or self.option_strings[0]
+        if flag.startswith("--no-"):
+            if values is not None:
+                parser.error(f"argument {flag}: takes no value")
+            setattr(namespace, self.dest, False)
+        elif values is None or values.lower() in TRUE:
+            setattr(namespace, self.dest, True)
+        elif values.lower() in FALSE:
+            setattr(namespace, self.dest, False)
+        else:
+            parser.error(f"argument {flag}: expected true or false (got {values!r})")
 
 
 def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
@@ -51,7 +94,7 @@ def add_config_options(parser: argparse.ArgumentParser, model: type[BaseModel], 
         help_text = field.description or ""
         kwargs: dict[str, Any] = {"dest": path, "default": argparse.SUPPRESS, "help": help_text}
         if tp is bool:
-            kwargs["action"] = argparse.BooleanOptionalAction
+            kwargs["action"] = Switch
         elif get_origin(tp) is Literal:
             kwargs["choices"] = [str(c) for c in get_args(tp)]
         elif get_origin(tp) is list:
@@ -103,3 +146,73 @@ def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     for k, v in update.items():
         out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
+
+
+def split_config_file(argv: Sequence[str]) -> tuple[Path | None, list[str]]:
+    """`run.yaml --flag ...` -> (the config file, the flags); the file can only come first."""
+    args = list(argv)
+    if args and not args[0].startswith("-") and args[0].lower().endswith(CONFIG_SUFFIXES):
+        return Path(args[0]), args[1:]
+    return None, args
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """A config file's settings: a YAML (or JSON) mapping of flag names, without dashes, to values."""
+    import yaml
+
+    if not path.is_file():
+        raise ConfigError(f"config file {path} not found")
+    try:
+        with path.open(encoding="utf-8") as stream:  # YAML's messages then name the file
+            data = yaml.safe_load(stream)
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path} is not valid YAML or JSON: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{path}: expected a mapping of settings (`learning_rate: 1.0e-4`), not a {type(data).__name__}"
+        )
+    return data
+
+
+def file_argv(path: Path, settings: dict[str, Any], known: Collection[str]) -> list[str]:
+    """A config file's settings as the flags they stand for, given the parser's option strings `known`.
+
+    `learning_rate: 1.0e-4` is `--learning_rate=0.0001`; a mapping nests (`train: {lora: {r: 16}}` is
+    `--train.lora.r=16`, as is the key `train.lora.r`); a list gives several values; true, false and
+    null are `--flag`, `--flag=false` and `--flag=none`. An unknown key fails, naming the file and the
+    closest known names.
+    """
+    argv: list[str] = []
+
+    def walk(mapping: dict[Any, Any], prefix: str) -> None:
+        for key, value in mapping.items():
+            name = f"{prefix}{key}"
+            flag = f"--{name}"
+            if flag in known:
+                argv.extend(_as_flag(flag, value))
+            elif isinstance(value, dict):
+                walk(value, f"{name}{SEP}")
+            else:
+                names = [k[2:] for k in known if k.startswith("--") and not k.startswith("--no-")]
+                close = difflib.get_close_matches(name, names, n=3)
+                hint = f"; did you mean {' or '.join(close)}?" if close else " (`--help` lists the settings)"
+                raise ConfigError(f"{path}: unknown setting {name!r}{hint}")
+
+    walk(settings, "")
+    return argv
+
+
+def _as_flag(flag: str, value: Any) -> list[str]:
+    if value is True:
+        return [flag]
+    if value is False:
+        return [f"{flag}=false"]
+    if value is None:
+        return [f"{flag}=none"]
+    if isinstance(value, list):
+        return [flag, *(str(v) for v in value)]
+    if isinstance(value, dict):
+        return [f"{flag}={json.dumps(value)}"]
+    return [f"{flag}={value}"]

@@ -1,0 +1,195 @@
+"""LLaMA-Factory's names for training settings, so its users' commands and YAML files carry over.
+
+    gym train --stage sft --finetuning_type lora --lora_rank 16 --learning_rate 1e-4 --cutoff_len 2048
+    gym train llama3_lora_sft.yaml --max-steps 100     # a LLaMA-Factory training YAML
+
+Each name sets the gym setting it stands for in every training stage of the flow (`--learning_rate`
+is `--train.learning_rate` for `gym train`, `--sft.learning_rate` and `--dpo.learning_rate` in
+sft_then_dpo); gym's own flag for the same setting wins. As in LLaMA-Factory, `lora_alpha` defaults
+to twice `lora_rank`, LoRA settings imply a LoRA adapter and `quantization_bit` a quantized one
+(QLoRA). Settings gym handles by itself (loss plots, caching, resuming) are accepted with a note.
+`--stage` and `--pref_loss`, which choose the method, are read by `gym train` (flows/commands.py).
+Model, dataset, template, output and epoch names (`model_name_or_path`, `dataset`, `template`,
+`output_dir`, `num_train_epochs`, `val_size`, `eval_dataset`) are gym's own flags already.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from gym.cli_options import SEP, Switch
+from gym.errors import ConfigError
+
+DEST = "llamafactory"  # argparse dests are f"{DEST}.{name}"
+
+
+def _modules(text: str) -> list[str] | None:
+    """`q_proj,v_proj` -> its names; `all` -> None (gym's default: every projection of the model)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    return None if names in ([], ["all"]) else names
+
+
+# LLaMA-Factory's flash_attn values -> gym's attn_implementation
+ATTENTION = {
+    "auto": "auto",
+    "disabled": "eager",
+    "sdpa": "sdpa",
+    "fa2": "flash_attention_2",
+    "fa3": "flash_attention_3",
+}
+
+# name -> (gym's setting in each training stage, parser of the value; bool: a true/false flag)
+STAGE: dict[str, tuple[str, Callable[[str], Any] | type[bool]]] = {
+    "learning_rate": ("learning_rate", float),
+    "per_device_train_batch_size": ("per_device_train_batch_size", int),
+    "gradient_accumulation_steps": ("gradient_accumulation_steps", int),
+    "lr_scheduler_type": ("lr_scheduler_type", str),
+    "warmup_ratio": ("warmup_ratio", float),
+    "weight_decay": ("weight_decay", float),
+    "max_grad_norm": ("max_grad_norm", float),
+    "optim": ("optim", str),
+    "seed": ("seed", int),
+    "logging_steps": ("logging_steps", int),
+    "save_steps": ("save_steps", int),
+    "save_total_limit": ("save_total_limit", int),
+    "bf16": ("bf16", bool),
+    "gradient_checkpointing": ("gradient_checkpointing", bool),
+    "lora_rank": ("lora.r", int),
+    "lora_alpha": ("lora.alpha", int),
+    "lora_dropout": ("lora.dropout", float),
+    "lora_target": ("lora.target_modules", _modules),
+    "use_rslora": ("lora.use_rslora", bool),
+    "use_dora": ("lora.use_dora", bool),
+    "loraplus_lr_ratio": ("lora.loraplus_lr_ratio", float),
+    "freeze_trainable_layers": ("freeze.layers", int),
+    "freeze_trainable_modules": ("freeze.modules", _modules),
+    "freeze_extra_modules": ("freeze.extra_modules", lambda text: _modules(text) or []),
+    "quantization_bit": ("quant.bits", int),
+    "quantization_type": ("quant.quant_type", str),
+    "double_quantization": ("quant.double_quant", bool),
+    "pref_beta": ("beta", float),
+    "dpo_label_smoothing": ("label_smoothing", float),
+    "simpo_gamma": ("simpo_gamma", float),
+    "kto_chosen_weight": ("desirable_weight", float),
+    "kto_rejected_weight": ("undesirable_weight", float),
+    "ppo_epochs": ("rl.ppo_epochs", int),
+    "use_unsloth": ("speed.unsloth", bool),
+    "packing": ("speed.packing", bool),
+    "neat_packing": ("speed.packing", bool),  # gym's packing never attends across sequences
+}
+# Names whose value gym stores differently (a flag of LLaMA-Factory -> a setting of gym's).
+TRANSLATED: dict[str, tuple[str, Callable[[Any], Any], str]] = {
+    "pissa_init": ("lora.init", lambda on: "pissa" if on else "default", "PiSSA initialisation"),
+    "enable_liger_kernel": ("speed.liger", lambda on: "on" if on else "off", "Liger kernels"),
+    "disable_gradient_checkpointing": (
+        "gradient_checkpointing",
+        lambda on: not on,
+        "no activation checkpointing",
+    ),
+    "flash_attn": ("speed.attn_implementation", ATTENTION.__getitem__, "/".join(ATTENTION)),
+}
+# name -> gym's setting at the top of the flow config
+TOP: dict[str, tuple[str, Callable[[str], Any] | type[bool]]] = {
+    "cutoff_len": ("data.cutoff_len", int),
+    "max_samples": ("data.max_samples", int),
+    "train_on_prompt": ("data.train_on_prompt", bool),
+    "mask_history": ("data.mask_history", bool),
+}
+# Settings of LLaMA-Factory's YAML files that gym needs no value for, and why (a note when given).
+NOT_NEEDED = {
+    "do_train": "gym train always trains",
+    "plot_loss": "gym always plots the loss (an artifact in Prefect and MLflow)",
+    "overwrite_cache": "gym's caches are keyed by content: changed data or settings are never served stale",
+    "overwrite_output_dir": "gym replaces an output_dir it wrote and never one it didn't",
+    "resume_from_checkpoint": "gym resumes an interrupted stage from its last checkpoint by itself",
+    "report_to": "gym tracks every run in MLflow (--output.tracking_uri)",
+    "save_only_model": "gym keeps what resuming needs and saves the final model",
+    "preprocessing_num_workers": "gym tokenizes in-process",
+    "dataloader_num_workers": "gym's batches come from tokenized data in memory",
+    "ddp_timeout": "multi-GPU runs go through accelerate, with its own settings",
+}
+LORA_NAMES = {n for n, (path, _) in STAGE.items() if path.startswith("lora.")} | {"pissa_init"}
+
+
+def add_options(parser: argparse.ArgumentParser, stages: Sequence[str]) -> None:
+    """Add LLaMA-Factory's names to the parser of a flow whose config has training `stages`."""
+    group = parser.add_argument_group("LLaMA-Factory flag names (gym's own flag for a setting wins)")
+
+    def same_as(path: str) -> str:
+        return "= " + " and ".join(f"--{stage}.{path}" for stage in stages)
+
+    for name, (path, parse) in {**STAGE, **TOP}.items():
+        target = f"= --{path}" if name in TOP else same_as(path)
+        flag, dest, metavar = f"--{name}", f"{DEST}.{name}", name.upper()
+        if parse is bool:
+            group.add_argument(flag, dest=dest, action=Switch, help=target)
+        else:
+            group.add_argument(flag, dest=dest, type=parse, metavar=metavar, help=target)
+    for name, (path, _, what) in TRANSLATED.items():
+        kwargs: dict[str, Any] = {"action": Switch} if name != "flash_attn" else {"choices": list(ATTENTION)}
+        group.add_argument(f"--{name}", dest=f"{DEST}.{name}", help=f"{what}: {same_as(path)}", **kwargs)
+    for name, why in NOT_NEEDED.items():
+        kwargs = {"nargs": "?", "const": True, "metavar": "VALUE"}
+        group.add_argument(f"--{name}", dest=f"{DEST}.{name}", help=f"accepted: {why}", **kwargs)
+
+
+def given(args: argparse.Namespace) -> dict[str, Any]:
+    """The LLaMA-Factory names set on a command line (or in a config file), with their values."""
+    prefix = f"{DEST}{SEP}"
+    return {
+        k.removeprefix(prefix): v for k, v in vars(args).items() if k.startswith(prefix) and v is not None
+    }
+
+
+def overrides(
+    args: argparse.Namespace, stages: Sequence[str], finetuning_type: str | None, alpha_given: bool
+) -> dict[str, Any]:
+    """The gym settings the LLaMA-Factory names on `args` stand for, as a nested dict for the flow config.
+
+    `finetuning_type` is the one the user gave (command line or config file), if any: LoRA settings
+    without one mean a LoRA adapter, and quantization_bit a quantized one (QLoRA), as in
+    LLaMA-Factory. Unless the user gave the LoRA alpha (`alpha_given`), lora_rank sets it to twice the rank.
+    """
+    values = given(args)
+    stage: dict[str, Any] = {}
+    top: dict[str, Any] = {}
+    for name, value in values.items():
+        if name in STAGE:
+            _put(stage, STAGE[name][0], value)
+        elif name in TRANSLATED:
+            path, translate, _ = TRANSLATED[name]
+            _put(stage, path, translate(value))
+        elif name in TOP:
+            _put(top, TOP[name][0], value)
+    if "lora_rank" in values and not alpha_given:
+        _put(stage, "lora.alpha", 2 * values["lora_rank"])  # LLaMA-Factory's default: lora_rank * 2
+    if "quantization_bit" in values:
+        if finetuning_type not in (None, "lora", "qlora"):
+            raise ConfigError(
+                f"quantization_bit quantizes the frozen base under a LoRA adapter; finetuning_type "
+                f"{finetuning_type!r} trains the weights themselves: use --finetuning_type lora (or qlora)"
+            )
+        stage["finetuning_type"] = "qlora"
+    elif finetuning_type is None and LORA_NAMES & values.keys():
+        stage["finetuning_type"] = "lora"
+    return {**top, **{name: copy.deepcopy(stage) for name in stages}} if stage else top
+
+
+def notes(args: argparse.Namespace) -> list[str]:
+    """One line per LLaMA-Factory setting given that gym needs no value for, saying why."""
+    unset = (None, "none", "null", "false")  # `resume_from_checkpoint: null` in a YAML asks for nothing
+    return [
+        f"{name}: {NOT_NEEDED[name]}"
+        for name, value in given(args).items()
+        if name in NOT_NEEDED and str(value).lower() not in unset
+    ]
+
+
+def _put(tree: dict[str, Any], path: str, value: Any) -> None:
+    *parents, leaf = path.split(SEP)
+    for part in parents:
+        tree = tree.setdefault(part, {})
+    tree[leaf] = value

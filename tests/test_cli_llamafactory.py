@@ -1,0 +1,263 @@
+"""LLaMA-Factory's flag names and YAML config files, for `gym train` and the flow scripts."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flows import runner
+from flows.commands import method_of
+from gym import cli_llamafactory as lf
+from gym.cli_options import read_config_file
+from gym.errors import ConfigError
+from gym.pipeline import SftThenDpoConfig, TfGrpoFlowConfig, TrainFlowConfig
+from tests.test_flows import run_script
+
+# A value to give each stage-wide name, different from gym's default for it.
+SAMPLE = {
+    float: ("0.37", 0.37),
+    int: ("3", 3),
+    str: ("constant", "constant"),
+    bool: ("true", True),
+}
+
+
+def parse(argv: list[str], cls: Any = TrainFlowConfig, file: dict[str, Any] | None = None) -> dict[str, Any]:
+    parser = runner.build_parser(cls)
+    under = parser.parse_file(Path("run.yaml"), file) if file is not None else None
+    return runner.parse_config(cls, parser.parse_args(argv), under).model_dump()
+
+
+def train_of(argv: list[str]) -> dict[str, Any]:
+    return parse(argv)["train"]  # type: ignore[no-any-return]
+
+
+def at(tree: dict[str, Any], path: str) -> Any:
+    for part in path.split("."):
+        tree = tree[part]
+    return tree
+
+
+@pytest.mark.parametrize("name", sorted(lf.STAGE))
+def test_each_stage_wide_name_sets_its_gym_setting_in_every_stage(name):
+    path, kind = lf.STAGE[name]
+    text, value = SAMPLE.get(kind, ("q_proj,v_proj", ["q_proj", "v_proj"]))  # type: ignore[arg-type]
+    if name == "quantization_bit":
+        text, value = "4", 4
+    elif name == "quantization_type":
+        text, value = "fp4", "fp4"
+    elif name == "freeze_trainable_layers":
+        text, value = "-3", -3
+    config = parse([f"--{name}", text], SftThenDpoConfig)
+    assert at(config["sft"], path) == value and at(config["dpo"], path) == value
+
+
+@pytest.mark.parametrize(
+    ("argv", "path", "value"),
+    [
+        (["--cutoff_len", "128"], "data.cutoff_len", 128),
+        (["--max_samples", "50"], "data.max_samples", 50),
+        (["--train_on_prompt"], "data.train_on_prompt", True),
+        (["--mask_history", "true"], "data.mask_history", True),
+        (["--flash_attn", "fa2"], "train.speed.attn_implementation", "flash_attention_2"),
+        (["--flash_attn", "disabled"], "train.speed.attn_implementation", "eager"),
+        (["--enable_liger_kernel", "false"], "train.speed.liger", "off"),
+        (["--pissa_init"], "train.lora.init", "pissa"),
+        (["--disable_gradient_checkpointing", "false"], "train.gradient_checkpointing", True),
+        (["--lora_target", "all", "--finetuning_type", "lora"], "train.lora.target_modules", None),
+    ],
+)
+def test_names_that_translate_or_sit_at_the_top(argv, path, value):
+    assert at(parse(argv), path) == value
+
+
+def test_lora_names_mean_an_adapter_with_alpha_twice_the_rank_as_in_llamafactory():
+    train = parse(["--lora_rank", "16"])["train"]
+    assert train["finetuning_type"] == "lora" and train["lora"]["r"] == 16 and train["lora"]["alpha"] == 32
+    assert parse(["--lora_rank", "16", "--lora_alpha", "8"])["train"]["lora"]["alpha"] == 8
+    assert parse(["--lora_rank", "16", "--train.lora.alpha", "4"])["train"]["lora"]["alpha"] == 4
+    # The alpha a config file gives holds against a rank from the command line, and the file's type.
+    train = parse(["--lora_rank", "16"], file={"lora_alpha": 64, "finetuning_type": "dora"})["train"]
+    assert train["lora"]["alpha"] == 64 and train["finetuning_type"] == "dora"
+    assert train_of(["--finetuning_type", "rslora", "--lora_dropout", "0.1"])["finetuning_type"] == "rslora"
+    assert train_of(["--learning_rate", "1e-4"])["finetuning_type"] == "full", "no LoRA name: gym's default"
+
+
+def test_quantization_bit_means_qlora_and_refuses_full_weights():
+    train = parse(["--finetuning_type", "lora", "--quantization_bit", "8"])["train"]
+    assert train["finetuning_type"] == "qlora" and train["quant"]["bits"] == 8
+    with pytest.raises(ConfigError, match=r"quantization_bit.*finetuning_type 'full'"):
+        parse(["--finetuning_type", "full", "--quantization_bit", "4"])
+
+
+def test_gyms_own_flag_wins_and_the_command_line_wins_over_the_file():
+    assert train_of(["--learning_rate", "1e-4", "--train.learning_rate", "2e-4"])["learning_rate"] == 2e-4
+    assert train_of(["--train.learning_rate", "2e-4", "--learning_rate", "1e-4"])["learning_rate"] == 2e-4
+    file = {"train": {"learning_rate": 3e-4, "max_steps": 7}, "cutoff_len": 64}
+    config = parse(["--learning_rate", "1e-4"], file=file)
+    assert config["train"]["learning_rate"] == 1e-4, "a name on the command line beats the file's field"
+    assert config["train"]["max_steps"] == 7 and config["data"]["cutoff_len"] == 64
+    assert parse(["--num_train_epochs", "2"], file={"max_steps": 9})["train"]["max_steps"] == -1
+
+
+def test_flows_without_training_stages_do_not_take_the_names():
+    parser = runner.build_parser(TfGrpoFlowConfig)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--learning_rate", "1e-4"])
+
+
+def test_settings_gym_needs_no_value_for_are_accepted_with_a_note():
+    parser = runner.build_parser(TrainFlowConfig)
+    args = parser.parse_args(["--do_train", "--plot_loss", "true", "--resume_from_checkpoint", "none"])
+    notes = lf.notes(args)
+    assert len(notes) == 2 and notes[0].startswith("do_train:") and notes[1].startswith("plot_loss:")
+
+
+@pytest.mark.parametrize(
+    ("argv", "method"),
+    [
+        ("--stage sft", "sft"),
+        ("--stage dpo", "dpo"),
+        ("--stage dpo --pref_loss orpo", "orpo"),
+        ("--stage dpo --pref_loss simpo", "simpo"),
+        ("--stage dpo --pref_loss ipo", "ipo"),
+        ("--pref_loss hinge", "hinge"),
+        ("--stage kto", "kto"),
+        ("--stage ppo", "ppo"),
+        ("--stage dpo --method cdpo", "cdpo"),
+        ("--method cdpo --pref_loss sigmoid", "cdpo"),
+        ("", "sft"),
+    ],
+)
+def test_stage_and_pref_loss_pick_the_method(argv, method):
+    assert method_of(argv.split())[0] == method
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        ("--stage rm", "'rm' has no gym method"),
+        ("--stage pt", "stages: sft, dpo, kto, ppo"),
+        ("--stage sft --method dpo", "disagree"),
+        ("--pref_loss kto_pair", "--method kto"),
+        ("--method kto --pref_loss orpo", "picks method orpo, not kto"),
+    ],
+)
+def test_stage_and_pref_loss_mistakes_say_what_to_do(argv, says):
+    with pytest.raises(ConfigError, match=says):
+        method_of(argv.split())
+
+
+def test_boolean_flags_take_true_false_or_no(capsys):
+    assert parse(["--train.bf16"])["train"]["bf16"] is True
+    assert parse(["--train.bf16", "false"])["train"]["bf16"] is False
+    assert parse(["--train.bf16=yes", "--no-train.bf16"])["train"]["bf16"] is False
+    assert parse(["--bf16", "true"])["train"]["bf16"] is True
+    with pytest.raises(SystemExit):
+        parse(["--bf16", "maybe"])
+    assert "--bf16: expected true or false (got 'maybe')" in capsys.readouterr().err
+
+
+def test_config_file_keys_nest_or_dot_and_lists_and_nulls_work(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        "model_name_or_path: gym-tiny\ntrain:\n  lora: {r: 4}\n  speed.packing: true\n"
+        "train.freeze.extra_modules: [norm, lm_head]\nmethod_eval_dataset: null\nnum_train_epochs: 2\n"
+    )
+    config = parse([], file=read_config_file(path))
+    assert config["model"] == "gym-tiny" and config["train"]["lora"]["r"] == 4
+    assert config["train"]["speed"]["packing"] is True
+    assert config["train"]["freeze"]["extra_modules"] == ["norm", "lm_head"]
+    assert config["method_eval_dataset"] is None and config["train"]["num_train_epochs"] == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("lora_rnak: 8\n", "run.yaml: unknown setting 'lora_rnak'; did you mean lora_rank"),
+        ("train:\n  learning_rat: 1\n", "setting 'train.learning_rat'; did you mean train.learning_rate"),
+        ("learning_rate: abc\n", "run.yaml: argument --learning_rate: invalid float value: 'abc'"),
+        ("- a\n- b\n", "run.yaml: expected a mapping of settings"),
+        ("a: [\n", "run.yaml is not valid YAML or JSON"),
+    ],
+)
+def test_config_file_mistakes_name_the_file_and_the_setting(tmp_path, text, says):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    parser = runner.build_parser(TrainFlowConfig)
+    with pytest.raises(ConfigError) as caught:
+        parser.parse_file(path, read_config_file(path))
+    assert says in str(caught.value)
+
+
+def test_gym_train_with_a_missing_or_broken_config_file_says_so_in_one_line(tmp_path, capsys):
+    from flows.cli import main
+
+    assert main(["train", str(tmp_path / "nope.yaml")]) == 2
+    assert capsys.readouterr().err.strip() == f"error: config file {tmp_path / 'nope.yaml'} not found"
+    bad = tmp_path / "bad.yml"
+    bad.write_text("stage: rm\n")
+    assert main(["train", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'rm' has no gym method" in err[0]
+
+
+LLAMAFACTORY_YAML = """\
+### model
+model_name_or_path: gym-tiny
+
+### method
+stage: sft
+do_train: true
+finetuning_type: lora
+lora_rank: 4
+lora_target: q_proj,v_proj
+
+### dataset
+dataset: demo_sft
+template: chatml
+cutoff_len: 128
+max_samples: 200
+overwrite_cache: true
+preprocessing_num_workers: 16
+eval_dataset: none
+
+### output
+output_dir: {out}
+logging_steps: 5
+plot_loss: true
+report_to: none
+
+### train
+per_device_train_batch_size: 8
+gradient_accumulation_steps: 1
+learning_rate: 3.0e-3
+num_train_epochs: 1.0
+lr_scheduler_type: cosine
+warmup_ratio: 0.1
+bf16: false
+resume_from_checkpoint: null
+"""
+
+
+@pytest.mark.slow
+def test_a_llamafactory_training_yaml_trains_the_lora_it_describes(gym_home, tmp_path):
+    """`gym train llama3_lora_sft.yaml`, as LLaMA-Factory's examples are run, on gym-tiny and demo data."""
+    path = tmp_path / "tiny_lora_sft.yaml"
+    path.write_text(LLAMAFACTORY_YAML.format(out=tmp_path / "saves"))
+    gym = str(Path(sys.executable).parent / "gym")
+    logs: list[str] = []
+    out = run_script([gym, "train", str(path), "--json"], gym_home, logs=logs)
+    assert out["metric_name"] == "loss" and out["metric_last"] < out["metric_first"]
+    stage = Path(out["model_dir"]).parent
+    adapter = json.loads((stage / "adapter" / "adapter_config.json").read_text())
+    assert adapter["r"] == 4 and adapter["lora_alpha"] == 8, "alpha = 2 x rank, as LLaMA-Factory sets it"
+    assert set(adapter["target_modules"]) == {"q_proj", "v_proj"}
+    assert (stage / "checkpoints" / "checkpoint-25").is_dir(), "200 records, batch 8, one epoch: 25 steps"
+    assert (tmp_path / "saves" / "config.json").is_file(), "output_dir holds the model"
+    assert "note: plot_loss: gym always plots the loss" in logs[0]
+    assert out["exact_match_before"] is None, "eval_dataset: none, as the file says"
