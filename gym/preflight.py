@@ -107,26 +107,34 @@ def check_model(name: str, template: str | None) -> None:
 
 
 def check_dataset(field: str, name: str, use: str) -> None:
-    """`name` resolves, and holds the record kind `use` (a method, or `exact_match`) reads when its
-    format is known without reading the whole dataset (registry entries, local files)."""
+    """Each dataset `name` names (one, or a comma-separated list) resolves, and holds the record kind
+    `use` (a method, or `exact_match`) reads when its format is known without reading the whole
+    dataset (registry entries, local files)."""
     from gym.data.formats import KIND_FORMATS, METHOD_KIND
+    from gym.data.mix import names
     from gym.data.registry import resolve_dataset
 
+    need = {**METHOD_KIND, **USE_KIND}.get(use)
     try:
-        spec = resolve_dataset(name)
+        parts = names(name)
+        specs = [resolve_dataset(part) for part in parts]
     except DataError as exc:
         raise DataError(f"{field}: {exc}") from None
     except ConfigError as exc:
         raise ConfigError(f"{field}: {exc}") from None
-    need = {**METHOD_KIND, **USE_KIND}.get(use)
-    if need is not None and spec.kind is not None and spec.kind != need:
-        is_method = use in METHOD_KIND
-        other = f", or a method that trains on {spec.kind} data" if is_method else ""
-        reader = f"method {use!r}" if is_method else use.replace("_", " ")
-        raise ConfigError(
-            f"{field}: {reader} needs {need} records (format {KIND_FORMATS[need]}), but dataset {name!r} "
-            f"holds {spec.kind} records; pick a {need} dataset{other}"
-        )
+    for part, spec in zip(parts, specs, strict=True):
+        if need is not None and spec.kind is not None and spec.kind != need:
+            is_method = use in METHOD_KIND
+            other = f", or a method that trains on {spec.kind} data" if is_method else ""
+            reader = f"method {use!r}" if is_method else use.replace("_", " ")
+            raise ConfigError(
+                f"{field}: {reader} needs {need} records (format {KIND_FORMATS[need]}), but dataset "
+                f"{part!r} holds {spec.kind} records; pick a {need} dataset{other}"
+            )
+    kinds = {part: spec.kind for part, spec in zip(parts, specs, strict=True) if spec.kind is not None}
+    if len(set(kinds.values())) > 1:
+        listed = ", ".join(f"{part} ({kind})" for part, kind in kinds.items())
+        raise ConfigError(f"{field}: datasets {listed} hold different kinds of records; a mix needs one kind")
 
 
 def check(config: FlowInputs) -> None:

@@ -8,8 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gym.data.ingest import ingest, source_stamp
-from gym.data.registry import resolve_dataset
+from gym.data.mix import ingest_named, source_stamp
 from gym.data.split import split
 from gym.data.tokenize import TokenizeSettings, tokenize
 from gym.models import ModelRef
@@ -25,8 +24,9 @@ from tasks.tracking import publish, table
     **IO_RETRIES,
 )
 def ingest_dataset(name: str) -> Any:
-    """Read, validate and normalize a dataset (registry name, path or hub id) into an artifact."""
-    result = ingest(resolve_dataset(name))
+    """Read, validate and normalize a dataset (registry name, path or hub id, or a comma-separated list of
+    them: their records one after the other) into an artifact."""
+    result = ingest_named(name)
     publish(
         "ingest",
         f"## ingest {name}\n\n"

@@ -9,8 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gym.data.ingest import ingest
-from gym.data.registry import resolve_dataset
+from gym.data.mix import ingest_named
 from gym.data.tokenize import IGNORE_INDEX, TokenizeSettings, tokenize
 
 
@@ -38,7 +37,7 @@ def preview(
 ) -> str:
     from datasets import load_from_disk
 
-    ingested = ingest(resolve_dataset(dataset))
+    ingested = ingest_named(dataset)
     records = load_from_disk(str(ingested.path)).select(range(min(n, ingested.num_records)))
     header = f"{dataset}: {ingested.num_records} {ingested.kind} records (artifact {ingested.path})"
     if model is None:

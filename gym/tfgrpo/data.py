@@ -111,8 +111,9 @@ def questions_from(
 
 
 def load_questions(dataset: str | Path, limit: int | None = None) -> tuple[list[Question], str]:
-    """Ingest `dataset` (registry name, file, folder or hub id); its questions and its digest."""
-    from gym.data.ingest import ingest
+    """Ingest `dataset` (registry name, file, folder or hub id, or a comma-separated list of them); its
+    questions and its digest."""
+    from gym.data.mix import ingest_named
 
-    result = ingest(dataset_spec(dataset))
+    result = ingest_named(str(dataset), resolve=dataset_spec)
     return questions_from(result.path, limit, name=str(dataset)), result.digest

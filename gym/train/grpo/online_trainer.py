@@ -96,10 +96,11 @@ def prompt_records(dataset: Any, limit: int | None = None) -> Any:
     if isinstance(dataset, (str, Path)):
         from datasets import load_from_disk
 
-        from gym.data.ingest import ingest, load_meta
+        from gym.data.ingest import load_meta
+        from gym.data.mix import ingest_named
         from gym.tfgrpo.data import dataset_spec
 
-        ingested = ingest(dataset_spec(dataset))
+        ingested = ingest_named(str(dataset), resolve=dataset_spec)
         if load_meta(ingested.path)["kind"] == "prompt":
             records = load_from_disk(ingested.path)
             rows = [{k: r[k] for k in ("prompt", "answer", "metadata")} for r in records]

@@ -1,0 +1,85 @@
+"""Several datasets as one: `--dataset demo_sft,./my_chats.jsonl` (LLaMA-Factory's comma list).
+
+    from gym.data.mix import ingest_named
+    data = ingest_named("demo_sft,./my_chats.jsonl")   # one ingested dataset: both, in that order
+
+Each part is ingested on its own (and reused like any ingested dataset); the mix is their records
+one after the other, LLaMA-Factory's default `concat` (the trainer shuffles them every epoch),
+written once, atomically, under the workspace's datasets/ and named by the parts' digests. The
+parts must hold one kind of record (sft, preference, kto or prompt), whatever their source formats:
+a mix of kinds fails, naming each part's kind. Every dataset setting of a flow takes a list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gym import workspace
+from gym.data import ingest as ingest_module
+from gym.data.ingest import IngestResult, ingest
+from gym.data.registry import DatasetSpec, resolve_dataset
+from gym.errors import ConfigError
+from gym.hashing import hash_obj
+
+
+def names(value: str) -> list[str]:
+    """The datasets a dataset setting names: a comma-separated list, else the one name (an existing
+    path with a comma in it is one name)."""
+    if "," not in value or Path(value).expanduser().exists():
+        return [value]
+    parts = [part.strip() for part in value.split(",")]
+    if not all(parts):
+        raise ConfigError(f"dataset list {value!r} has an empty entry: separate dataset names with one comma")
+    return parts
+
+
+def source_stamp(name: str) -> dict[str, Any]:
+    """`gym.data.ingest.source_stamp` of each dataset `name` names (for cache keys; never raises)."""
+    try:
+        parts = names(name)
+    except ConfigError as exc:
+        return {"unresolved": str(exc)}
+    if len(parts) == 1:
+        return ingest_module.source_stamp(name)
+    return {"mix": [ingest_module.source_stamp(part) for part in parts]}
+
+
+def ingest_named(value: str, resolve: Callable[[str], DatasetSpec] = resolve_dataset) -> IngestResult:
+    """Ingest the dataset, or the mix of datasets, that a dataset setting names (each part read as
+    `resolve` finds it)."""
+    parts = names(value)
+    results = [ingest(resolve(part)) for part in parts]
+    return results[0] if len(results) == 1 else mix(results, parts)
+
+
+def mix(results: list[IngestResult], parts: list[str]) -> IngestResult:
+    """The records of ingested datasets `results` (named `parts`, for messages) one after the other."""
+    kind = results[0].kind
+    if any(r.kind != kind for r in results):
+        listed = ", ".join(f"{part} ({r.kind})" for part, r in zip(parts, results, strict=True))
+        raise ConfigError(
+            f"datasets {listed} hold different kinds of records; a mix needs one kind: train each kind "
+            "in its own stage (e.g. sft_then_dpo)"
+        )
+    digest = hash_obj({"mix": [r.digest for r in results]})
+    final = workspace.path("datasets", digest)
+    if not (final / "meta.json").is_file():
+        import datasets
+
+        rows = datasets.concatenate_datasets([datasets.load_from_disk(str(r.path)) for r in results])
+        meta = {
+            "digest": digest,
+            "kind": kind,
+            "format": "mix",
+            "num_records": len(rows),
+            "mix_of": [
+                {"dataset": part, "digest": r.digest, "num_records": r.num_records}
+                for part, r in zip(parts, results, strict=True)
+            ],
+        }
+        with workspace.atomic_dir(final) as tmp:
+            rows.save_to_disk(str(tmp))
+            workspace.atomic_write_json(tmp / "meta.json", meta)
+    return IngestResult(path=final, digest=digest, kind=kind, num_records=sum(r.num_records for r in results))
