@@ -64,6 +64,22 @@ def test_a_mix_is_the_parts_records_in_order_written_once(files):
     assert mix.ingest_named(str(files["alpaca"])).num_records == 3, "one name: that dataset alone"
 
 
+def test_max_samples_caps_each_dataset_of_a_mix_as_llamafactory_does(files):
+    from gym.data.tokenize import TokenizeSettings, tokenize
+    from gym.models import load_tokenizer, resolve
+
+    model = resolve("gym-tiny")
+    data = mix.ingest_named(f"{files['alpaca']},{files['sharegpt']}")
+    capped = tokenize(data.path, model.path, model.template, TokenizeSettings(max_samples=2))
+    rows = datasets.load_from_disk(str(capped.path))
+    assert capped.num_records == len(rows) == 3, "2 of the alpaca file's 3 records, then the sharegpt one"
+    tok = load_tokenizer(model)
+    texts = [tok.decode(r["input_ids"]) for r in rows]
+    assert ["a0" in texts[0], "a1" in texts[1], "s0" in texts[2]] == [True, True, True]
+    single = mix.ingest_named(str(files["alpaca"]))
+    assert tokenize(single.path, model.path, model.template, TokenizeSettings(max_samples=2)).num_records == 2
+
+
 def test_a_mix_of_record_kinds_fails_naming_each_part(files):
     value = f"{files['alpaca']},{files['pairs']}"
     with pytest.raises(ConfigError) as caught:

@@ -86,7 +86,7 @@ class TokenizeSettings(BaseModel):
     mask_history: bool = False
     """Train only on the last assistant turn of each conversation."""
     max_samples: int | None = Field(default=None, ge=1)
-    """Tokenize only the first N records; None tokenizes all."""
+    """Tokenize only the first N records (of each dataset in a mix, as LLaMA-Factory); None tokenizes all."""
 
 
 class TokenizeResult(BaseModel):
@@ -207,6 +207,18 @@ def _prompt_batch(tokenizer: Any, template: str) -> BatchFn:
     return fn
 
 
+def first_records(meta: dict[str, Any], max_samples: int, total: int) -> list[int]:
+    """Indices of the records `max_samples` keeps: the first N, or the first N of each dataset of a mix
+    (gym.data.mix; its meta.json lists the parts), as LLaMA-Factory caps each dataset of a list."""
+    sizes = [part["num_records"] for part in meta.get("mix_of", [])] or [total]
+    keep: list[int] = []
+    start = 0
+    for size in sizes:
+        keep.extend(range(start, start + min(size, max_samples)))
+        start += size
+    return keep
+
+
 def tokenize(
     dataset_dir: str | Path,
     tokenizer_dir: str | Path,
@@ -236,7 +248,7 @@ def tokenize(
     tokenizer = load_tokenizer(tokenizer_dir, revision)
     ds = datasets.load_from_disk(str(dataset_dir))
     if settings.max_samples is not None:
-        ds = ds.select(range(min(settings.max_samples, len(ds))))
+        ds = ds.select(first_records(meta, settings.max_samples, len(ds)))
     if kind == "sft":
         fn = _sft_batch(tokenizer, template, settings)
     elif kind == "prompt":
