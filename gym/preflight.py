@@ -126,6 +126,11 @@ def check_dataset(field: str, name: str, use: str) -> None:
         if need is not None and spec.kind is not None and spec.kind != need:
             is_method = use in METHOD_KIND
             other = f", or a method that trains on {spec.kind} data" if is_method else ""
+            if use == "exact_match":  # LLaMA-Factory's eval_dataset is a stage's held-out data
+                other = (
+                    " (a stage's own held-out data, LLaMA-Factory's eval_dataset, goes in "
+                    "method_eval_dataset; dpo_eval_dataset in sft_then_dpo)"
+                )
             reader = f"method {use!r}" if is_method else use.replace("_", " ")
             raise ConfigError(
                 f"{field}: {reader} needs {need} records (format {KIND_FORMATS[need]}), but dataset "

@@ -43,7 +43,11 @@ def truncated_jsonl(path: Path) -> Path:
         ),
         (TrainFlowConfig(dataset="missing/data.jsonl"), ConfigError, ["dataset:", "no such file"]),
         (TrainFlowConfig(dataset="demo_dpo"), ConfigError, ["dataset:", "method 'sft'", "preference"]),
-        (TrainFlowConfig(eval_dataset="demo_dpo"), ConfigError, ["eval_dataset:", "exact match needs sft"]),
+        (
+            TrainFlowConfig(eval_dataset="demo_dpo"),
+            ConfigError,
+            ["eval_dataset:", "exact match needs sft", "goes in method_eval_dataset"],
+        ),
         (
             TrainFlowConfig(train=TrainConfig(method="kto"), dataset="demo_dpo"),
             ConfigError,
