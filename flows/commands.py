@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from gym.cli_options import read_config_file, split_config_file
+from gym.cli_options import dotlist, read_config_file, split_config_file
 from gym.errors import ConfigError
 from gym.train.config import FINETUNING_TYPES
 
@@ -113,6 +113,7 @@ def _method_flags(settings: dict[str, Any]) -> list[str]:
 def cmd_train(argv: Sequence[str]) -> int:
     path, argv = split_config_file(argv)
     settings = read_config_file(path) if path else {}
+    argv = dotlist(argv, [f"--{key}" for key in METHOD_KEYS])  # `stage=dpo`, as after LLaMA-Factory's YAML
     method, finetuning_type, rest = method_of([*_method_flags(settings), *argv])
     config_file = (path, settings) if path else None
     named = [*rest, *(f"--{key}" for key in settings)]  # set on the command line or in the file

@@ -29,6 +29,7 @@ from gym import cli_llamafactory, preflight, progress
 from gym.cli_options import (
     ArgumentParser,
     add_config_options,
+    dotlist,
     merge,
     overrides_from,
     read_config_file,
@@ -171,7 +172,7 @@ def main(
     (`python flows/train.py run.yaml --max-steps 10`), or those of `config_file` (path, settings)."""
     parser = build_parser(config_cls, prog=prog)
     path, rest = split_config_file(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(rest)
+    args = parser.parse_args(dotlist(rest, parser._option_string_actions))
     try:
         if config_file is None and path is not None:
             config_file = (path, read_config_file(path))

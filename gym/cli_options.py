@@ -156,6 +156,16 @@ def split_config_file(argv: Sequence[str]) -> tuple[Path | None, list[str]]:
     return None, args
 
 
+def dotlist(argv: Sequence[str], known: Collection[str]) -> list[str]:
+    """LLaMA-Factory's overrides after a config file (`run.yaml learning_rate=1e-5`) as flags: a bare
+    `name=value` becomes `--name=value` when `--name` is one of the parser's options `known`."""
+    out = []
+    for arg in argv:
+        name, eq, _ = arg.partition("=")
+        out.append(f"--{arg}" if eq and not arg.startswith("-") and f"--{name}" in known else arg)
+    return out
+
+
 def read_config_file(path: Path) -> dict[str, Any]:
     """A config file's settings: a YAML (or JSON) mapping of flag names, without dashes, to values."""
     import yaml

@@ -12,7 +12,7 @@ import pytest
 from flows import runner
 from flows.commands import method_of
 from gym import cli_llamafactory as lf
-from gym.cli_options import read_config_file
+from gym.cli_options import dotlist, read_config_file
 from gym.errors import ConfigError
 from gym.pipeline import SftThenDpoConfig, TfGrpoFlowConfig, TrainFlowConfig
 from tests.test_flows import run_script
@@ -194,6 +194,19 @@ def test_config_file_mistakes_name_the_file_and_the_setting(tmp_path, text, says
     assert says in str(caught.value)
 
 
+def test_bare_name_value_overrides_become_flags_only_for_known_names():
+    known = {"--learning_rate", "--stage"}
+    argv = ["learning_rate=1e-5", "--benchmarks", "mmlu=/data/mmlu", "seed=1", "--stage=dpo", "stage=sft"]
+    assert dotlist(argv, known) == [
+        "--learning_rate=1e-5",
+        "--benchmarks",
+        "mmlu=/data/mmlu",  # a value, not a name gym knows
+        "seed=1",
+        "--stage=dpo",
+        "--stage=sft",
+    ]
+
+
 def test_gym_train_with_a_missing_or_broken_config_file_says_so_in_one_line(tmp_path, capsys):
     from flows.cli import main
 
@@ -215,7 +228,7 @@ stage: sft
 do_train: true
 finetuning_type: lora
 lora_rank: 4
-lora_target: q_proj,v_proj
+lora_target: all
 
 ### dataset
 dataset: demo_sft
@@ -251,7 +264,8 @@ def test_a_llamafactory_training_yaml_trains_the_lora_it_describes(gym_home, tmp
     path.write_text(LLAMAFACTORY_YAML.format(out=tmp_path / "saves"))
     gym = str(Path(sys.executable).parent / "gym")
     logs: list[str] = []
-    out = run_script([gym, "train", str(path), "--json"], gym_home, logs=logs)
+    # LLaMA-Factory's overrides after the file: `name=value`
+    out = run_script([gym, "train", str(path), "lora_target=q_proj,v_proj", "--json"], gym_home, logs=logs)
     assert out["metric_name"] == "loss" and out["metric_last"] < out["metric_first"]
     stage = Path(out["model_dir"]).parent
     adapter = json.loads((stage / "adapter" / "adapter_config.json").read_text())
