@@ -14,10 +14,13 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from pydantic import BaseModel
 
 from gym.cli_options import dotlist, read_config_file, split_config_file
-from gym.errors import ConfigError
+from gym.errors import ConfigError, GymError
 from gym.train.config import FINETUNING_TYPES
 
 # Pipelines of several stages: method name -> (flow module, flow function, config class in gym.pipeline)
@@ -110,44 +113,63 @@ def _method_flags(settings: dict[str, Any]) -> list[str]:
     return flags
 
 
+class TrainPlan(NamedTuple):
+    """What `gym train ARGV` runs: flows.runner.main's arguments."""
+
+    flow: str  # "module:function", imported once the inputs are checked and Prefect's API is starting
+    config_cls: type[BaseModel]
+    argv: list[str]
+    prog: str
+    config_file: tuple[Path, dict[str, Any]] | None
+
+
 def cmd_train(argv: Sequence[str]) -> int:
+    try:
+        plan = train_plan(argv)
+    except GymError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from flows.runner import main
+
+    return main(plan.flow, plan.config_cls, plan.argv, prog=plan.prog, config_file=plan.config_file)
+
+
+def train_plan(argv: Sequence[str]) -> TrainPlan:
+    """The flow, config class and flags for `gym train ARGV` (a GymError for a method or type gym lacks)."""
     path, argv = split_config_file(argv)
     settings = read_config_file(path) if path else {}
     argv = dotlist(argv, [f"--{key}" for key in METHOD_KEYS])  # `stage=dpo`, as after LLaMA-Factory's YAML
     method, finetuning_type, rest = method_of([*_method_flags(settings), *argv])
+    if method == "tf_grpo":  # the papers' names in the file too
+        settings = {_renamed(f"--{key}", TF_GRPO_FLAGS)[2:]: value for key, value in settings.items()}
     config_file = (path, settings) if path else None
     named = [*rest, *(f"--{key}" for key in settings)]  # set on the command line or in the file
     from gym.train import METHODS
 
     names = ", ".join(dict.fromkeys([*METHODS, *PIPELINES]))  # tf_grpo is in both
     if finetuning_type and finetuning_type not in (*FINETUNING_TYPES, *METHODS, *PIPELINES):
-        print(
-            f"error: unknown --finetuning_type {finetuning_type!r}; adaptation types: "
-            f"{', '.join(FINETUNING_TYPES)} (or a method: {names})",
-            file=sys.stderr,
+        raise ConfigError(
+            f"unknown --finetuning_type {finetuning_type!r}; adaptation types: "
+            f"{', '.join(FINETUNING_TYPES)} (or a method: {names})"
         )
-        return 2
     if method not in METHODS and method not in PIPELINES:
-        print(f"error: method {method!r} is not available; available: {names}", file=sys.stderr)
-        return 2
+        raise ConfigError(f"method {method!r} is not available; available: {names}")
     if finetuning_type in FINETUNING_TYPES:
         rest = [*rest, "--finetuning_type", finetuning_type]
-    from flows.runner import main
-
     prog = f"gym train --method {method}"
     if method in PIPELINES:
         module, fn, cls = PIPELINES[method]
         pipeline_cls = getattr(importlib.import_module("gym.pipeline"), cls)
-        return main(f"{module}:{fn}", pipeline_cls, rest, prog=prog, config_file=config_file)
+        return TrainPlan(f"{module}:{fn}", pipeline_cls, rest, prog, config_file)
     from gym.pipeline import TrainFlowConfig
 
     if method in ("ppo", "grpo", "gspo"):  # --reward, --reward-weight, --group-size; the demo's warm start
         from flows.online_rl import rl_args
 
         rest = rl_args(rest, demo=not _given(named, "--dataset"))
-    # The flow by name: it is imported once the run's inputs are checked and Prefect's API is starting.
-    argv = [*demo_args(method, named), *rest]
-    return main("flows.train:train", TrainFlowConfig, argv, prog=prog, config_file=config_file)
+    return TrainPlan(
+        "flows.train:train", TrainFlowConfig, [*demo_args(method, named), *rest], prog, config_file
+    )
 
 
 def demo_args(method: str, rest: Sequence[str]) -> list[str]:

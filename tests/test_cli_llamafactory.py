@@ -275,3 +275,19 @@ def test_a_llamafactory_training_yaml_trains_the_lora_it_describes(gym_home, tmp
     assert (tmp_path / "saves" / "config.json").is_file(), "output_dir holds the model"
     assert "note: plot_loss: gym always plots the loss" in logs[0]
     assert out["exact_match_before"] is None, "eval_dataset: none, as the file says"
+
+
+def test_a_config_file_in_the_papers_training_free_grpo_form_reaches_the_flow(tmp_path):
+    """The paper's TF-GRPO flags as keys: finetuning_type grpo, training_free_grpo, grpo_group_size."""
+    from flows.commands import train_plan
+
+    path = tmp_path / "tf.yaml"
+    path.write_text(
+        "finetuning_type: grpo\ntraining_free_grpo: true\ngrpo_group_size: 3\nnum_train_epochs: 2\n"
+    )
+    plan = train_plan([str(path)])
+    assert plan.flow == "flows.tf_grpo:tf_grpo" and plan.config_file is not None
+    parser = runner.build_parser(plan.config_cls)
+    under = parser.parse_file(*plan.config_file)
+    config = runner.parse_config(plan.config_cls, parser.parse_args(plan.argv), under)
+    assert isinstance(config, TfGrpoFlowConfig) and config.group_size == 3 and config.epochs == 2
