@@ -168,9 +168,10 @@ def overrides(
         _put(stage, "lora.alpha", 2 * values["lora_rank"])  # LLaMA-Factory's default: lora_rank * 2
     if "quantization_bit" in values:
         if finetuning_type not in (None, "lora", "qlora"):
+            why = " trains the weights themselves" if finetuning_type in ("full", "freeze") else " is not it"
             raise ConfigError(
-                f"quantization_bit quantizes the frozen base under a LoRA adapter; finetuning_type "
-                f"{finetuning_type!r} trains the weights themselves: use --finetuning_type lora (or qlora)"
+                "quantization_bit quantizes the frozen base under a LoRA adapter (finetuning_type qlora); "
+                f"finetuning_type {finetuning_type!r}{why}: use --finetuning_type lora (or qlora)"
             )
         stage["finetuning_type"] = "qlora"
     elif finetuning_type is None and LORA_NAMES & values.keys():

@@ -92,6 +92,8 @@ def test_quantization_bit_means_qlora_and_refuses_full_weights():
     assert train["finetuning_type"] == "qlora" and train["quant"]["bits"] == 8
     with pytest.raises(ConfigError, match=r"quantization_bit.*finetuning_type 'full'"):
         parse(["--finetuning_type", "full", "--quantization_bit", "4"])
+    with pytest.raises(ConfigError, match="finetuning_type 'dora' is not it"):
+        parse(["--finetuning_type", "dora", "--quantization_bit", "4"])
 
 
 def test_gyms_own_flag_wins_and_the_command_line_wins_over_the_file():
