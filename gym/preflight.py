@@ -111,7 +111,7 @@ def check_dataset(field: str, name: str, use: str) -> None:
     `use` (a method, or `exact_match`) reads when its format is known without reading the whole
     dataset (registry entries, local files)."""
     from gym.data.formats import KIND_FORMATS, METHOD_KIND
-    from gym.data.mix import names
+    from gym.data.mix import check_kinds, names
     from gym.data.registry import resolve_dataset
 
     need = {**METHOD_KIND, **USE_KIND}.get(use)
@@ -136,10 +136,10 @@ def check_dataset(field: str, name: str, use: str) -> None:
                 f"{field}: {reader} needs {need} records (format {KIND_FORMATS[need]}), but dataset "
                 f"{part!r} holds {spec.kind} records; pick a {need} dataset{other}"
             )
-    kinds = {part: spec.kind for part, spec in zip(parts, specs, strict=True) if spec.kind is not None}
-    if len(set(kinds.values())) > 1:
-        listed = ", ".join(f"{part} ({kind})" for part, kind in kinds.items())
-        raise ConfigError(f"{field}: datasets {listed} hold different kinds of records; a mix needs one kind")
+    try:
+        check_kinds({part: spec.kind for part, spec in zip(parts, specs, strict=True) if spec.kind})
+    except ConfigError as exc:
+        raise ConfigError(f"{field}: {exc}") from None
 
 
 def check(config: FlowInputs) -> None:

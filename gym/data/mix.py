@@ -46,6 +46,16 @@ def source_stamp(name: str) -> dict[str, Any]:
     return {"mix": [ingest_module.source_stamp(part) for part in parts]}
 
 
+def check_kinds(kinds: dict[str, str]) -> None:
+    """A ConfigError unless the parts of a mix (name -> record kind) hold one kind of record."""
+    if len(set(kinds.values())) > 1:
+        listed = ", ".join(f"{part} ({kind})" for part, kind in kinds.items())
+        raise ConfigError(
+            f"datasets {listed} hold different kinds of records; a mix needs one kind: train each kind "
+            "in its own stage (e.g. sft_then_dpo)"
+        )
+
+
 def ingest_named(value: str, resolve: Callable[[str], DatasetSpec] = resolve_dataset) -> IngestResult:
     """Ingest the dataset, or the mix of datasets, that a dataset setting names (each part read as
     `resolve` finds it)."""
@@ -57,12 +67,7 @@ def ingest_named(value: str, resolve: Callable[[str], DatasetSpec] = resolve_dat
 def mix(results: list[IngestResult], parts: list[str]) -> IngestResult:
     """The records of ingested datasets `results` (named `parts`, for messages) one after the other."""
     kind = results[0].kind
-    if any(r.kind != kind for r in results):
-        listed = ", ".join(f"{part} ({r.kind})" for part, r in zip(parts, results, strict=True))
-        raise ConfigError(
-            f"datasets {listed} hold different kinds of records; a mix needs one kind: train each kind "
-            "in its own stage (e.g. sft_then_dpo)"
-        )
+    check_kinds({part: r.kind for part, r in zip(parts, results, strict=True)})
     digest = hash_obj({"mix": [r.digest for r in results]})
     final = workspace.path("datasets", digest)
     if not (final / "meta.json").is_file():

@@ -207,10 +207,12 @@ def _prompt_batch(tokenizer: Any, template: str) -> BatchFn:
     return fn
 
 
-def first_records(meta: dict[str, Any], max_samples: int, total: int) -> list[int]:
+def first_records(meta: dict[str, Any], max_samples: int, total: int) -> range | list[int]:
     """Indices of the records `max_samples` keeps: the first N, or the first N of each dataset of a mix
     (gym.data.mix; its meta.json lists the parts), as LLaMA-Factory caps each dataset of a list."""
-    sizes = [part["num_records"] for part in meta.get("mix_of", [])] or [total]
+    if "mix_of" not in meta:
+        return range(min(max_samples, total))  # a range: datasets selects it without an index mapping
+    sizes = [part["num_records"] for part in meta["mix_of"]]
     keep: list[int] = []
     start = 0
     for size in sizes:
