@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 
 from gym.errors import REFRESH_HINT, ConfigError
 from gym.hashing import hash_obj, stamp
-from gym.templates import load_template
+from gym.templates import canonical_template, load_template
 
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -67,6 +67,7 @@ def check(name_or_path: str, template: str | None = None) -> None:
 def _resolve(name_or_path: str, template: str | None, dry_run: bool = False) -> ModelRef | None:
     from gym import registry
 
+    template = canonical_template(template) if template else template  # LLaMA-Factory's names too
     if name_or_path.startswith("models:/"):
         return _resolve_mlflow(name_or_path, template, dry_run)
 

@@ -32,10 +32,11 @@ from typing import Any, Literal
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError as SchemaError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gym.errors import RegistryError
 from gym.paths import registry_dir
+from gym.templates import ALIASES, canonical_template, unknown_template_message
 
 GIB = 1024**3
 BYTES_PER_PARAM = {"fp16": 2.0, "bf16": 2.0, "int8": 1.0, "int4": 0.5}
@@ -76,7 +77,8 @@ class ModelSpec(BaseModel):
     architecture: str
     """transformers class the checkpoint loads as, e.g. Qwen2ForCausalLM."""
     template: str
-    """Chat template: a registry/templates/<template>.jinja stem."""
+    """Chat template: a registry/templates/<template>.jinja stem (an alias, e.g. LLaMA-Factory's
+    `qwen`, is read as gym's name for it)."""
     special_tokens: SpecialTokens
     """The model's bos/eos/pad strings."""
     modalities: tuple[Literal["text", "vision", "audio"], ...]
@@ -93,6 +95,11 @@ class ModelSpec(BaseModel):
     """Per method, hyperparameters measured to work for this model (fill fields the user leaves unset)."""
     notes: str | None = None
     """Caveats, sources and deviations."""
+
+    @field_validator("template")
+    @classmethod
+    def _gym_template_name(cls, name: str) -> str:
+        return canonical_template(name)
 
 
 def models_file() -> Path:
@@ -204,12 +211,12 @@ def _cross_check(entries: list[Any], templates: Path) -> list[str]:
             )
         elif isinstance(name, str):
             first_index[name] = i
-        if isinstance(template, str) and template not in available:
+        if isinstance(template, str) and template not in available and ALIASES.get(template) not in available:
             close = difflib.get_close_matches(template, available, n=1)
             guess = f"did you mean {close[0]!r}? " if close else ""
             problems.append(
-                f"{where}.template: unknown chat template {template!r}; {guess}"
-                f"available: {', '.join(available)}; fix the name or add {templates / (template + '.jinja')}"
+                f"{where}.template: {unknown_template_message(template, available)}; {guess}"
+                f"fix the name or add {templates / (template + '.jinja')}"
             )
         if isinstance(tokens, dict) and "eos" in tokens and tokens["eos"] is None:
             problems.append(f"{where}.special_tokens.eos: eos is null; set the string that ends a sequence")

@@ -6,6 +6,9 @@ Each template reproduces its model family's official chat_template text (the hea
 .jinja file names the models and any deliberate difference) and wraps every assistant turn's content
 plus its end-of-turn token(s) in `{% generation %}...{% endgeneration %}`.
 
+LLaMA-Factory's template names are accepted where they render exactly what a gym template renders
+(`ALIASES`); `canonical_template` turns one into gym's name.
+
     python -m gym.templates [TEMPLATE|MODEL ...]   # print a sample conversation as each template renders it
 """
 
@@ -26,18 +29,69 @@ def templates_dir() -> Path:
     return registry_dir() / "templates"
 
 
+# LLaMA-Factory's template names (`--template qwen`, `template: qwen` in its YAML files) -> gym's
+# template. Listed only where LLaMA-Factory 0.9.x (src/llamafactory/data/template.py) renders every
+# conversation gym trains on or serves (an optional system message, then user/assistant turns)
+# exactly as gym's template does, generation prompt included (tests/test_templates.py compares them).
+# Names gym shares with LLaMA-Factory (chatml, llama3, mistral, gemma, phi4, qwen3, alpaca, deepseek)
+# are gym's own templates: see the template files for what each renders.
+ALIASES: dict[str, str] = {
+    "qwen": "qwen2.5",  # ChatML with default system "You are Qwen, created by Alibaba Cloud. ..."
+    "qwen3_nothink": "chatml",  # ChatML without default system or <think> blocks (Qwen3-*-2507)
+}
+
+# LLaMA-Factory names that are *not* aliases: gym's closest template and how it renders differently.
+# Only for the unknown-template message.
+_NOT_ALIASES: dict[str, tuple[str, str]] = {
+    "phi": ("phi3", "gym's ends a conversation with eos_token, as Phi-3's own template does"),
+    "phi4_mini": ("phi4-mini", "gym's ends a conversation with eos_token, as Phi-4-mini's own template does"),
+    "deepseek3": (
+        "deepseek",
+        "gym's (DeepSeek-R1's) opens the generation prompt with '<think>\\n' and drops the reasoning of "
+        "earlier assistant turns",
+    ),
+    "deepseekr1": ("deepseek", "LLaMA-Factory's puts an empty think block in every assistant turn"),
+    "gemma2": ("gemma", "LLaMA-Factory's ends a conversation with eos_token"),
+    "gemma3": ("gemma", "gym's trims whitespace around each message, as Gemma 3's own template does"),
+}
+
+
 def list_templates() -> list[str]:
-    """Names of every available template (file stems), sorted."""
+    """Names of every available template (file stems), sorted; aliases (`ALIASES`) not included."""
     return sorted(p.stem for p in templates_dir().glob("*.jinja"))
+
+
+def canonical_template(name: str) -> str:
+    """gym's name for template `name`: the target of an alias (`ALIASES`), else `name` itself.
+
+    A template file called `name` wins over an alias of that name."""
+    if name in ALIASES and not (templates_dir() / f"{name}.jinja").is_file():
+        return ALIASES[name]
+    return name
 
 
 @cache
 def load_template(name: str) -> str:
-    """Jinja source of template `name` (a registry/templates/ file stem)."""
-    f = templates_dir() / f"{name}.jinja"
+    """Jinja source of template `name` (a registry/templates/ file stem, or an alias of one)."""
+    f = templates_dir() / f"{canonical_template(name)}.jinja"
     if not f.is_file():
-        raise ConfigError(f"unknown chat template {name!r}; available: {', '.join(list_templates())}")
+        raise ConfigError(unknown_template_message(name, list_templates()))
     return f.read_text(encoding="utf-8")
+
+
+def unknown_template_message(name: str, available: list[str]) -> str:
+    """Why `name` is not a template: gym's names, the LLaMA-Factory names accepted, and for a
+    LLaMA-Factory name gym does not accept, its closest gym template and how that one differs."""
+    aliases = ", ".join(f"{alias} (= {target})" for alias, target in ALIASES.items() if target in available)
+    message = f"unknown chat template {name!r}"
+    if name in _NOT_ALIASES:
+        closest, why = _NOT_ALIASES[name]
+        message += (
+            f"; LLaMA-Factory's {name!r} is not exactly gym's {closest!r} ({why}): "
+            f"use {closest!r} if that is what you want"
+        )
+    message += f"; available: {', '.join(available)}"
+    return message + (f"; LLaMA-Factory's names: {aliases}" if aliases else "")
 
 
 @dataclass(frozen=True)
@@ -173,7 +227,7 @@ def _demo(names: list[str]) -> None:
     from gym.registry import load_models
 
     models = load_models()
-    for name in names or list_templates():
+    for name in map(canonical_template, names or list_templates()):
         spec = models.get(name) or next((m for m in models.values() if m.template == name), None)
         template = spec.template if spec else name
         bos, eos = (spec.special_tokens.bos, spec.special_tokens.eos) if spec else ("<s>", "</s>")

@@ -11,14 +11,19 @@ Run: .venv/bin/pytest tests/test_templates.py
 
 from __future__ import annotations
 
+import json
+
 import jinja2
 import pytest
 from transformers import AutoTokenizer
 
-from gym.errors import ConfigError
+from gym.errors import ConfigError, RegistryError
 from gym.paths import assets_dir
+from gym.registry import load_models, models_file
 from gym.templates import (
+    ALIASES,
     assistant_spans,
+    canonical_template,
     encode,
     list_templates,
     load_template,
@@ -329,3 +334,135 @@ def test_unsupported_roles_raise(name):
 def test_unknown_template_lists_available():
     with pytest.raises(ConfigError, match=r"available: .*chatml"):
         load_template("no-such-template")
+
+
+# --- LLaMA-Factory's template names ------------------------------------------------------------
+
+# What LLaMA-Factory 0.9.x renders, written out from its template definitions
+# (src/llamafactory/data/template.py; Template._encode: prefix, system, then per turn format_user /
+# format_assistant, the default system when none is given). Its `qwen` and `qwen3_nothink` share the
+# ChatML slots: system "<|im_start|>system\n{{content}}<|im_end|>\n", user
+# "<|im_start|>user\n{{content}}<|im_end|>\n<|im_start|>assistant\n", assistant "{{content}}<|im_end|>\n";
+# `qwen` adds default_system "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.".
+LF_CHATML_SYSTEM = "<|im_start|>system\nYou are a concise geography tutor.<|im_end|>\n"
+LF_CHATML_QWEN_SYSTEM = (
+    "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+)
+LF_CHATML_TURN = (
+    "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    "The capital of France is Paris.<|im_end|>\n"
+)
+LF_CHATML_PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+LF_CHATML_CONV = QWEN_HISTORY + "<|im_start|>assistant\nRome is the capital of Italy.<|im_end|>\n"
+# LLaMA-Factory name: {conversation: its rendering}; "prompt" is [SYSTEM, USER1] with the generation prompt.
+LLAMAFACTORY = {
+    "qwen": {
+        "system+user+assistant": LF_CHATML_SYSTEM + LF_CHATML_TURN,
+        "user+assistant": LF_CHATML_QWEN_SYSTEM + LF_CHATML_TURN,
+        "multi-turn": LF_CHATML_CONV,
+        "prompt": LF_CHATML_SYSTEM + LF_CHATML_PROMPT,
+    },
+    "qwen3_nothink": {
+        "system+user+assistant": LF_CHATML_SYSTEM + LF_CHATML_TURN,
+        "user+assistant": LF_CHATML_TURN,
+        "multi-turn": LF_CHATML_CONV,
+        "prompt": LF_CHATML_SYSTEM + LF_CHATML_PROMPT,
+    },
+}
+LF_CONVERSATIONS = {
+    "system+user+assistant": ([SYSTEM, USER1, ANSWER1], False),
+    "user+assistant": ([USER1, ANSWER1], False),
+    "multi-turn": (CONV, False),
+    "prompt": ([SYSTEM, USER1], True),
+}
+# LLaMA-Factory's `phi` (system "<|system|>\n{{content}}<|end|>\n", user
+# "<|user|>\n{{content}}<|end|>\n<|assistant|>\n", assistant "{{content}}<|end|>\n", no eos after it).
+LF_PHI = (
+    "<|system|>\nYou are a concise geography tutor.<|end|>\n<|user|>\nWhat is the capital of France?<|end|>\n"
+    "<|assistant|>\nThe capital of France is Paris.<|end|>\n"
+)
+
+
+def test_aliases_are_not_gym_names_and_name_gym_templates():
+    names = list_templates()
+    assert set(ALIASES) == set(LLAMAFACTORY)
+    assert not set(ALIASES) & set(names), "list_templates() holds gym's names only"
+    assert set(ALIASES.values()) <= set(names)
+    assert canonical_template("qwen") == "qwen2.5" and canonical_template("qwen2.5") == "qwen2.5"
+
+
+@pytest.mark.parametrize(("alias", "target"), sorted(ALIASES.items()))
+def test_an_alias_renders_exactly_as_its_target(alias, target, tiny_tokenizer):
+    assert load_template(alias) == load_template(target)
+    for messages, prompt in LF_CONVERSATIONS.values():
+        assert official_render(target, messages, add_generation_prompt=prompt) == render_text(
+            messages,
+            alias,
+            bos_token=TOKENS[target][0],
+            eos_token=TOKENS[target][1],
+            add_generation_prompt=prompt,
+        )
+    assert encode(tiny_tokenizer, CONV, alias) == encode(tiny_tokenizer, CONV, target)
+
+
+@pytest.mark.parametrize(
+    ("alias", "conversation"), [(a, c) for a in sorted(LLAMAFACTORY) for c in LF_CONVERSATIONS]
+)
+def test_an_alias_renders_what_llamafactory_renders(alias, conversation):
+    messages, prompt = LF_CONVERSATIONS[conversation]
+    bos, eos = TOKENS[ALIASES[alias]]
+    text = render_text(messages, alias, bos_token=bos, eos_token=eos, add_generation_prompt=prompt)
+    assert text == LLAMAFACTORY[alias][conversation]
+
+
+def test_llamafactory_phi_is_not_an_alias_of_phi3():
+    """gym's phi3 ends a conversation with eos_token (as Phi-3's own template does); LLaMA-Factory's
+    phi does not, so `phi` is no alias (the generation prompts agree)."""
+    assert "phi" not in ALIASES
+    assert official_render("phi3", [SYSTEM, USER1, ANSWER1]) == LF_PHI + "<|endoftext|>"
+    prompt = official_render("phi3", [SYSTEM, USER1], add_generation_prompt=True)
+    assert prompt == LF_PHI.split("The capital")[0]
+    with pytest.raises(ConfigError, match=r"'phi' is not exactly gym's 'phi3' \(gym's ends a conversation"):
+        load_template("phi")
+
+
+def test_unknown_template_lists_gym_names_then_llamafactory_names():
+    with pytest.raises(ConfigError) as err:
+        load_template("no-such-template")
+    available, aliases = str(err.value).split("; available: ")[1].split("; LLaMA-Factory's names: ")
+    assert available.split(", ") == list_templates()
+    assert aliases == "qwen (= qwen2.5), qwen3_nothink (= chatml)"
+
+
+def test_a_registry_entry_may_name_an_alias_and_reads_as_gyms_name(tmp_path):
+    doc = json.loads(models_file().read_text(encoding="utf-8"))
+    qwen = next(i for i, e in enumerate(doc["models"]) if e["template"] == "qwen2.5")
+    doc["models"][qwen]["template"] = "qwen"
+    f = tmp_path / "models.json"
+    f.write_text(json.dumps(doc), encoding="utf-8")
+    assert load_models(f)[doc["models"][qwen]["name"]].template == "qwen2.5"
+    doc["models"][qwen]["template"] = "qwen2"
+    f.write_text(json.dumps(doc), encoding="utf-8")
+    with pytest.raises(
+        RegistryError, match=r"unknown chat template 'qwen2'.*LLaMA-Factory's names: qwen \(="
+    ):
+        load_models(f)
+
+
+def test_gym_train_template_qwen_passes_validation(tmp_path):
+    """`gym train --template qwen` and `template: qwen` in a LLaMA-Factory YAML get past preflight."""
+    from flows import runner
+    from flows.commands import train_plan
+    from gym.preflight import check_model
+
+    path = tmp_path / "run.yaml"
+    path.write_text("template: qwen\n", encoding="utf-8")
+    for argv in (["--template", "qwen"], [str(path)]):
+        plan = train_plan(argv)
+        parser = runner.build_parser(plan.config_cls)
+        under = parser.parse_file(*plan.config_file) if plan.config_file else None
+        config = runner.parse_config(plan.config_cls, parser.parse_args(plan.argv), under)
+        assert config.template == "qwen"
+        check_model(config.model, config.template)
+    with pytest.raises(ConfigError, match=r"^template: unknown chat template 'phi'"):
+        check_model("gym-tiny", "phi")
