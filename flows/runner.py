@@ -186,8 +186,9 @@ def main(
         for ns in sources:
             for note in cli_llamafactory.notes(ns):
                 print(f"note: {note}", file=sys.stderr)
-        preflight.check(config)  # before Prefect starts: a mistake is reported in about a second
-        summary = run_flow(flow_fn, config, refresh_cache=any(ns.refresh_cache for ns in sources))
+        with cli_llamafactory.data_dir(sources):
+            preflight.check(config)  # before Prefect starts: a mistake is reported in about a second
+            summary = run_flow(flow_fn, config, refresh_cache=any(ns.refresh_cache for ns in sources))
     except ValidationError as exc:
         return user_error(describe(exc))
     except GymError as exc:

@@ -16,8 +16,11 @@ Model, dataset, template, output and epoch names (`model_name_or_path`, `dataset
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from gym.cli_options import SEP, Switch
@@ -134,6 +137,13 @@ def add_options(parser: argparse.ArgumentParser, stages: Sequence[str]) -> None:
     for name, why in NOT_NEEDED.items():
         kwargs = {"nargs": "?", "const": True, "metavar": "VALUE"}
         group.add_argument(f"--{name}", dest=f"{DEST}.{name}", help=f"accepted: {why}", **kwargs)
+    group.add_argument(
+        "--dataset_dir",
+        dest=f"{DEST}.dataset_dir",
+        metavar="DIR",
+        help="where dataset_info.json and relative dataset files are (= $GYM_DATA_DIR; default: ./data's "
+        "dataset_info.json, else the current directory)",
+    )
 
 
 def given(args: argparse.Namespace) -> dict[str, Any]:
@@ -194,3 +204,26 @@ def _put(tree: dict[str, Any], path: str, value: Any) -> None:
     for part in parents:
         tree = tree.setdefault(part, {})
     tree[leaf] = value
+
+
+@contextlib.contextmanager
+def data_dir(namespaces: Sequence[argparse.Namespace]) -> Iterator[None]:
+    """`dataset_dir` given (on the command line, else in the config file): the data dir
+    ($GYM_DATA_DIR, where dataset_info.json and relative dataset files are looked up) while the flow
+    runs, relative to the current directory as in LLaMA-Factory."""
+    given_dirs = [d for ns in namespaces if (d := given(ns).get("dataset_dir")) is not None]
+    if not given_dirs:
+        yield
+        return
+    folder = Path(given_dirs[-1]).expanduser().resolve()
+    if not folder.is_dir():
+        raise ConfigError(f"dataset_dir {given_dirs[-1]!r}: no such folder ({folder})")
+    before = os.environ.get("GYM_DATA_DIR")
+    os.environ["GYM_DATA_DIR"] = str(folder)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("GYM_DATA_DIR", None)
+        else:
+            os.environ["GYM_DATA_DIR"] = before

@@ -13,6 +13,7 @@ from flows import runner
 from flows.commands import method_of
 from gym import cli_llamafactory as lf
 from gym.cli_options import dotlist, read_config_file
+from gym.data.demo import demo_records
 from gym.errors import ConfigError
 from gym.pipeline import SftThenDpoConfig, TfGrpoFlowConfig, TrainFlowConfig
 from tests.test_flows import run_script
@@ -233,7 +234,8 @@ lora_rank: 4
 lora_target: all
 
 ### dataset
-dataset: demo_sft
+dataset: lf_demo
+dataset_dir: {data}
 template: chatml
 cutoff_len: 128
 max_samples: 200
@@ -261,9 +263,22 @@ resume_from_checkpoint: null
 
 @pytest.mark.slow
 def test_a_llamafactory_training_yaml_trains_the_lora_it_describes(gym_home, tmp_path):
-    """`gym train llama3_lora_sft.yaml`, as LLaMA-Factory's examples are run, on gym-tiny and demo data."""
+    """`gym train llama3_lora_sft.yaml`, as LLaMA-Factory's examples are run, on gym-tiny and demo data
+    named in a dataset_info.json."""
+    # The data as a LLaMA-Factory user has it: a dataset_info.json entry naming their columns
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = [
+        {"question": r["instruction"], "context": r["input"], "answer": r["output"]}
+        for r in demo_records("demo_sft")
+    ]
+    (data / "lf_demo.json").write_text(json.dumps(rows[:300]))
+    columns = {"prompt": "question", "query": "context", "response": "answer"}
+    (data / "dataset_info.json").write_text(
+        json.dumps({"lf_demo": {"file_name": "lf_demo.json", "columns": columns}})
+    )
     path = tmp_path / "tiny_lora_sft.yaml"
-    path.write_text(LLAMAFACTORY_YAML.format(out=tmp_path / "saves"))
+    path.write_text(LLAMAFACTORY_YAML.format(out=tmp_path / "saves", data=data))
     gym = str(Path(sys.executable).parent / "gym")
     logs: list[str] = []
     # LLaMA-Factory's overrides after the file: `name=value`

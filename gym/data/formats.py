@@ -27,13 +27,14 @@ Source formats (the `format` of a dataset registry entry) and the kind each give
   a user turn), an optional `answer` (text or number) and an optional `metadata` object.
 
 `columns` (from the dataset registry) renames source fields first: `{"output": "answer"}` reads the
-canonical field `output` from the source column `answer`.
+canonical field `output` from the source column `answer`. `tags` then reads messages spelled
+otherwise (LLaMA-Factory's tags: `{"role_tag": "speaker", "user_tag": "me"}`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,6 +107,52 @@ def apply_columns(record: dict[str, Any], columns: dict[str, str]) -> dict[str, 
         if source in record:
             out.pop(source, None)
             out[canonical] = record[source]
+    return out
+
+
+# LLaMA-Factory's tags (how a conversation spells message keys and roles) and their defaults there.
+TAG_DEFAULTS = {
+    "role_tag": "from",
+    "content_tag": "value",
+    "user_tag": "human",
+    "assistant_tag": "gpt",
+    "system_tag": "system",
+    "observation_tag": "observation",
+    "function_tag": "function_call",
+}
+_TAG_ROLES = {
+    "user_tag": "user",
+    "assistant_tag": "assistant",
+    "system_tag": "system",
+    "observation_tag": "observation",
+    "function_tag": "function_call",
+}
+_MESSAGE_FIELDS = ("conversations", "messages", "prompt", "chosen", "rejected")
+
+
+def apply_tags(record: dict[str, Any], tags: Mapping[Any, str]) -> dict[str, Any]:
+    """Messages spelled with `tags` (LLaMA-Factory's role_tag, content_tag, user_tag, ...; unset ones
+    at LLaMA-Factory's defaults) as gym's `{"role", "content"}` messages. A message without the role
+    key is left as it is, for `parse_message` to report."""
+    if not tags:
+        return record
+    spelled = {**TAG_DEFAULTS, **tags}
+    role_key, content_key = spelled["role_tag"], spelled["content_tag"]
+    roles = {spelled[tag]: role for tag, role in _TAG_ROLES.items()}
+
+    def message(msg: Any) -> Any:
+        if not isinstance(msg, dict) or role_key not in msg:
+            return msg
+        role = msg[role_key]
+        return {"role": roles.get(role, role), "content": msg.get(content_key)}
+
+    out = dict(record)
+    for name in _MESSAGE_FIELDS:
+        value = record.get(name)
+        if isinstance(value, list):
+            out[name] = [message(m) for m in value]
+        elif isinstance(value, dict):
+            out[name] = message(value)
     return out
 
 

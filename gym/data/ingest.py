@@ -1,10 +1,10 @@
 """Ingest: read a dataset (file, folder, hub id or demo generator), normalize every record, and save
 it as an Arrow dataset under `$GYM_HOME/datasets/<digest>/` (plus `meta.json`).
 
-The digest hashes the source content (file bytes, folder contents, hub id + revision, or generator
-name + demo.py source), the format, columns, split, num_samples and the code that shapes records,
-so the same inputs always land in the same directory and a second call returns it without
-reading anything. Artifacts are written through `workspace.atomic_dir`: a bad record raises a
+The digest hashes the source content (file bytes, folder contents, hub id + revision + subset, or
+generator name + demo.py source), the format, columns, tags, split, num_samples and the code that
+shapes records, so the same inputs always land in the same directory and a second call returns it
+without reading anything. Artifacts are written through `workspace.atomic_dir`: a bad record raises a
 `DataError` and leaves nothing new behind.
 
     .venv/bin/python -c "from gym.data.ingest import ingest; from gym.data.registry import \\
@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict
 
 from gym import workspace
 from gym.data import demo, formats, readers
-from gym.data.formats import FORMAT_KIND, Where, apply_columns, normalize
+from gym.data.formats import FORMAT_KIND, Where, apply_columns, apply_tags, normalize
 from gym.data.registry import DatasetSpec, detect_source_format, resolve_dataset
 from gym.errors import REFRESH_HINT, ConfigError, DataError, GymError
 from gym.hashing import hash_dir, hash_file, hash_obj, stamp
@@ -71,7 +71,11 @@ def source_identity(spec: DatasetSpec) -> dict[str, Any]:
     if spec.generator:
         return {"generator": spec.generator, "demo_source": hash_file(Path(demo.__file__))}
     if spec.hub_id:
-        return {"hub_id": spec.hub_id, "revision": spec.revision}
+        return {
+            "hub_id": spec.hub_id,
+            "revision": spec.revision,
+            **({"subset": spec.subset} if spec.subset else {}),
+        }
     path = Path(spec.file or "")
     if path.is_file():
         return {"file_hash": hash_file(path), "suffix": path.suffix.lower()}
@@ -99,6 +103,7 @@ def dataset_digest(spec: DatasetSpec) -> str:
             "source": source_identity(spec),
             "format": spec.format,
             "columns": spec.columns,
+            **({"tags": spec.tags} if spec.tags else {}),
             "split": spec.split,
             "num_samples": spec.num_samples,
             "code": [hash_file(p) for p in _CODE],
@@ -122,10 +127,12 @@ def read_records(spec: DatasetSpec, source: str, fmt: str) -> tuple[datasets.Dat
 
     schema = features(FORMAT_KIND[fmt]).arrow_schema
     tables, batch, count = [], [], 0
-    for file, no, raw in readers.read_source(source, split=spec.split, revision=spec.revision):
+    rows = readers.read_source(source, split=spec.split, revision=spec.revision, subset=spec.subset)
+    for file, no, raw in rows:
         if spec.num_samples is not None and count >= spec.num_samples:
             break
-        batch.append(normalize(apply_columns(raw, spec.columns), fmt, Where(file, no, spec.columns)))
+        record = apply_tags(apply_columns(raw, spec.columns), spec.tags)
+        batch.append(normalize(record, fmt, Where(file, no, spec.columns)))
         count += 1
         if len(batch) == _BATCH:
             tables.append(pa.Table.from_pylist(batch, schema=schema))
@@ -145,7 +152,7 @@ def ingest(spec: DatasetSpec) -> IngestResult:
         meta = json.loads(meta_file.read_text(encoding="utf-8"))
         return IngestResult(path=final, digest=digest, kind=meta["kind"], num_records=meta["num_records"])
     source = str(demo_file(spec.generator)) if spec.generator else spec.source
-    fmt = spec.format or detect_source_format(source, spec.columns, spec.split, spec.revision)
+    fmt = spec.format or detect_source_format(source, spec.columns, spec.split, spec.revision, spec.subset)
     ds, count = read_records(spec, source, fmt)
     kind = FORMAT_KIND[fmt]
     meta = {

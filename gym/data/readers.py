@@ -202,12 +202,13 @@ def looks_like_hub_id(name: str) -> bool:
     )
 
 
-def read_hub(hub_id: str, split: str, revision: str | None) -> Records:
-    """Records of a hub dataset through `datasets.load_dataset` (uses the local HF cache offline)."""
+def read_hub(hub_id: str, split: str, revision: str | None, subset: str | None = None) -> Records:
+    """Records of a hub dataset (its configuration `subset`, if given) through `datasets.load_dataset`
+    (uses the local HF cache offline)."""
     import datasets
 
     try:
-        loaded = datasets.load_dataset(hub_id, split=split, revision=revision)
+        loaded = datasets.load_dataset(hub_id, subset, split=split, revision=revision)
     except Exception as e:  # datasets raises many types (ConnectionError, FileNotFoundError, ...)
         offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
         hint = (
@@ -216,12 +217,13 @@ def read_hub(hub_id: str, split: str, revision: str | None) -> Records:
             if offline
             else "check the hub id, split and revision, your network and HF_TOKEN for private datasets"
         )
-        raise DataError(f"cannot load hub dataset {hub_id!r} (split {split!r}): {e}", hint=hint) from e
+        which = f"split {split!r}" + (f", subset {subset!r}" if subset else "")
+        raise DataError(f"cannot load hub dataset {hub_id!r} ({which}): {e}", hint=hint) from e
     yield from enumerate(loaded, 1)
 
 
 def read_source(
-    source: str | Path, *, split: str = "train", revision: str | None = None
+    source: str | Path, *, split: str = "train", revision: str | None = None, subset: str | None = None
 ) -> Iterator[tuple[str, int, dict[str, Any]]]:
     """Every record of a file, folder or hub id as `(file, record_no, record)`.
 
@@ -241,7 +243,7 @@ def read_source(
             for no, row in read_file(f):
                 yield str(f), no, row
     elif looks_like_hub_id(str(source)):
-        for no, row in read_hub(str(source), split, revision):
+        for no, row in read_hub(str(source), split, revision, subset):
             yield str(source), no, row
     else:
         raise DataError(

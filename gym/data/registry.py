@@ -6,9 +6,14 @@ Entries look like LLaMA-Factory's dataset_info.json:
               "output": "answer"}, "split": "train", "num_samples": 1000, "description": "..."}
 
 One source per entry: `file` (absolute, or relative to the data dir: `data_dir=`, else
-`$GYM_DATA_DIR`, else the current directory), `hub_id` (+ `revision`), or `generator` (a demo
-dataset of gym/data/demo.py). `num_samples` keeps the first N records, in file order.
+`$GYM_DATA_DIR`, else the current directory), `hub_id` (+ `revision`, `subset`), or `generator` (a
+demo dataset of gym/data/demo.py). `num_samples` keeps the first N records, in file order. `tags`
+reads conversations whose messages use other keys or role names (LLaMA-Factory's tags).
 Every entry is checked against registry/datasets.schema.json.
+
+A name that is not in gym's registry nor a local path is looked up in LLaMA-Factory's
+dataset_info.json in the data dir, or in its data/ folder (LLaMA-Factory's default `dataset_dir`),
+before it is taken for a hub id: gym/data/llamafactory.py.
 
     .venv/bin/python -c "from gym.data.registry import resolve_dataset; print(resolve_dataset('demo_sft'))"
 """
@@ -24,6 +29,7 @@ from typing import Any, Literal
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from gym.data import llamafactory
 from gym.data.demo import DEMO_DATASETS
 from gym.data.formats import FORMAT_KIND, apply_columns, detect_format
 from gym.data.readers import EXTENSIONS, looks_like_hub_id, read_source
@@ -31,6 +37,9 @@ from gym.errors import ConfigError, DataError, RegistryError
 from gym.paths import registry_dir
 
 Format = Literal["alpaca", "sharegpt", "openai", "preference", "kto", "prompt"]
+TagName = Literal[
+    "role_tag", "content_tag", "user_tag", "assistant_tag", "system_tag", "observation_tag", "function_tag"
+]
 
 # A held-out dataset parameter's default: the demo's held-out split when the run trains on demo data.
 AUTO = "auto"
@@ -49,12 +58,17 @@ class DatasetSpec(BaseModel):
     """Hugging Face hub dataset id, read with `datasets.load_dataset`."""
     revision: str | None = None
     """Hub revision (branch, tag or commit); None means the default branch."""
+    subset: str | None = None
+    """Hub dataset configuration (`datasets.load_dataset`'s name); None means its default one."""
     generator: str | None = None
     """Name of a demo dataset in gym/data/demo.py."""
     format: Format | None = None
     """Source format; None means detect it from the first record's fields."""
     columns: dict[str, str] = Field(default_factory=dict)
     """Canonical field name -> source column name, e.g. {"output": "answer"}."""
+    tags: dict[TagName, str] = Field(default_factory=dict)
+    """How a conversation's messages spell keys and roles, LLaMA-Factory's `tags`, e.g. {"role_tag":
+    "speaker", "user_tag": "me"}; unset tags read gym's usual role/content or from/value messages."""
     split: str = "train"
     """Split to read (hub datasets and saved DatasetDicts)."""
     num_samples: int | None = Field(default=None, ge=1)
@@ -67,8 +81,9 @@ class DatasetSpec(BaseModel):
         given = [k for k in ("file", "hub_id", "generator") if getattr(self, k)]
         if len(given) != 1:
             raise ValueError(f"give exactly one of file, hub_id, generator (got {given or 'none'})")
-        if self.revision and not self.hub_id:
-            raise ValueError("revision applies only to hub_id datasets")
+        for field in ("revision", "subset"):
+            if getattr(self, field) and not self.hub_id:
+                raise ValueError(f"{field} applies only to hub_id datasets")
         return self
 
     @property
@@ -150,10 +165,14 @@ def spec_from_entry(name: str, entry: dict[str, Any], data_root: str | Path | No
 
 
 def detect_source_format(
-    source: str, columns: dict[str, str], split: str = "train", revision: str | None = None
+    source: str,
+    columns: dict[str, str],
+    split: str = "train",
+    revision: str | None = None,
+    subset: str | None = None,
 ) -> Format:
     """The format of a dataset, from its first record's fields (after the column mapping)."""
-    for file, no, record in read_source(source, split=split, revision=revision):
+    for file, no, record in read_source(source, split=split, revision=revision, subset=subset):
         fmt = detect_format(apply_columns(record, columns))
         if fmt is None:
             raise DataError(
@@ -176,11 +195,13 @@ def resolve_dataset(
     data_root: str | Path | None = None,
     registry: Path | None = None,
 ) -> DatasetSpec:
-    """A registry name, a local file/folder, or a hub id as a DatasetSpec.
+    """A registry name, a local file/folder, a LLaMA-Factory dataset_info.json name, or a hub id as a
+    DatasetSpec, looked up in that order.
 
     Registry entries are taken as written (their `file` resolved against the data dir). A local
-    path gets `format` detected from its first record when not given. A hub id keeps `format`
-    None when not given; `ingest` detects it then.
+    path gets `format` detected from its first record when not given. A dataset_info.json entry is
+    read as LLaMA-Factory reads it (gym/data/llamafactory.py). A hub id keeps `format` None when
+    not given; `ingest` detects it then.
     """
     name = str(name_or_path)
     entries = load_registry(registry)
@@ -193,7 +214,11 @@ def resolve_dataset(
         path = str(local.resolve())
         fmt = format or detect_source_format(path, columns or {}, split)
         return DatasetSpec(name=name, file=path, format=fmt, columns=columns or {}, split=split)
-    close = difflib.get_close_matches(name, list(entries), n=3)
+    lf_entry = llamafactory.find(name, data_dir(data_root))
+    if lf_entry is not None:
+        return DatasetSpec(name=name, **lf_entry)
+    known = [*entries, *llamafactory.entry_names(data_dir(data_root))]
+    close = difflib.get_close_matches(name, known, n=3)
     # A bare word close to a registry name is a typo more likely than a legacy hub id like "squad".
     if looks_like_hub_id(name) and ("/" in name or not close):
         return DatasetSpec(name=name, hub_id=name, format=format, columns=columns or {}, split=split)
