@@ -35,6 +35,15 @@ def _modules(text: str) -> list[str] | None:
     return None if names in ([], ["all"]) else names
 
 
+def _eval_strategy(text: str) -> str:
+    """transformers' eval_strategy: no, steps or epoch (`no`, which YAML reads as false, included)."""
+    value = text.strip().lower()
+    value = "no" if value in ("false", "none", "null") else value
+    if value not in ("no", "steps", "epoch"):
+        raise argparse.ArgumentTypeError(f"eval_strategy is no, steps or epoch (got {text!r})")
+    return value
+
+
 # LLaMA-Factory's flash_attn values -> gym's attn_implementation
 ATTENTION = {
     "auto": "auto",
@@ -48,6 +57,7 @@ ATTENTION = {
 STAGE: dict[str, tuple[str, Callable[[str], Any] | type[bool]]] = {
     "learning_rate": ("learning_rate", float),
     "per_device_train_batch_size": ("per_device_train_batch_size", int),
+    "per_device_eval_batch_size": ("per_device_eval_batch_size", int),
     "gradient_accumulation_steps": ("gradient_accumulation_steps", int),
     "lr_scheduler_type": ("lr_scheduler_type", str),
     "warmup_ratio": ("warmup_ratio", float),
@@ -56,6 +66,8 @@ STAGE: dict[str, tuple[str, Callable[[str], Any] | type[bool]]] = {
     "optim": ("optim", str),
     "seed": ("seed", int),
     "logging_steps": ("logging_steps", int),
+    "eval_steps": ("eval_steps", int),
+    "eval_strategy": ("eval_strategy", _eval_strategy),  # steps: every eval_steps, else logging_steps
     "save_steps": ("save_steps", int),
     "save_total_limit": ("save_total_limit", int),
     "bf16": ("bf16", bool),

@@ -30,7 +30,8 @@ def train_stage(
     parent_run_id: str | None = None,
     tracking_uri: str | None = None,
 ) -> tuple[TrainResult, ModelRef]:
-    """Train; log params, the loss curve, eval metrics and a loss plot in a run under the flow's run."""
+    """Train; log params, the loss curve, eval metrics (curves for those during training) and a loss plot
+    in a run under the flow's run."""
     params = {
         **config.model_dump(),
         "base_model": model.base_model,
@@ -50,6 +51,8 @@ def _track(config: TrainConfig, result: TrainResult, run_id: str, uri: str | Non
     choices = {f"gym.{k}": v for k, v in result.choices.items()}
     tracking.set_tags(run_id, {"gym.stage_digest": result.digest, **choices}, uri=uri)
     tracking.log_curve(run_id, "train_loss", result.losses, uri=uri)
+    for key, points in result.evals.items():  # held-out metrics at each evaluation during training
+        tracking.log_curve(run_id, key, points, uri=uri)
     tracking.log_metrics(run_id, {f"before_{k}": v for k, v in result.eval_before.items()}, uri=uri)
     tracking.log_metrics(run_id, {f"after_{k}": v for k, v in result.eval_after.items()}, uri=uri)
     tracking.log_metrics(
@@ -68,9 +71,10 @@ def _track(config: TrainConfig, result: TrainResult, run_id: str, uri: str | Non
         },
         uri=uri,
     )
-    plot = loss_plot(
-        {config.method: result.losses}, Path(result.stage_dir) / "loss.png", f"{config.method} loss"
-    )
+    curves = {config.method: result.losses}
+    if result.evals.get("eval_loss"):
+        curves["held-out"] = result.evals["eval_loss"]
+    plot = loss_plot(curves, Path(result.stage_dir) / "loss.png", f"{config.method} loss")
     tracking.log_artifact(run_id, plot, uri=uri)
     if config.method in ONLINE_METHODS:  # reward curves, KL, clip fraction, sample completions
         rl_common.track(run_id, result.stage_dir, uri=uri)

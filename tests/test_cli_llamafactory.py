@@ -53,6 +53,8 @@ def test_each_stage_wide_name_sets_its_gym_setting_in_every_stage(name):
         text, value = "fp4", "fp4"
     elif name == "freeze_trainable_layers":
         text, value = "-3", -3
+    elif name == "eval_strategy":
+        text, value = "epoch", "epoch"
     config = parse([f"--{name}", text], SftThenDpoConfig)
     assert at(config["sft"], path) == value and at(config["dpo"], path) == value
 
@@ -74,6 +76,36 @@ def test_each_stage_wide_name_sets_its_gym_setting_in_every_stage(name):
 )
 def test_names_that_translate_or_sit_at_the_top(argv, path, value):
     assert at(parse(argv), path) == value
+
+
+LLAMAFACTORY_EVAL = """\
+### eval
+val_size: 0.1
+per_device_eval_batch_size: 1
+eval_strategy: {strategy}
+eval_steps: 500
+"""
+
+
+@pytest.mark.parametrize("strategy", ["steps", "epoch", "no"])
+def test_a_llamafactory_eval_section_sets_held_out_evaluation_during_training(tmp_path, strategy):
+    path = tmp_path / "lf.yaml"
+    path.write_text(LLAMAFACTORY_EVAL.format(strategy=strategy))  # `no`: YAML reads it as false
+    config = parse([], file=read_config_file(path))
+    assert config["val_size"] == 0.1
+    train = config["train"]
+    assert train["per_device_eval_batch_size"] == 1 and train["per_device_train_batch_size"] is None
+    assert train["eval_strategy"] == strategy and train["eval_steps"] == 500
+    sft_then_dpo = parse(["--eval_steps", "20"], SftThenDpoConfig)
+    assert sft_then_dpo["sft"]["eval_steps"] == sft_then_dpo["dpo"]["eval_steps"] == 20
+
+
+def test_a_bad_eval_strategy_names_the_values_there_are(tmp_path):
+    path = tmp_path / "lf.yaml"
+    path.write_text("eval_strategy: epochs\n")
+    parser = runner.build_parser(TrainFlowConfig)
+    with pytest.raises(ConfigError, match=r"eval_strategy is no, steps or epoch \(got 'epochs'\)"):
+        parser.parse_file(path, read_config_file(path))
 
 
 def test_lora_names_mean_an_adapter_with_alpha_twice_the_rank_as_in_llamafactory():

@@ -43,7 +43,7 @@ from gym.train import (
     speed,
     tf_grpo,
 )
-from gym.train.common import TrainResult, check_hardware, count_params, losses_from
+from gym.train.common import TrainResult, check_hardware, count_params, evals_from, losses_from
 from gym.train.config import FINETUNING_TYPES, TrainConfig, with_defaults
 from gym.train.grpo import online as grpo_online
 
@@ -200,6 +200,7 @@ def _train(
     with speed.gc_frozen():
         trainer.train(resume_from_checkpoint=resume)
     seconds = time.perf_counter() - start
+    evals = evals_from(trainer.state.log_history)  # during training: eval_after logs one more
     eval_after = _numbers(trainer.evaluate()) if eval_ds is not None else {}
     trainable, total = count_params(trainer.model)
     model_dir, adapter_dir = _save_final(trainer, tokenizer, model_ref, stage_dir)
@@ -212,6 +213,7 @@ def _train(
         adapter_dir=str(adapter_dir) if adapter_dir else None,
         global_step=trainer.state.global_step,
         losses=losses_from(trainer.state.log_history),
+        evals=evals,
         eval_before=eval_before,
         eval_after=eval_after,
         trainable_params=trainable,

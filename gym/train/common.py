@@ -7,6 +7,7 @@ returned as it is. A file lock keeps two runs from writing the same directory.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,16 @@ from pydantic import BaseModel, Field
 from gym.errors import ConfigError
 from gym.train import speed
 from gym.train.config import TrainConfig
+from gym.train.rl_config import ONLINE_METHODS
+
+logger = logging.getLogger("gym.train")
+# Timing numbers of each evaluation, left out of the curves of held-out metrics.
+EVAL_TIMINGS = (
+    "eval_runtime",
+    "eval_samples_per_second",
+    "eval_steps_per_second",
+    "eval_model_preparation_time",
+)
 
 
 class TrainResult(BaseModel):
@@ -27,6 +38,11 @@ class TrainResult(BaseModel):
     adapter_dir: str | None = Field(None, description="The PEFT adapter alone, for LoRA stages.")
     global_step: int
     losses: list[tuple[int, float]] = Field(description="(step, training loss) as logged.")
+    evals: dict[str, list[tuple[int, float]]] = Field(
+        default_factory=dict,
+        description="Held-out metrics at each evaluation during training (eval_steps, eval_strategy): "
+        "name (eval_loss...) -> (step, value).",
+    )
     eval_before: dict[str, float] = Field(default_factory=dict)
     eval_after: dict[str, float] = Field(default_factory=dict)
     trainable_params: int
@@ -60,15 +76,19 @@ class TrainResult(BaseModel):
         return round(self.tokens_seen / self.train_seconds, 1)
 
 
-def trl_args(config: TrainConfig, output_dir: Path) -> dict[str, Any]:
-    """Keyword arguments common to every TRL *Config (they all extend TrainingArguments)."""
+def trl_args(config: TrainConfig, output_dir: Path, *, held_out: bool = False) -> dict[str, Any]:
+    """Keyword arguments common to every TRL *Config (they all extend TrainingArguments).
+
+    `held_out`: the trainer gets held-out data (an eval_dataset) to evaluate during training as
+    eval_steps / eval_strategy ask (see `eval_strategy`).
+    """
     return {
         "output_dir": str(output_dir),
         "learning_rate": config.learning_rate,
         "max_steps": config.max_steps,
         "num_train_epochs": config.num_train_epochs,
         "per_device_train_batch_size": config.per_device_train_batch_size,
-        "per_device_eval_batch_size": config.per_device_train_batch_size,
+        "per_device_eval_batch_size": config.per_device_eval_batch_size or config.per_device_train_batch_size,
         "gradient_accumulation_steps": config.gradient_accumulation_steps,
         "lr_scheduler_type": config.lr_scheduler_type,
         "warmup_steps": config.warmup_ratio,  # transformers 5: a float < 1 is a ratio of total steps
@@ -81,7 +101,8 @@ def trl_args(config: TrainConfig, output_dir: Path) -> dict[str, Any]:
         "save_strategy": "steps",
         "save_steps": config.save_steps,
         "save_total_limit": config.save_total_limit,
-        "eval_strategy": "no",
+        "eval_strategy": eval_strategy(config, held_out),
+        "eval_steps": config.eval_steps,  # transformers: logging_steps when unset
         "bf16": config.bf16,
         "gradient_checkpointing": config.gradient_checkpointing,
         "report_to": "none",
@@ -91,6 +112,32 @@ def trl_args(config: TrainConfig, output_dir: Path) -> dict[str, Any]:
         **({"optim": config.optim} if config.optim else {}),  # else transformers' default AdamW
         **speed.trainer_args(speed.resolve(config), config.method),
     }
+
+
+def eval_strategy(config: TrainConfig, held_out: bool) -> str:
+    """transformers' eval_strategy for the stage: the config's (default: steps when eval_steps is set,
+    else no), or no, with a warning, where the stage can't evaluate during training: it has no held-out
+    data, or it is an online RL method (their `evaluate()` samples completions and scores rewards, held
+    out before and after training only)."""
+    wanted = config.eval_strategy or ("steps" if config.eval_steps else "no")
+    if wanted == "no":
+        return "no"
+    asked = f"eval_strategy {wanted}" + (f", eval_steps {config.eval_steps}" if wanted == "steps" else "")
+    if config.method in ONLINE_METHODS:
+        logger.warning(
+            "%s: %s ignored: online RL methods evaluate held-out rewards before and after training only",
+            config.method,
+            asked,
+        )
+        return "no"
+    if not held_out:
+        logger.warning(
+            "%s: %s ignored: the stage has no held-out data (give val_size or method_eval_dataset)",
+            config.method,
+            asked,
+        )
+        return "no"
+    return wanted
 
 
 def _cuda_available() -> bool:
@@ -116,3 +163,16 @@ def count_params(model: Any) -> tuple[int, int]:
 
 def losses_from(log_history: list[dict[str, Any]]) -> list[tuple[int, float]]:
     return [(int(e["step"]), float(e["loss"])) for e in log_history if "loss" in e and "step" in e]
+
+
+def evals_from(log_history: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
+    """Each held-out metric the trainer logged (`eval_*`, timings left out) as (step, value) points."""
+    curves: dict[str, list[tuple[int, float]]] = {}
+    for entry in log_history:
+        if "step" not in entry:
+            continue
+        for key, value in entry.items():
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if number and key.startswith("eval_") and key not in EVAL_TIMINGS:
+                curves.setdefault(key, []).append((int(entry["step"]), float(value)))
+    return curves

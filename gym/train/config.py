@@ -147,6 +147,11 @@ class TrainConfig(BaseModel):
     per_device_train_batch_size: int | None = Field(
         None, ge=1, description="Sequences (or pairs) per device per step; default as for learning_rate."
     )
+    per_device_eval_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Held-out sequences (or pairs) per device per batch; default: the training batch.",
+    )
     gradient_accumulation_steps: int = Field(
         1, ge=1, description="Micro-batches accumulated per optimiser step."
     )
@@ -165,6 +170,18 @@ class TrainConfig(BaseModel):
     )
     seed: int = Field(42, description="Seed for data order and initialisation of new weights.")
     logging_steps: int = Field(5, ge=1, description="Log the loss every N steps.")
+    eval_steps: int | None = Field(
+        None,
+        ge=1,
+        description="Also evaluate the held-out data (val_size or method_eval_dataset) every N optimiser "
+        "steps; default: only before and after training. Online RL methods evaluate before and after only.",
+    )
+    eval_strategy: Literal["no", "steps", "epoch"] | None = Field(
+        None,
+        description="Held-out evaluation during training (transformers' names): every eval_steps steps "
+        "(logging_steps when eval_steps is unset), every epoch, or no; default: steps when eval_steps is "
+        "set, else no. Before and after training it is evaluated either way.",
+    )
     save_steps: int = Field(
         100, ge=1, description="Checkpoint every N steps (training resumes from the last one)."
     )

@@ -50,7 +50,7 @@ def build_trainer(
     require_ids(train_data, config.method)
     losses, weights = loss_terms(config)
     args = DPOConfig(
-        **trl_args(config, output_dir),
+        **trl_args(config, output_dir, held_out=eval_data is not None),
         beta=filled(config.beta, "beta"),
         loss_type=losses,
         loss_weights=weights,

@@ -59,7 +59,7 @@ def build_trainer(
             hint="use a kto dataset (prompt, completion, boolean label) for method kto",
         )
     args = KTOConfig(
-        **trl_args(config, output_dir),
+        **trl_args(config, output_dir, held_out=eval_data is not None),
         beta=filled(config.beta, "beta"),
         desirable_weight=config.desirable_weight,
         undesirable_weight=config.undesirable_weight,

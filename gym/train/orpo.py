@@ -35,7 +35,11 @@ def build_trainer(
     from trl.experimental.orpo import ORPOConfig, ORPOTrainer
 
     require_ids(train_data, config.method)
-    args = ORPOConfig(**trl_args(config, output_dir), beta=filled(config.beta, "beta"), max_length=max_length)
+    args = ORPOConfig(
+        **trl_args(config, output_dir, held_out=eval_data is not None),
+        beta=filled(config.beta, "beta"),
+        max_length=max_length,
+    )
     return row_trainer(
         ORPOTrainer,
         args,

@@ -46,7 +46,7 @@ def build_trainer(
             hint="tokenize an sft-format dataset (alpaca, sharegpt or openai messages)",
         )
     batching = speed.sft_args(speed.resolve(config), max_length)  # padded, padding-free or packed
-    args = SFTConfig(**trl_args(config, output_dir), **batching)
+    args = SFTConfig(**trl_args(config, output_dir, held_out=eval_data is not None), **batching)
     with _flash_only_warnings_dropped(model):
         return SFTTrainer(
             model=model,

@@ -35,7 +35,7 @@ def build_trainer(
 
     require_ids(train_data, config.method)
     args = CPOConfig(
-        **trl_args(config, output_dir),
+        **trl_args(config, output_dir, held_out=eval_data is not None),
         loss_type="simpo",
         cpo_alpha=0.0,
         beta=filled(config.beta, "beta"),
