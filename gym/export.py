@@ -2,6 +2,7 @@
 tokenizer with its chat template, a model card, and optionally GGUF notes and an Ollama Modelfile.
 
     gym export --model M --out DIR [--shard-size 2GB] [--adapter-only] [--gguf] [--ollama]
+    gym export merge.yaml       # LLaMA-Factory's export YAML (gym/cli_llamafactory_tools.py)
 
 M is a model directory, a PEFT adapter directory (merged into its base), a training stage
 directory (`models/<method>-<digest>/`), a registry name or an MLflow URI (`models:/name@alias`,
@@ -46,6 +47,7 @@ class ExportSettings(BaseModel):
     adapter_only: bool = Field(False, description="Export the PEFT adapter alone, unmerged (with its card).")
     gguf: bool = Field(False, description="Add GGUF.md: how to convert with llama.cpp.")
     ollama: bool = Field(False, description="Add an Ollama Modelfile with the chat template and stop tokens.")
+    trust_remote_code: bool = Field(False, description="Run Python code from the model repository.")
 
 
 @dataclass
@@ -166,7 +168,9 @@ def _write(source: Source, out: Path, settings: ExportSettings, name: str) -> No
         if source.adapter and (source.adapter / "tokenizer_config.json").is_file()
         else source.base
     )
-    tokenizer: Any = AutoTokenizer.from_pretrained(str(tokenizer_from))
+    tokenizer: Any = AutoTokenizer.from_pretrained(
+        str(tokenizer_from), trust_remote_code=settings.trust_remote_code
+    )
     if source.lineage.template:
         tokenizer.chat_template = load_template(source.lineage.template)
     if settings.adapter_only:
@@ -174,7 +178,7 @@ def _write(source: Source, out: Path, settings: ExportSettings, name: str) -> No
             shutil.copy2(source.adapter / f, out / f)  # type: ignore[operator]
         model_type = "adapter"
     else:
-        model = _load(source)
+        model = _load(source, settings.trust_remote_code)
         # generate() should stop at the end of a turn: the tokenizer's eos joins the model's own.
         eos = sorted(set(_ids(model.generation_config.eos_token_id)) | set(_ids(tokenizer.eos_token_id)))
         model.generation_config.eos_token_id = eos[0] if len(eos) == 1 else (eos or None)
@@ -198,14 +202,19 @@ def _write(source: Source, out: Path, settings: ExportSettings, name: str) -> No
     out.chmod(0o755)  # mkdtemp makes it 0700; an exported model is meant to be shared
 
 
-def _load(source: Source) -> Any:
+def _load(source: Source, trust_remote_code: bool = False) -> Any:
     from transformers import AutoModelForCausalLM
 
+    kwargs: dict[str, Any] = {
+        "dtype": "auto",
+        "use_safetensors": True,
+        "trust_remote_code": trust_remote_code,
+    }
     if source.weights is not None:
-        return AutoModelForCausalLM.from_pretrained(source.weights, dtype="auto", use_safetensors=True)
+        return AutoModelForCausalLM.from_pretrained(source.weights, **kwargs)
     from peft import PeftModel
 
-    base = AutoModelForCausalLM.from_pretrained(str(source.base), dtype="auto", use_safetensors=True)
+    base = AutoModelForCausalLM.from_pretrained(str(source.base), **kwargs)
     return PeftModel.from_pretrained(base, str(source.adapter)).merge_and_unload()
 
 
@@ -239,9 +248,12 @@ def replace_dir(output_dir: Path, marker: str) -> Iterator[Path]:
         staged.rename(output_dir)
 
 
-def cmd_export(argv: Sequence[str]) -> int:
-    """`gym export --model M --out DIR [...]`."""
-    parser = argparse.ArgumentParser(prog="gym export", description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    from gym.cli_llamafactory_tools import epilog
+
+    parser = argparse.ArgumentParser(
+        prog="gym export", description=__doc__.splitlines()[0], epilog=epilog("export")
+    )
     parser.add_argument(
         "--model", required=True, help="Model/adapter/stage directory, registry name or models:/ URI."
     )
@@ -254,9 +266,24 @@ def cmd_export(argv: Sequence[str]) -> int:
     parser.add_argument("--adapter-only", action="store_true", help="Export the adapter alone, unmerged.")
     parser.add_argument("--gguf", action="store_true", help="Add GGUF.md (llama.cpp conversion notes).")
     parser.add_argument("--ollama", action="store_true", help="Add an Ollama Modelfile.")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--trust-remote-code", action="store_true", help="Run Python code from the model repository."
+    )
+    return parser
+
+
+def cmd_export(argv: Sequence[str]) -> int:
+    """`gym export --model M --out DIR [...]`, or `gym export merge.yaml` (LLaMA-Factory's)."""
+    from gym.cli_llamafactory_tools import translate
+
+    parser = build_parser()
+    args = parser.parse_args(translate("export", argv, parser))
     settings = ExportSettings(
-        shard_size=args.shard_size, adapter_only=args.adapter_only, gguf=args.gguf, ollama=args.ollama
+        shard_size=args.shard_size,
+        adapter_only=args.adapter_only,
+        gguf=args.gguf,
+        ollama=args.ollama,
+        trust_remote_code=args.trust_remote_code,
     )
     out = export_model(args.model, Path(args.out), settings, base=args.base, template=args.template)
     print(f"exported {args.model} to {out}")

@@ -3,6 +3,7 @@
     gym serve --model gym-tiny --host 127.0.0.1 --port 8000 [--api-key-env GYM_API_KEY]
     gym serve --model models:/gym-tiny-sft@champion --port 0          # any free port, printed
     gym serve --model ./out --template chatml --limits.max_concurrent 16
+    gym serve inference.yaml --port 0       # LLaMA-Factory's inference YAML (gym/cli_llamafactory_tools.py)
 
 Serves until SIGINT or SIGTERM, then finishes the requests in progress and exits with status 0.
 The key is read from the environment variable `--api-key-env` names, never from the command line.
@@ -22,10 +23,16 @@ from gym.errors import ConfigError
 from gym.serve.settings import ServeSettings
 
 
-def parse_settings(argv: Sequence[str], prog: str = "gym serve") -> ServeSettings:
-    parser = argparse.ArgumentParser(prog=prog, description=ServeSettings.__doc__)
+def build_parser(prog: str = "gym serve") -> argparse.ArgumentParser:
+    from gym.cli_llamafactory_tools import epilog
+
+    parser = argparse.ArgumentParser(prog=prog, description=ServeSettings.__doc__, epilog=epilog("serve"))
     add_config_options(parser, ServeSettings)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def parse_settings(argv: Sequence[str], prog: str = "gym serve") -> ServeSettings:
+    args = build_parser(prog).parse_args(argv)
     try:
         return ServeSettings.model_validate(overrides_from(args, ServeSettings))
     except ValidationError as exc:
@@ -47,7 +54,9 @@ def api_key(env_var: str | None) -> str | None:
 
 
 def cmd_serve(argv: Sequence[str]) -> int:
-    settings = parse_settings(argv)
+    from gym.cli_llamafactory_tools import translate
+
+    settings = parse_settings(translate("serve", argv, build_parser()))
     key = api_key(settings.api_key_env)
     if settings.backend != "transformers":
         from gym.serve.backends import exec_backend

@@ -1,0 +1,504 @@
+"""LLaMA-Factory's export and inference YAML files, and their names as flags, for gym export, chat and serve.
+
+    gym export merge.yaml              # llamafactory-cli export merge.yaml
+    gym chat inference.yaml            # llamafactory-cli chat inference.yaml
+    gym chat --ui inference.yaml       # llamafactory-cli webchat inference.yaml
+    gym serve inference.yaml           # llamafactory-cli api inference.yaml
+    gym export --model_name_or_path gym-tiny --adapter_name_or_path saves/x --export_dir out
+
+`translate` turns a command line (a config file anywhere before `--`, LLaMA-Factory's names as
+flags or `name=value`, gym's own flags) into the command's own flags: the file's settings first,
+then the command line's, so flags win over the file and gym's own flag for a setting wins over
+LLaMA-Factory's name for it. A file may hold gym's own settings too (`port: 0`, `shard-size: 2GB`).
+
+`adapter_name_or_path` is the model gym loads with `model_name_or_path` as its base: `gym export`
+merges it (as LLaMA-Factory does); `gym chat` and `gym serve` load full weights, so the adapter is
+merged once, exactly as `gym export` merges it, into a folder of the workspace that is reused while
+the adapter and base are unchanged. Settings gym needs no value for are accepted with a `note:`
+saying why (`NOT_NEEDED`); settings gym cannot honour fail with what to do instead (`REFUSED`);
+an unknown key fails naming the file, the key and the closest names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from gym.cli_options import (
+    CONFIG_SUFFIXES,
+    SEP,
+    ArgumentParser,
+    Switch,
+    dotlist,
+    file_argv,
+    read_config_file,
+)
+from gym.errors import ConfigError
+
+DEST = "llamafactory_tools"  # argparse dests are f"{DEST}.{name}"
+COMMANDS = ("export", "chat", "serve")
+BACKENDS = {"huggingface": "transformers", "vllm": "vllm", "sglang": "sglang"}  # infer_backend -> --backend
+
+
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in allowed:
+            raise argparse.ArgumentTypeError(f"expected one of {', '.join(allowed)} (got {text!r})")
+        return text
+
+    return parse
+
+
+def _gigabytes(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"a shard size in GB must be positive (got {text})")
+    return value
+
+
+Parse = Callable[[str], Any] | type[bool]
+
+# LLaMA-Factory's names (hparams/model_args.py, data_args.py, generating_args.py) -> value parser;
+# bool: a true/false flag. Which command reads which name, and how: `translate`.
+MODEL: dict[str, Parse] = {  # every command
+    "model_name_or_path": str,  # the model; with an adapter, its base
+    "adapter_name_or_path": str,  # the adapter, merged into model_name_or_path
+    "template": str,  # --template (LLaMA-Factory's `qwen`, `qwen3_nothink` too)
+    "trust_remote_code": bool,  # --trust-remote-code
+    "finetuning_type": str,
+    "infer_dtype": _choice("auto", "float16", "bfloat16", "float32"),
+    "flash_attn": str,
+    "quantization_bit": int,
+}
+EXPORT: dict[str, Parse] = {  # gym export
+    "export_dir": str,  # --out
+    "export_size": _gigabytes,  # --shard-size NGB (a fraction of a GB too: 0.5 -> 500MB)
+    "export_device": _choice("cpu", "auto"),
+    "export_legacy_format": bool,
+    "export_hub_model_id": str,
+    "export_quantization_bit": int,
+    "export_quantization_dataset": str,
+    "export_quantization_nsamples": int,
+    "export_quantization_maxlen": int,
+}
+INFERENCE: dict[str, Parse] = {  # gym chat and gym serve
+    "infer_backend": _choice("huggingface", "vllm", "sglang", "ktransformers"),  # serve: --backend
+    "do_sample": bool,  # false: chat --temperature 0
+    "temperature": float,  # chat --temperature
+    "top_p": float,  # chat --top-p
+    "max_new_tokens": int,  # chat --max-tokens; serve --limits.max_tokens
+    "default_system": str,  # chat --system
+    "top_k": int,
+    "num_beams": int,
+    "max_length": int,
+    "repetition_penalty": float,
+    "length_penalty": float,
+    "skip_special_tokens": bool,
+    "enable_thinking": bool,
+    "vllm_maxlen": int,
+    "vllm_gpu_util": float,
+    "vllm_enforce_eager": bool,
+    "vllm_max_lora_rank": int,
+    "vllm_config": str,
+    "sglang_maxlen": int,
+    "sglang_mem_fraction": float,
+    "sglang_tp_size": int,
+    "sglang_config": str,
+    "sglang_lora_backend": str,
+}
+NAMES: dict[str, Parse] = {**MODEL, **EXPORT, **INFERENCE}
+SAMPLING = ("temperature", "top_p", "do_sample")
+# Engine settings gym serve would have to pass on to vLLM / SGLang, and what the engine does instead.
+ENGINE_SETTINGS = {
+    "vllm_maxlen": "the model's context length",
+    "vllm_gpu_util": "0.9 of the GPU's memory",
+    "vllm_config": "its defaults",
+    "sglang_maxlen": "the model's context length",
+    "sglang_mem_fraction": "its own memory fraction",
+    "sglang_tp_size": "one GPU",
+    "sglang_config": "its defaults",
+}
+
+# Values that are what gym does anyway: accepted without a note.
+QUIET: dict[str, Any] = {
+    "infer_dtype": "auto",
+    "flash_attn": "auto",
+    "export_device": "cpu",
+    "export_legacy_format": False,
+    "do_sample": True,
+    "num_beams": 1,
+    "repetition_penalty": 1.0,
+    "length_penalty": 1.0,
+    "skip_special_tokens": True,
+    "vllm_enforce_eager": False,
+}
+# Settings gym needs no value for, and why (a `note:` when given).
+NOT_NEEDED: dict[str, str] = {
+    "finetuning_type": "gym tells an adapter from full weights by its files (adapter_config.json)",
+    "infer_dtype": "gym loads the dtype the checkpoint stores (torch_dtype in its config.json)",
+    "flash_attn": "gym loads models with transformers' default attention (sdpa where the model has it)",
+    "enable_thinking": "the chat template decides: qwen3 thinks, qwen3_nothink (gym's chatml) doesn't",
+    "export_device": "gym export merges on the CPU: exact, and it needs no GPU memory",
+    "export_quantization_dataset": "only export_quantization_bit reads it",
+    "export_quantization_nsamples": "only export_quantization_bit reads it",
+    "export_quantization_maxlen": "only export_quantization_bit reads it",
+    "max_length": "max_new_tokens sets the reply's length (in LLaMA-Factory too, unless it is 0)",
+    "length_penalty": "it weighs beam search, which gym doesn't do",
+    "vllm_max_lora_rank": "gym merges the adapter before serving: vLLM gets full weights, no LoRA",
+    "sglang_lora_backend": "gym merges the adapter before serving: SGLang gets full weights, no LoRA",
+    "vllm_enforce_eager": "gym serve starts vLLM with its default CUDA graphs (only start-up time and "
+    "memory differ)",
+}
+# Settings gym cannot honour, and what to do instead (one `error:` line, exit status 2).
+REFUSED: dict[str, str] = {
+    "export_legacy_format": "gym writes safetensors only (a pickled .bin file can run code when it is "
+    "loaded): remove export_legacy_format",
+    "export_hub_model_id": "gym export writes a local folder: remove export_hub_model_id and push the "
+    "export with `gym deploy --model DIR --target OWNER/NAME --push_to_hub`",
+    "export_quantization_bit": "gym export writes the merged weights unquantized (no GPTQ): remove "
+    "export_quantization_bit and quantize the exported folder with a quantization tool (for llama.cpp, "
+    "`gym export --gguf` writes how)",
+    "num_beams": "gym generates without beam search: remove num_beams",
+    "top_k": "gym samples with temperature and top_p only (no top-k cut): remove top_k",
+    "repetition_penalty": "gym samples with temperature and top_p only: remove repetition_penalty",
+    "skip_special_tokens": "gym's replies never contain special tokens: remove skip_special_tokens",
+}
+QUANTIZED = {
+    "export": "merging an adapter into a quantized model is not exact (LLaMA-Factory refuses it too): "
+    "remove quantization_bit",
+    "chat": "gym chat loads full-precision weights: remove quantization_bit",
+    "serve": "gym serve loads full-precision weights: remove quantization_bit",
+}
+EPILOG = (
+    "LLaMA-Factory: `gym {command} FILE.yaml` reads its {kind} YAML files, and its names work as flags "
+    "(--model_name_or_path, --adapter_name_or_path, {names}...; gym/cli_llamafactory_tools.py)."
+)
+
+
+def epilog(command: str) -> str:
+    """The line a command's --help ends with."""
+    if command == "export":
+        return EPILOG.format(command=command, kind="export (merge)", names="--export_dir, --export_size")
+    return EPILOG.format(command=command, kind="inference", names="--infer_backend, --temperature")
+
+
+def translate(command: str, argv: Sequence[str], own: argparse.ArgumentParser, out: Any = None) -> list[str]:
+    """`argv` for `gym <command>` with a LLaMA-Factory config file and names, as the command's own flags.
+
+    `own` is the command's parser (its flags pass through, and may be keys of the file). Notes go
+    to `out` (stderr); a setting gym can't honour raises ConfigError. An adapter for chat or serve
+    is merged here, once (see the module docstring).
+    """
+    args = list(argv)
+    path, rest = _find_file(args, own)
+    if "-h" in rest or "--help" in rest:
+        return rest
+    names = _parser(f"gym {command}")
+    spelled = _underscored(own)
+    known = {**own._option_string_actions, **spelled, **names._option_string_actions}
+    file_values: dict[str, Any] = {}
+    file_own: list[str] = []
+    if path is not None:
+        names.source = path  # a bad value names the file
+        try:
+            flags = file_argv(path, read_config_file(path), known)
+            namespace, file_own = names.parse_known_args(flags)
+        finally:
+            names.source = None
+        file_values = _given(namespace)
+        file_own = _own_flags(file_own, own, spelled)
+    namespace, cmd_own = names.parse_known_args(dotlist(rest, known))
+    values = {**file_values, **_given(namespace)}
+    if not values:
+        return [*file_own, *cmd_own]
+    own_flags = [*file_own, *cmd_own]
+    where = f"{path}: " if path is not None else ""
+    notes = check(command, values, where)
+    for note in notes:
+        print(f"note: {note}", file=out or sys.stderr)
+    translated = (_export if command == "export" else _inference)(command, values, own_flags, where, out)
+    return [*file_own, *translated, *cmd_own]
+
+
+def check(command: str, values: dict[str, Any], where: str = "") -> list[str]:
+    """The notes for the LLaMA-Factory settings `values` given to `gym <command>`; raises ConfigError
+    (`where` first) for the first one gym cannot honour."""
+    if command not in COMMANDS:
+        raise ValueError(f"unknown command {command!r}")
+    notes: list[str] = []
+
+    def refuse(name: str, why: str) -> None:
+        raise ConfigError(f"{where}{name}: {why}")
+
+    backend = BACKENDS.get(str(values.get("infer_backend", "huggingface")))
+    greedy = values.get("do_sample") is False or values.get("temperature") == 0
+    for name, value in values.items():
+        if name in QUIET and value == QUIET[name]:
+            continue
+        if command == "export" and name in INFERENCE:
+            notes.append(f"{name}: an inference setting (gym chat, gym serve); gym export doesn't read it")
+            continue
+        if command != "export" and name in EXPORT:
+            notes.append(f"{name}: read by gym export only")
+            continue
+        if name == "quantization_bit":
+            refuse(name, QUANTIZED[command])
+        elif name == "adapter_name_or_path" and "," in str(value):
+            refuse(
+                name,
+                f"gym merges one adapter at a time ({value!r}): export the base with the first one "
+                "(`gym export`), then use that folder as model_name_or_path with the next",
+            )
+        elif name == "infer_backend" and backend is None:
+            refuse(name, f"gym has no {value} backend: use huggingface, vllm or sglang")
+        elif name == "infer_backend" and command == "chat" and value != "huggingface":
+            notes.append(
+                f"{name}: gym chat runs gym's own engine (transformers); `gym serve` serves the same "
+                f"YAML with {value}"
+            )
+        elif name == "top_k" and greedy:
+            notes.append(f"{name}: greedy decoding (do_sample false or temperature 0) doesn't read it")
+        elif name in REFUSED:
+            refuse(name, REFUSED[name])
+        elif name in SAMPLING and command == "serve":
+            notes.append(
+                f"{name}: each request to gym serve sets its own sampling (OpenAI's API: temperature "
+                "1.0 and top_p 1.0 when a request names none)"
+            )
+        elif name == "default_system" and command == "serve":
+            refuse(
+                name,
+                "gym serve adds no system message of its own: remove default_system and send it as "
+                "the first message of each request (`gym chat` takes it, as --system)",
+            )
+        elif name.startswith(("vllm_", "sglang_")):
+            engine = name.partition("_")[0]
+            if command == "chat":
+                notes.append(f"{name}: gym chat runs gym's own engine, not {engine}")
+            elif backend != engine:
+                notes.append(f"{name}: only read with infer_backend {engine}")
+            elif name in ENGINE_SETTINGS:
+                refuse(
+                    name,
+                    f"gym serve starts {engine} with its own defaults ({ENGINE_SETTINGS[name]}), "
+                    f"passing no engine settings: remove {name}, or start {engine} yourself on the "
+                    "folder `gym export` writes",
+                )
+            else:
+                notes.append(f"{name}: {NOT_NEEDED[name]}")
+        elif name in NOT_NEEDED:
+            notes.append(f"{name}: {NOT_NEEDED[name]}")
+    return notes
+
+
+def _export(command: str, values: dict[str, Any], own: Sequence[str], where: str, out: Any) -> list[str]:
+    argv: list[str] = []
+    template = values.get("template")
+    if not _has(own, "--model"):
+        model, adapter = values.get("model_name_or_path"), values.get("adapter_name_or_path")
+        if adapter is None and model is None:
+            raise ConfigError(
+                f"{where}model_name_or_path is missing: the model (or an adapter's base) to export"
+            )
+        if adapter is not None:
+            argv += ["--model", str(_adapter_folder(adapter, stage_ok=True))]
+            if model is not None and not _has(own, "--base"):
+                base, template = weights(model, template)
+                argv += ["--base", base]
+        else:
+            argv += ["--model", str(model)]
+    if "export_dir" in values:
+        argv += ["--out", values["export_dir"]]
+    elif not _has(own, "--out"):
+        raise ConfigError(f"{where}export_dir is missing: the folder to write")
+    if "export_size" in values:
+        argv += ["--shard-size", shard_size(values["export_size"])]
+    if template is not None:
+        argv += ["--template", template]
+    if values.get("trust_remote_code"):
+        argv += ["--trust-remote-code"]
+    return argv
+
+
+def _inference(command: str, values: dict[str, Any], own: Sequence[str], where: str, out: Any) -> list[str]:
+    argv: list[str] = []
+    template = values.get("template")
+    trust = bool(values.get("trust_remote_code"))
+    if not _has(own, "--model"):
+        model, adapter = values.get("model_name_or_path"), values.get("adapter_name_or_path")
+        if adapter is None and model is None:
+            raise ConfigError(f"{where}model_name_or_path is missing: the model to {command} with")
+        if adapter is not None:
+            base, template = weights(model, template) if model is not None else (None, template)
+            merged = merge_adapter(adapter, base, template, trust, command, out)
+            argv += ["--model", str(merged)]
+            if command == "serve" and not _has(own, "--served-model-name", "--served_model_name"):
+                argv += ["--served-model-name", adapter]  # what clients ask for, not the merge's folder
+        else:
+            argv += ["--model", str(model)]
+    if template is not None:
+        argv += ["--template", template]
+    if trust:
+        argv += ["--trust-remote-code"]
+    if command == "serve":
+        if "infer_backend" in values:
+            argv += ["--backend", BACKENDS[values["infer_backend"]]]
+        if "max_new_tokens" in values:
+            argv += ["--limits.max_tokens", str(values["max_new_tokens"])]
+        return argv
+    if "temperature" in values:
+        argv += ["--temperature", str(values["temperature"])]
+    if values.get("do_sample") is False:
+        argv += ["--temperature", "0"]  # greedy, whatever the temperature
+    if "top_p" in values:
+        argv += ["--top-p", str(values["top_p"])]
+    if "max_new_tokens" in values:
+        argv += ["--max-tokens", str(values["max_new_tokens"])]
+    if values.get("default_system") is not None:
+        argv += ["--system", values["default_system"]]
+    return argv
+
+
+def shard_size(gigabytes: float) -> str:
+    """LLaMA-Factory's export_size (GB per shard) as gym's --shard-size: 2 -> 2GB, 0.5 -> 500MB."""
+    if float(gigabytes).is_integer():
+        return f"{int(gigabytes)}GB"
+    return f"{max(1, round(gigabytes * 1_000_000))}KB"
+
+
+def weights(model: str, template: str | None) -> tuple[str, str | None]:
+    """Where `model` (an adapter's base) loads from with from_pretrained, and the chat template to use:
+    a gym registry name is its weights (gym-tiny built on first use) with its registry template unless
+    `template` is given; a folder or hub id is itself."""
+    if Path(model).expanduser().is_dir():
+        return model, template
+    from gym import registry
+
+    specs = registry.load_models()
+    if model in specs or model.lower() in {str(s.hub_id).lower() for s in specs.values() if s.hub_id}:
+        from gym.models import resolve
+
+        ref = resolve(model)  # the entry's own template: gym-tiny is built once, whatever `template` is
+        return ref.path, template or ref.template
+    return model, template
+
+
+def merge_adapter(
+    adapter: str,
+    base: str | None,
+    template: str | None,
+    trust_remote_code: bool = False,
+    command: str = "chat",
+    out: Any = None,
+) -> Path:
+    """The workspace folder holding `adapter` merged into `base` (default: the adapter's own base), as
+    `gym export` merges it; written on first use and reused while adapter, base and gym are unchanged."""
+    from gym import workspace
+    from gym.export import MARKER, ExportSettings, export_model
+    from gym.hashing import hash_obj, library_digest, stamp
+
+    folder = _adapter_folder(adapter)
+    key = {"adapter": stamp(folder), "base": base, "template": template, "gym": library_digest()}
+    merged = workspace.path("models", f"merged-adapter-{hash_obj(key)}")
+    if (merged / MARKER).is_file():
+        print(
+            f"note: adapter_name_or_path: using its merge for gym {command} in {merged}",
+            file=out or sys.stderr,
+        )
+        return merged
+    print(
+        f"note: adapter_name_or_path: gym {command} loads full weights: merging {adapter} into "
+        f"{base or 'its base'} once, into {merged}",
+        file=out or sys.stderr,
+    )
+    settings = ExportSettings(trust_remote_code=trust_remote_code)
+    return export_model(folder, merged, settings, base=base, template=template)
+
+
+def _adapter_folder(adapter: str, stage_ok: bool = False) -> Path:
+    """The local folder of a PEFT adapter (`stage_ok`: or of a gym training stage holding one)."""
+    folder = Path(adapter).expanduser()
+    if (folder / "adapter_config.json").is_file() or (stage_ok and folder.is_dir()):
+        return folder
+    what = "no such folder" if not folder.is_dir() else "no adapter_config.json in it"
+    raise ConfigError(
+        f"adapter_name_or_path {adapter}: {what} (gym reads adapters from a local folder; for a hub "
+        "adapter, `hf download REPO --local-dir DIR` first)"
+    )
+
+
+def _parser(prog: str) -> ArgumentParser:
+    parser = ArgumentParser(
+        prog=prog,
+        usage=f"{prog} [FILE.yaml] [LLaMA-Factory names] [{prog}'s own flags]",
+        add_help=False,
+        allow_abbrev=False,  # `--model` is gym's flag, never short for --model_name_or_path
+    )
+    for name, parse in NAMES.items():
+        flag, dest = f"--{name}", f"{DEST}{SEP}{name}"
+        if parse is bool:
+            parser.add_argument(flag, dest=dest, action=Switch)
+        else:
+            parser.add_argument(flag, dest=dest, type=parse, metavar=name.upper())
+    return parser
+
+
+def _given(namespace: argparse.Namespace) -> dict[str, Any]:
+    prefix = f"{DEST}{SEP}"
+    return {k.removeprefix(prefix): v for k, v in vars(namespace).items() if v is not None}
+
+
+def _find_file(argv: Sequence[str], own: argparse.ArgumentParser) -> tuple[Path | None, list[str]]:
+    """The config file (the first YAML/JSON path that is no flag's value, anywhere before `--`) and the
+    other arguments: `gym chat --ui inference.yaml` as well as `gym chat inference.yaml --ui`."""
+    takes_value = {
+        option
+        for action in [*own._actions, *_parser("")._actions]
+        if action.nargs != 0 and action.nargs != "?"
+        for option in action.option_strings
+    }
+    after_flag = False
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            break
+        if not after_flag and not arg.startswith("-") and arg.lower().endswith(CONFIG_SUFFIXES):
+            return Path(arg), [*argv[:i], *argv[i + 1 :]]
+        after_flag = arg in takes_value
+    return None, list(argv)
+
+
+def _underscored(own: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    """The command's dashed flags spelled with underscores (`shard_size: 2GB` in a file: --shard-size)."""
+    return {
+        _snake(option): action
+        for option, action in own._option_string_actions.items()
+        if option.startswith("--") and "-" in option[2:]
+    }
+
+
+def _own_flags(flags: Sequence[str], own: argparse.ArgumentParser, spelled: dict[str, Any]) -> list[str]:
+    """A file's flags for the command itself, as it spells them; `x: false` for an on/off flag of its
+    own (`--x` turns it on) leaves it off."""
+    out = []
+    for flag in flags:
+        name, eq, value = flag.partition("=")
+        action = spelled.get(name) or own._option_string_actions.get(name)
+        if action is not None and name in spelled:
+            name = next(o for o in action.option_strings if _snake(o) == name)
+        if action is not None and action.nargs == 0 and eq:
+            if value.lower() in ("false", "none"):
+                continue
+            eq = value = ""
+        out.append(f"{name}{eq}{value}")
+    return out
+
+
+def _snake(option: str) -> str:
+    return f"--{option[2:].replace('-', '_')}"
+
+
+def _has(flags: Iterable[str], *options: str) -> bool:
+    return any(f == o or f.startswith(f"{o}=") for f in flags for o in options)
