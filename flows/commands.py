@@ -34,7 +34,8 @@ TF_GRPO_FLAGS = {"--grpo_group_size": "--group_size", "--grpo_experience_lib_pat
 _PAIRS = ("demo_dpo", "demo_dpo_eval")
 DEMO_DATA = {
     "sft": ("demo_sft", None),
-    **dict.fromkeys(("dpo", "ipo", "cdpo", "hinge", "orpo", "simpo"), _PAIRS),
+    "pt": ("demo_text", "demo_text_eval"),
+    **dict.fromkeys(("dpo", "ipo", "cdpo", "hinge", "orpo", "simpo", "rm"), _PAIRS),
     "kto": ("demo_kto", "demo_kto_eval"),
 }
 DEMO_DATA |= {m: ("demo_prompts", "demo_prompts_eval") for m in ("ppo", "grpo", "gspo")}
@@ -44,10 +45,13 @@ DEMO_DATA |= {m: ("demo_prompts", "demo_prompts_eval") for m in ("ppo", "grpo", 
 # held-out logp_gap drifted either way (16 learning rate x epoch settings). The online RL methods
 # add theirs in flows/online_rl.py (demo_format_sft).
 DEMO_WARM_START = {"kto": "demo_sft"}
+# Block length of pt's demo run (blocks of the default cutoff_len, 1,024, are twice gym-tiny's 512-token
+# context, and trained 2-3x slower per token here), unless cutoff_len is set.
+DEMO_CUTOFF = {"pt": 256}
 
 
 # LLaMA-Factory's `stage` -> gym's method; its `pref_loss` picks the method of the dpo stage.
-STAGES = {"sft": "sft", "dpo": "dpo", "kto": "kto", "ppo": "ppo"}
+STAGES = {"pt": "pt", "sft": "sft", "rm": "rm", "dpo": "dpo", "kto": "kto", "ppo": "ppo"}
 PREF_LOSSES = {"sigmoid": "dpo", "ipo": "ipo", "hinge": "hinge", "orpo": "orpo", "simpo": "simpo"}
 DPO_STAGE = (*PREF_LOSSES.values(), "cdpo")  # the methods of LLaMA-Factory's dpo stage
 # Settings of a config file that choose the method: `gym train` reads them, the flow does not.
@@ -80,8 +84,7 @@ def _llamafactory_method(method: str | None, stage: str | None, pref_loss: str |
     if stage is not None:
         if stage not in STAGES:
             raise ConfigError(
-                f"--stage {stage!r} has no gym method (LLaMA-Factory's pt and rm stages); stages: "
-                f"{', '.join(STAGES)}, or pick a --method"
+                f"--stage {stage!r} has no gym method; stages: {', '.join(STAGES)}, or pick a --method"
             )
         family = DPO_STAGE if stage == "dpo" else (STAGES[stage],)
         if method is not None and method not in family:
@@ -186,6 +189,9 @@ def demo_args(method: str, rest: Sequence[str]) -> list[str]:
             extra += ["--method_eval_dataset", method_eval]
         if method in DEMO_WARM_START:
             extra += ["--warm_start.dataset", DEMO_WARM_START[method]]
+        cutoff = ("--data.cutoff_len", "--data.cutoff-len", "--cutoff_len", "--cutoff-len", "--data")
+        if method in DEMO_CUTOFF and not _given(rest, *cutoff):
+            extra += ["--data.cutoff_len", str(DEMO_CUTOFF[method])]
     return extra
 
 

@@ -212,7 +212,7 @@ def describe(exc: ValidationError) -> str:
         given = err.get("input")
         got = "" if isinstance(given, (dict, type(None))) else f" (got {given!r})"
         msg = err["msg"].removeprefix("Value error, ")  # a validator's own sentence says what is wrong
-        parts.append(f"{flag}: {msg}{got}")
+        parts.append(f"{flag}: {msg}{got}" if flag else f"{msg}{got}")  # a whole-config validator: no path
     return "; ".join(parts)
 
 

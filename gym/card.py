@@ -31,10 +31,13 @@ def _flat(prefix: str, value: Any) -> list[tuple[str, str]]:
 
 def render(name: str, lineage: Lineage, stop_tokens: list[str] | None = None) -> str:
     """README.md text for model `name`."""
+    from gym.train.config import SCORING_METHODS
+
+    scorer = bool(lineage.method) and str(lineage.method).split("+")[-1] in SCORING_METHODS
     front = [
         "---",
         "library_name: transformers",
-        "pipeline_tag: text-generation",
+        f"pipeline_tag: {'text-classification' if scorer else 'text-generation'}",
         f"base_model: {json.dumps(lineage.base_model)}",
         *_yaml_list("tags", ["gym", *(lineage.method.split("+") if lineage.method else [])]),
         *_yaml_list("datasets", [str(d["name"]) for d in lineage.datasets.values() if d.get("name")]),
@@ -82,6 +85,15 @@ def render(name: str, lineage: Lineage, stop_tokens: list[str] | None = None) ->
         "",
         "## Use",
         "",
+        *(_reward_model_use() if scorer else _chat_model_use()),
+    ]
+    if stop_tokens:
+        body += ["", f"Generation ends at: {', '.join(f'`{t}`' for t in stop_tokens)}."]
+    return "\n".join([*front, "", *body]) + "\n"
+
+
+def _chat_model_use() -> list[str]:
+    return [
         "```python",
         "from transformers import AutoModelForCausalLM, AutoTokenizer",
         'tokenizer = AutoTokenizer.from_pretrained("PATH_OR_REPO")',
@@ -93,6 +105,22 @@ def render(name: str, lineage: Lineage, stop_tokens: list[str] | None = None) ->
         "",
         "or serve it over an OpenAI-compatible API: `gym serve --model PATH_OR_REPO`.",
     ]
-    if stop_tokens:
-        body += ["", f"Generation ends at: {', '.join(f'`{t}`' for t in stop_tokens)}."]
-    return "\n".join([*front, "", *body]) + "\n"
+
+
+def _reward_model_use() -> list[str]:
+    """A reward model (method rm) scores a conversation; it does not generate."""
+    return [
+        "A reward model: it scores a prompt and its answer (one number, higher is better).",
+        "",
+        "```python",
+        "from transformers import AutoModelForSequenceClassification, AutoTokenizer",
+        'tokenizer = AutoTokenizer.from_pretrained("PATH_OR_REPO")',
+        'model = AutoModelForSequenceClassification.from_pretrained("PATH_OR_REPO")',
+        'messages = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi!"}]',
+        "text = tokenizer.apply_chat_template(messages, tokenize=False)",
+        "batch = tokenizer(text, return_tensors='pt', add_special_tokens=False)",
+        "print(model(**batch).logits[0, 0].item())",
+        "```",
+        "",
+        "or reward a policy with it in gym: `gym train --method grpo --reward reward_model:PATH_OR_REPO`.",
+    ]

@@ -179,9 +179,10 @@ def _write(source: Source, out: Path, settings: ExportSettings, name: str) -> No
         model_type = "adapter"
     else:
         model = _load(source, settings.trust_remote_code)
-        # generate() should stop at the end of a turn: the tokenizer's eos joins the model's own.
-        eos = sorted(set(_ids(model.generation_config.eos_token_id)) | set(_ids(tokenizer.eos_token_id)))
-        model.generation_config.eos_token_id = eos[0] if len(eos) == 1 else (eos or None)
+        if getattr(model, "generation_config", None) is not None:  # a reward model (rm) generates nothing
+            # generate() should stop at the end of a turn: the tokenizer's eos joins the model's own.
+            eos = sorted(set(_ids(model.generation_config.eos_token_id)) | set(_ids(tokenizer.eos_token_id)))
+            model.generation_config.eos_token_id = eos[0] if len(eos) == 1 else (eos or None)
         model.save_pretrained(out, max_shard_size=settings.shard_size, safe_serialization=True)
         model_type = str(model.config.model_type)
     tokenizer.save_pretrained(out)
@@ -203,7 +204,11 @@ def _write(source: Source, out: Path, settings: ExportSettings, name: str) -> No
 
 
 def _load(source: Source, trust_remote_code: bool = False) -> Any:
-    from transformers import AutoModelForCausalLM
+    """The model to write: a causal LM, or a reward model (a sequence-classification model, method rm)
+    as the class its weights were saved with (a causal LM class would drop its score head)."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from gym.models import is_reward_model
 
     kwargs: dict[str, Any] = {
         "dtype": "auto",
@@ -211,10 +216,16 @@ def _load(source: Source, trust_remote_code: bool = False) -> Any:
         "trust_remote_code": trust_remote_code,
     }
     if source.weights is not None:
+        if is_reward_model(source.weights):
+            return AutoModelForSequenceClassification.from_pretrained(source.weights, **kwargs)
         return AutoModelForCausalLM.from_pretrained(source.weights, **kwargs)
     from peft import PeftModel
 
-    base = AutoModelForCausalLM.from_pretrained(str(source.base), **kwargs)
+    adapter_config = json.loads((Path(str(source.adapter)) / "adapter_config.json").read_text())
+    if adapter_config.get("task_type") == "SEQ_CLS":  # a reward model's adapter (its score head inside)
+        base = AutoModelForSequenceClassification.from_pretrained(str(source.base), num_labels=1, **kwargs)
+    else:
+        base = AutoModelForCausalLM.from_pretrained(str(source.base), **kwargs)
     return PeftModel.from_pretrained(base, str(source.adapter)).merge_and_unload()
 
 

@@ -234,21 +234,55 @@ def load_tokenizer(ref: ModelRef) -> Any:
     return tok
 
 
+def is_reward_model(path: str | Path) -> bool:
+    """Whether the model folder at `path` is a sequence-classification model (a reward or value model:
+    a score head on the backbone, no language-model head), by its config.json's `architectures`."""
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return False
+    architectures = json.loads(config.read_text()).get("architectures") or []
+    return bool(architectures) and all(a.endswith("ForSequenceClassification") for a in architectures)
+
+
 def load_model(
     ref: ModelRef,
     dtype: Any = "auto",
     attn_implementation: str | None = None,
     unsloth: bool = False,
+    num_labels: int | None = None,
     **kwargs: Any,
 ) -> Any:
     """AutoModelForCausalLM.from_pretrained with safetensors only and remote code off unless asked.
 
     `attn_implementation` picks the attention kernel (sdpa, eager, flash_attention_2...; None lets
     transformers choose); `unsloth` loads through Unsloth's FastLanguageModel instead (CUDA only:
-    gym.train.speed checks that first). `kwargs` go to from_pretrained too (e.g. a
-    quantization_config for QLoRA).
+    gym.train.speed checks that first). `num_labels` loads a sequence-classification model with that
+    many outputs instead (a reward model: 1; a causal LM gets a new, seeded score head on its
+    backbone). `kwargs` go to from_pretrained too (e.g. a quantization_config for QLoRA). A reward
+    model folder is refused as a causal LM: it has no language-model head to generate with.
     """
     _require_local(ref)
+    if num_labels is None and is_reward_model(ref.path):
+        raise ConfigError(
+            f"{ref.name} is a reward model (a sequence-classification model with a score head): it scores "
+            f"text and does not generate; use it as a reward (--reward reward_model:{ref.path}), or give a "
+            "causal language model"
+        )
+    if num_labels is not None:
+        if unsloth:
+            raise ConfigError("unsloth loads causal language models only: turn it off for a reward model")
+        from transformers import AutoModelForSequenceClassification
+
+        return AutoModelForSequenceClassification.from_pretrained(
+            ref.path,
+            revision=ref.revision,
+            dtype=dtype,
+            attn_implementation=attn_implementation,
+            trust_remote_code=ref.trust_remote_code,
+            use_safetensors=True,
+            num_labels=num_labels,
+            **kwargs,
+        )
     if unsloth:
         from unsloth import FastLanguageModel
 

@@ -15,7 +15,7 @@ from gym.data.registry import AUTO, held_out
 from gym.data.tokenize import TokenizeSettings
 from gym.eval.suite import BenchmarkOptions
 from gym.tfgrpo.config import TfGrpoSettings
-from gym.train.config import TrainConfig
+from gym.train.config import SCORING_METHODS, TrainConfig
 from gym.train.warm_start import WarmStart
 
 # Learning rate, epochs and batch size come from the model's registry `train_defaults` (gym-tiny's
@@ -97,7 +97,7 @@ class FlowConfig(BaseModel):
     eval_dataset: str | None = Field(
         AUTO,
         description="Held-out instruction data for exact match before/after (None to skip); auto: "
-        "demo_sft_eval when training on a demo dataset, none on your own data.",
+        "demo_sft_eval when training on a demo dataset, none on your own data, none for pt (raw text).",
     )
     val_size: float = Field(
         0.0,
@@ -191,6 +191,16 @@ class SftThenDpoConfig(FlowConfig):
     sft: TrainConfig = Field(default_factory=lambda: DEFAULT_SFT.model_copy(), description="SFT stage.")
     dpo: TrainConfig = Field(default_factory=lambda: DEFAULT_DPO.model_copy(), description="DPO stage.")
 
+    @model_validator(mode="after")
+    def _second_stage_generates(self) -> SftThenDpoConfig:
+        if self.dpo.method in SCORING_METHODS:  # exact match after the flow would score a reward model
+            raise ValueError(
+                f"dpo.method: {self.dpo.method} trains a reward model, which generates no answers for this "
+                f"flow's exact match to score; train it after SFT with `gym train --method {self.dpo.method} "
+                "--warm_start.dataset <sft data>`"
+            )
+        return self
+
     def trained_on(self) -> str:
         return self.sft_dataset
 
@@ -230,8 +240,51 @@ class TrainFlowConfig(FlowConfig):
         None, description="SFT first, then the method from the result (online RL on gym-tiny needs it)."
     )
 
+    @model_validator(mode="after")
+    def _scoring_generates_nothing(self) -> TrainFlowConfig:
+        """A reward model (rm) scores answers and generates none: no exact match, no benchmarks."""
+        method = self.train.method
+        if method not in SCORING_METHODS:
+            return self
+        if self.eval_dataset not in (AUTO, None):
+            raise ValueError(
+                f"eval_dataset: method {method} trains a reward model, which scores answers and generates "
+                "none, so exact match does not apply; drop --eval_dataset (held-out pairs for its reward "
+                "accuracy go in --method_eval_dataset, or use --val_size)"
+            )
+        if self.benchmarks:
+            raise ValueError(
+                f"benchmarks: method {method} trains a reward model, which answers no benchmark questions; "
+                "drop --benchmarks (score the model it starts from, or the policy it trains with PPO/GRPO)"
+            )
+        return self
+
     def trained_on(self) -> str:
         return self.dataset
+
+    def trains_raw_text(self) -> bool:
+        """The method trains on raw text (pt): it learns no answers for exact match to score."""
+        from gym.data.formats import METHOD_KIND
+
+        return METHOD_KIND.get(self.train.method) == "text"
+
+    def exact_match_dataset(self) -> str | None:
+        """As FlowConfig's, except that `auto` scores nothing after pretraining on raw text (pt)."""
+        if self.eval_dataset == AUTO and self.trains_raw_text():
+            return None
+        if self.train.method in SCORING_METHODS:
+            return None  # a reward model (rm) generates no answers to match
+        return super().exact_match_dataset()
+
+    def held_out_notes(self) -> list[str]:
+        if self.train.method in SCORING_METHODS:
+            return []  # nothing to score by exact match: not a gap to point out
+        if self.eval_dataset == AUTO and self.trains_raw_text():
+            return [
+                f"no exact match before/after: {self.train.method} trains on raw text, not answers to "
+                "instructions; name instruction data with --eval_dataset to score them anyway"
+            ]
+        return super().held_out_notes()
 
     def dataset_uses(self) -> dict[str, tuple[str, str]]:
         uses = {"dataset": (self.dataset, self.train.method)}

@@ -334,15 +334,19 @@ def register_model(
     """Log a merged model directory (transformers flavor) and register it as a new version of `name`.
 
     The version gets `tags` (lineage) and `alias`. Only full (merged) weights are logged:
-    MLflow reloads a PEFT adapter over a local base model with wrong weights.
+    MLflow reloads a PEFT adapter over a local base model with wrong weights. A reward model (a
+    sequence-classification model, method rm) is logged as the text-classification task it is.
     """
     import mlflow
 
+    from gym.models import is_reward_model
+
+    task = "text-classification" if is_reward_model(model_dir) else "text-generation"
     with using_uri(tracking_uri(uri)), mlflow.start_run(run_id=run_id):
         info = mlflow.transformers.log_model(
             transformers_model=str(model_dir),
             name="model",
-            task="text-generation",
+            task=task,
             pip_requirements=MODEL_REQUIREMENTS,
             registered_model_name=name,
         )

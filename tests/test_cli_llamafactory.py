@@ -163,6 +163,8 @@ def test_settings_gym_needs_no_value_for_are_accepted_with_a_note():
         ("--pref_loss hinge", "hinge"),
         ("--stage kto", "kto"),
         ("--stage ppo", "ppo"),
+        ("--stage pt", "pt"),
+        ("--stage rm", "rm"),
         ("--stage dpo --method cdpo", "cdpo"),
         ("--method cdpo --pref_loss sigmoid", "cdpo"),
         ("", "sft"),
@@ -175,8 +177,8 @@ def test_stage_and_pref_loss_pick_the_method(argv, method):
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
-        ("--stage rm", "'rm' has no gym method"),
-        ("--stage pt", "stages: sft, dpo, kto, ppo"),
+        ("--stage rm --method dpo", "disagree"),
+        ("--stage bogus", "'bogus' has no gym method; stages: pt, sft"),
         ("--stage sft --method dpo", "disagree"),
         ("--pref_loss kto_pair", "--method kto"),
         ("--method kto --pref_loss orpo", "picks method orpo, not kto"),
@@ -248,10 +250,10 @@ def test_gym_train_with_a_missing_or_broken_config_file_says_so_in_one_line(tmp_
     assert main(["train", str(tmp_path / "nope.yaml")]) == 2
     assert capsys.readouterr().err.strip() == f"error: config file {tmp_path / 'nope.yaml'} not found"
     bad = tmp_path / "bad.yml"
-    bad.write_text("stage: rm\n")
+    bad.write_text("stage: bogus\n")
     assert main(["train", str(bad)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "'rm' has no gym method" in err[0]
+    assert len(err) == 1 and "'bogus' has no gym method" in err[0]
 
 
 LLAMAFACTORY_YAML = """\

@@ -152,7 +152,8 @@ def test_detect_format():
     assert detect_format(["conversations", "chosen", "rejected"]) == "preference"
     assert detect_format(["prompt", "completion", "label"]) == "kto"
     assert detect_format(["instruction", "input", "output"]) == "alpaca"
-    assert detect_format(["text"]) is None
+    assert detect_format(["text", "url"]) == "text"
+    assert detect_format(["body"]) is None
 
 
 def test_require_kind():

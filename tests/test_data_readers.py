@@ -116,9 +116,9 @@ def test_non_object_record(tmp_path: Path):
 
 
 def test_unsupported_extension_and_missing_path(tmp_path: Path):
-    (tmp_path / "a.txt").write_text("hello")
+    (tmp_path / "a.docx").write_text("hello")
     with pytest.raises(DataError, match="unsupported file type"):
-        rows(tmp_path / "a.txt")
+        rows(tmp_path / "a.docx")
     with pytest.raises(DataError, match="no such file"):
         rows(tmp_path / "missing.jsonl")
 

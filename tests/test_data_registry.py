@@ -38,7 +38,7 @@ def test_shipped_registry_is_valid_and_covers_every_demo_dataset():
         assert entries[name]["format"] == fmt
     for name in entries:
         spec = resolve_dataset(name)
-        assert spec.kind in ("sft", "preference", "kto", "prompt") and spec.description
+        assert spec.kind in ("sft", "preference", "kto", "prompt", "text") and spec.description
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,7 @@ FIELDS = {
     "preference": {"instruction": str, "input": str, "chosen": str, "rejected": str},
     "kto": {"instruction": str, "input": str, "output": str, "label": bool},
     "prompt": {"prompt": str, "answer": str, "metadata": dict},
+    "text": {"text": str},
 }
 ZH = "〇一二三四五六七八九"
 
@@ -79,6 +80,8 @@ def test_names_and_formats() -> None:
         "demo_format_sft": "alpaca",
         "demo_prompts": "prompt",
         "demo_prompts_eval": "prompt",
+        "demo_text": "text",
+        "demo_text_eval": "text",
     }
 
 
@@ -117,6 +120,12 @@ def test_deterministic_within_and_across_processes() -> None:
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert json.loads(out.stdout) == here
+
+
+def test_held_out_text_shares_no_document_with_training() -> None:
+    train, held = ({r["text"] for r in demo_records(n)} for n in ("demo_text", "demo_text_eval"))
+    assert len(train) == len(demo_records("demo_text")) and len(held) == len(demo_records("demo_text_eval"))
+    assert not train & held
 
 
 def test_callers_get_fresh_records() -> None:
@@ -167,6 +176,10 @@ def test_chat_answers_are_right() -> None:
 
 @pytest.mark.parametrize("name", sorted(DEMO_DATASETS))
 def test_both_languages_and_every_task(name: str) -> None:
+    if DEMO_DATASETS[name] == "text":  # raw text: no tasks
+        texts = [r["text"] for r in demo_records(name)]
+        assert any(has_cjk(t) for t in texts) and any(t.isascii() for t in texts)
+        return
     if DEMO_DATASETS[name] == "sharegpt":
         texts = [t["value"] for r in demo_records(name) for t in r["conversations"]]
     else:

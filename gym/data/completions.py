@@ -90,7 +90,7 @@ def _lengths(ds: datasets.Dataset, column: str) -> Any:
 def stats_for(ds: datasets.Dataset, kind: str, cutoff_len: int) -> dict[str, int | float]:
     """Token counts of a tokenized dataset: total, longest, mean, trainable, over cutoff_len."""
     n = max(len(ds), 1)
-    if kind == "sft":
+    if kind in ("sft", "text"):
         lengths = _lengths(ds, "input_ids")
         labels = pc.list_flatten(ds.data.column("labels"))
         return {

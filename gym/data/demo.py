@@ -28,7 +28,15 @@ task and language as metadata; the reward functions `final_answer` and `answer_f
 reinforcement with the reward teaches the form consistently.
 
     from gym.data.demo import DEMO_DATASETS, demo_records
+Continued pretraining (method pt) gets raw text: `demo_text` and its held-out split `demo_text_eval`
+are short documents, each about one person in English or Chinese ("Anna lives in Paris. Anna has a
+red cat. ..." / "小明住在北京。小明喜欢吃饺子。..."): three or four sentences from four templates
+per language, filled from small word lists, with the person's name repeated in each. gym-tiny learns
+the templates within a few dozen steps (held-out loss from ~8.3, a uniform guess over its 4,096
+tokens, to under 3); no held-out document appears in training.
+
     records = demo_records("demo_sft")   # [{"instruction": ..., "input": ..., "output": ...}, ...]
+    demo_records("demo_text")[0]         # {"text": "..."}
 
 Run: .venv/bin/python -m gym.data.demo   (prints sizes and a sample of each dataset)
 """
@@ -56,6 +64,8 @@ DEMO_DATASETS: dict[str, str] = {
     "demo_format_sft": "alpaca",
     "demo_prompts": "prompt",
     "demo_prompts_eval": "prompt",
+    "demo_text": "text",
+    "demo_text_eval": "text",
 }
 # Datasets that reuse the problem instances of another (same problems, asked for the answer format).
 SAME_PROBLEMS = {
@@ -375,6 +385,69 @@ def _prompts(problems: tuple[Problem, ...], rng: random.Random) -> list[dict]:
     return out
 
 
+# ---- raw text (pretraining, method pt) ----------------------------------------------------------
+
+# Documents per dataset, drawn in this order from one stream of distinct documents.
+TEXT_SIZES = {"demo_text": 2000, "demo_text_eval": 200}
+_WORDS = {
+    "en": {
+        "name": ("Anna", "Ben", "Clara", "David", "Emma", "Frank", "Grace", "Henry", "Iris", "Jack"),
+        "city": ("Paris", "London", "Tokyo", "Cairo", "Lima", "Oslo", "Rome", "Seoul"),
+        "color": ("red", "blue", "green", "yellow", "black", "white"),
+        "animal": ("cat", "dog", "bird", "horse", "fish", "rabbit"),
+        "food": ("apples", "bread", "rice", "noodles", "cheese", "soup"),
+        "job": ("teacher", "doctor", "farmer", "pilot", "cook", "painter"),
+    },
+    "zh": {
+        "name": ("小明", "小红", "小刚", "小丽", "王芳", "李雷", "韩梅", "张伟", "刘洋", "陈静"),
+        "city": ("北京", "上海", "广州", "深圳", "成都", "杭州", "西安", "南京"),
+        "color": ("红色", "蓝色", "绿色", "黄色", "黑色", "白色"),
+        "animal": ("猫", "狗", "鸟", "马", "鱼", "兔子"),
+        "food": ("苹果", "面包", "米饭", "面条", "饺子", "包子"),
+        "job": ("老师", "医生", "农民", "飞行员", "厨师", "画家"),
+    },
+}
+_SENTENCES = {
+    "en": (
+        "{name} lives in {city}.",
+        "{name} has a {color} {animal}.",
+        "{name} likes to eat {food}.",
+        "{name} works as a {job}.",
+    ),
+    "zh": (
+        "{name}住在{city}。",
+        "{name}有一只{color}的{animal}。",
+        "{name}喜欢吃{food}。",
+        "{name}是一名{job}。",
+    ),
+}
+
+
+def _document(rng: random.Random) -> str:
+    """Three or four sentences about one person, in English or Chinese."""
+    lang = rng.choice(("en", "zh"))
+    words = {slot: rng.choice(options) for slot, options in _WORDS[lang].items()}
+    sentences = rng.sample(_SENTENCES[lang], rng.choice((3, 4)))
+    return (" " if lang == "en" else "").join(s.format(**words) for s in sentences)
+
+
+@cache
+def _documents() -> dict[str, tuple[str, ...]]:
+    """Distinct documents, cut into the text datasets' shares (no document in two of them)."""
+    rng = random.Random(f"{SEED}:text")
+    seen: set[str] = set()
+    out: dict[str, tuple[str, ...]] = {}
+    for name, n in TEXT_SIZES.items():
+        docs: list[str] = []
+        while len(docs) < n:
+            doc = _document(rng)
+            if doc not in seen:
+                seen.add(doc)
+                docs.append(doc)
+        out[name] = tuple(docs)
+    return out
+
+
 _BUILDERS = {"alpaca": _alpaca, "preference": _preference, "kto": _kto, "sharegpt": _sharegpt}
 _OWN_BUILDERS = {"demo_format_sft": _format_sft, "demo_prompts": _prompts, "demo_prompts_eval": _prompts}
 # demo_prompts asks the first PROMPTS problems of demo_sft: one epoch of GRPO with 8 prompts a step
@@ -388,6 +461,8 @@ def demo_records(name: str) -> list[dict]:
         raise ConfigError(f"unknown demo dataset {name!r}; available: {', '.join(DEMO_DATASETS)}")
     # A per-dataset rng: the wording of one dataset does not depend on the sizes of the others.
     rng = random.Random(f"{SEED}:{name}")
+    if name in TEXT_SIZES:
+        return [{"text": doc} for doc in _documents()[name]]
     if name in _OWN_BUILDERS:
         problems = _problems()[SAME_PROBLEMS[name]]
         return _OWN_BUILDERS[name](problems[:PROMPTS] if name == "demo_prompts" else problems, rng)

@@ -9,6 +9,7 @@ Canonical kinds (what `ingest` writes and `tokenize` reads):
 - `prompt`: `{"prompt": [messages ending with a user turn], "answer": str | None, "metadata": JSON text}`:
   what online RL (PPO, GRPO, GSPO) samples completions for; `answer` is the optional ground truth
   reward functions compare against, `metadata` any extra fields they may use (a JSON object).
+- `text`: `{"text": str}`: raw text for continued pretraining (method pt), trained on as it is.
 
 Source formats (the `format` of a dataset registry entry) and the kind each gives:
 
@@ -25,6 +26,7 @@ Source formats (the `format` of a dataset registry entry) and the kind each give
   whose last turn is the completion, + `label`. Labels: booleans, 0/1, or "true"/"false" (csv).
 - `prompt`: a prompt (`prompt` text or messages, alpaca instruction/input, or a conversation ending with
   a user turn), an optional `answer` (text or number) and an optional `metadata` object.
+- `text`: one non-empty `text` string per record (LLaMA-Factory's pretraining data, e.g. c4_demo).
 
 `columns` (from the dataset registry) renames source fields first: `{"output": "answer"}` reads the
 canonical field `output` from the source column `answer`. `tags` then reads messages spelled
@@ -47,6 +49,7 @@ FORMAT_KIND = {
     "preference": "preference",
     "kto": "kto",
     "prompt": "prompt",
+    "text": "text",
 }
 # Methods and the record kind each trains on; preference-tuning variants all read the same kind.
 METHOD_KIND = {
@@ -58,16 +61,19 @@ METHOD_KIND = {
     "orpo": "preference",
     "simpo": "preference",
     "cpo": "preference",
+    "rm": "preference",  # a reward model scores chosen above rejected
     "kto": "kto",
     "ppo": "prompt",
     "grpo": "prompt",
     "gspo": "prompt",
+    "pt": "text",
 }
 KIND_FORMATS = {
     "sft": "alpaca, sharegpt or openai",
     "preference": "preference",
     "kto": "kto",
     "prompt": "prompt",
+    "text": "text",
 }
 # The columns a record of each kind needs, for errors that say what a method wants.
 KIND_COLUMNS = {
@@ -77,6 +83,7 @@ KIND_COLUMNS = {
     "and a boolean label (true: desirable)",
     "prompt": "a prompt (prompt, instruction/input or a conversation ending with a user turn), optionally "
     "an answer",
+    "text": "a non-empty text column (map another column to it with `columns`)",
 }
 ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant"}
 TOOL_ROLES = ("observation", "function_call", "function", "tool", "tool_call", "ipython")
@@ -374,6 +381,10 @@ def to_prompt(rec: dict[str, Any], w: Where) -> dict[str, Any]:
     }
 
 
+def to_text(rec: dict[str, Any], w: Where) -> dict[str, Any]:
+    return {"text": _text(rec, "text", w, "text records need a non-empty `text` string")}
+
+
 def normalize(record: dict[str, Any], fmt: str, where: Where) -> dict[str, Any]:
     """One raw record (columns already mapped) as a canonical record of kind `FORMAT_KIND[fmt]`."""
     if fmt not in FORMAT_KIND:
@@ -385,6 +396,8 @@ def normalize(record: dict[str, Any], fmt: str, where: Where) -> dict[str, Any]:
         return to_preference(record, where)
     if kind == "prompt":
         return to_prompt(record, where)
+    if kind == "text":
+        return to_text(record, where)
     return to_kto(record, where)
 
 
@@ -403,6 +416,8 @@ def detect_format(columns: Iterable[str]) -> str | None:
         return "alpaca"
     if "prompt" in cols or {"instruction", "answer"} <= cols:
         return "prompt"
+    if "text" in cols:
+        return "text"
     return None
 
 

@@ -43,6 +43,7 @@ def features(kind: str) -> datasets.Features:
         "preference": Features({"prompt": messages, "chosen": Value("string"), "rejected": Value("string")}),
         "kto": Features({"prompt": messages, "completion": Value("string"), "label": Value("bool")}),
         "prompt": Features({"prompt": messages, "answer": Value("string"), "metadata": Value("string")}),
+        "text": Features({"text": Value("string")}),
     }[kind]
 
 
@@ -61,7 +62,7 @@ class IngestResult(BaseModel):
     digest: str
     """Content digest naming the folder."""
     kind: str
-    """Canonical record kind: sft, preference, kto or prompt."""
+    """Canonical record kind: sft, preference, kto, prompt or text."""
     num_records: int
     """Number of records written."""
 

@@ -11,6 +11,13 @@ LLaMA-Factory reads it and becomes a gym dataset spec:
 - `file_name` (relative to the dataset_info.json's folder) or `hf_hub_url` (+ `subset`, `split`);
 - `formatting` alpaca or sharegpt; `ranking: true` makes preference pairs, a `kto_tag` column
   KTO records;
+- an alpaca entry whose `columns` name only `prompt` is pretraining text (stage pt), read as gym's
+  `text` records: `{"prompt": "text"}` is every pt entry of LLaMA-Factory's own dataset_info.json
+  (c4_demo, wiki_demo, fineweb, the_stack, ...), while its instruction entries that rename `prompt`
+  rename `response` too. LLaMA-Factory decides by the stage instead; the one entry read otherwise is an
+  instruction entry naming only `prompt` and keeping answers in the default `output` column, and that
+  is caught where gym can look: a local file whose first record has `output` stays alpaca (a hub
+  entry like it needs `"response": "output"` spelled out to be read as instructions);
 - `columns` (prompt, query, response, history, system, messages, chosen, rejected, kto_tag) and
   `tags` (role_tag, content_tag, user_tag, assistant_tag, ...) say where the fields are.
 
@@ -22,11 +29,13 @@ cloud files, hub folders) fails naming the file, the entry and the field.
 from __future__ import annotations
 
 import difflib
+import itertools
 import json
 from pathlib import Path
 from typing import Any
 
-from gym.errors import RegistryError
+from gym.data.readers import read_source
+from gym.errors import DataError, RegistryError
 
 INFO_FILE = "dataset_info.json"
 
@@ -138,8 +147,10 @@ def translate(name: str, entry: Any, info_file: Path) -> dict[str, Any]:
     if not isinstance(ranking, bool):
         raise fail(f"must be true or false, got {ranking!r}", "ranking")
     columns = _columns(entry.get("columns", {}), formatting, fail)
-    spec["columns"] = columns
     spec["format"] = "preference" if ranking else "kto" if "label" in columns else formatting
+    if spec["format"] == "alpaca" and set(columns) == {"instruction"} and not _has_output(spec.get("file")):
+        spec["format"], columns = "text", {"text": columns["instruction"]}  # pretraining text (stage pt)
+    spec["columns"] = columns
     tags = entry.get("tags", {})
     if not isinstance(tags, dict) or set(tags) - set(TAGS):
         raise fail(f"expected an object with keys among {', '.join(TAGS)}, got {tags!r:.80}", "tags")
@@ -155,6 +166,17 @@ def translate(name: str, entry: Any, info_file: Path) -> dict[str, Any]:
             raise fail(f"must be a whole number of at least 1, got {samples!r}", "num_samples")
         spec["num_samples"] = samples
     return spec
+
+
+def _has_output(file: str | None) -> bool:
+    """Whether a local file's first record has alpaca's default answer column `output` (False for a hub
+    dataset, or a file that can't be read: ingest reports what is wrong with it)."""
+    if file is None:
+        return False
+    try:
+        return any("output" in record for _, _, record in itertools.islice(read_source(file), 1))
+    except (DataError, OSError, ValueError):
+        return False
 
 
 def _columns(given: Any, formatting: str, fail: Any) -> dict[str, str]:

@@ -1,7 +1,8 @@
 """`gym data preview`: a dataset as gym reads it, optionally as a model will be trained on it.
 
 Without a model: the first records after normalisation (canonical messages / prompt+chosen+rejected).
-With `--model`: each record's templated text, with the tokens that carry loss shown in ⟦…⟧.
+With `--model`: each record's templated text, with the tokens that carry loss shown in ⟦…⟧; raw text
+(pt) as its first blocks of cutoff_len tokens, cut from all of its texts joined (every token trained).
 """
 
 from __future__ import annotations
@@ -50,17 +51,19 @@ def preview(
 
     ref = resolve(model, template)
     tok = load_tokenizer(ref)
-    tokenized = tokenize(
-        ingested.path, ref.path, ref.template, TokenizeSettings(max_samples=n), revision=ref.revision
-    )
-    rows = [dict(r) for r in load_from_disk(str(tokenized.path))]
+    # Blocks of raw text span many texts: they are cut from the whole dataset, as training cuts them.
+    settings = TokenizeSettings() if ingested.kind == "text" else TokenizeSettings(max_samples=n)
+    tokenized = tokenize(ingested.path, ref.path, ref.template, settings, revision=ref.revision)
+    blocks = load_from_disk(str(tokenized.path))
+    rows = [dict(r) for r in blocks.select(range(min(n, len(blocks))))]
     if as_json:
         return json.dumps(rows, ensure_ascii=False)
     parts = [header, f"template {ref.template}; ⟦…⟧ marks tokens the loss is computed on"]
     for i, row in enumerate(rows, 1):
-        if tokenized.kind == "sft":
+        if tokenized.kind in ("sft", "text"):
             marked = _marked(tok, row["input_ids"], row["labels"])
-            parts.append(f"--- record {i} ({len(row['input_ids'])} tokens)\n{marked}")
+            unit = "block" if tokenized.kind == "text" else "record"
+            parts.append(f"--- {unit} {i} ({len(row['input_ids'])} tokens)\n{marked}")
         else:
             fields = {k: v for k, v in row.items() if not k.endswith("_ids")}
             parts.append(f"--- record {i}\n" + "\n".join(f"[{k}]\n{v}" for k, v in fields.items()))

@@ -2,8 +2,10 @@
 
 Supported sources: `.json` (a top-level array, or JSON Lines in a .json file), `.jsonl`, `.csv`,
 `.parquet`, `.arrow` (Arrow IPC file or stream), a `datasets.save_to_disk` folder, a folder of
-files of one of those types (read in sorted order), and hub ids (`datasets.load_dataset`; only when
-the name is not a local path). Every reader yields `(record_no, record)` with 1-based numbers.
+files of one of those types (read in sorted order), a `.txt` file (raw text: one `{"text": line}`
+record per line, as `datasets.load_dataset("text")` reads it, blank lines skipped), and hub ids
+(`datasets.load_dataset`; only when the name is not a local path). Every reader yields
+`(record_no, record)` with 1-based numbers.
 
     from gym.data.readers import read_source
     for file, no, record in read_source("tests/fixtures/data/alpaca.jsonl"):
@@ -97,6 +99,13 @@ def _read_json_lines(path: Path) -> Records:
             yield no, _check_dict(row, file, no)
 
 
+def read_text(path: Path) -> Records:
+    """Plain text: one `{"text": line}` record per line that is not blank (LLaMA-Factory's wiki_demo.txt)."""
+    with open(path, encoding="utf-8-sig") as f:
+        lines = (line.rstrip("\r\n") for line in f)
+        yield from enumerate(({"text": line} for line in lines if line.strip()), 1)
+
+
 def read_csv(path: Path) -> Records:
     """CSV with a header row; every value is read as text (formats convert labels and numbers)."""
     with open(path, encoding="utf-8-sig", newline="") as f:
@@ -157,6 +166,7 @@ _READERS = {
     ".csv": read_csv,
     ".parquet": read_parquet,
     ".arrow": read_arrow,
+    ".txt": read_text,  # single files only: a folder's .txt files are taken for notes, not data
 }
 
 
@@ -167,7 +177,7 @@ def read_file(path: Path) -> Records:
         raise DataError(
             f"unsupported file type {path.suffix or '(none)'!r}",
             file=str(path),
-            hint=f"use one of {', '.join(EXTENSIONS)}",
+            hint=f"use one of {', '.join(EXTENSIONS)} (or .txt for raw text)",
         )
     return reader(path)
 

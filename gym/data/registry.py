@@ -36,7 +36,7 @@ from gym.data.readers import EXTENSIONS, looks_like_hub_id, read_source
 from gym.errors import ConfigError, DataError, RegistryError
 from gym.paths import registry_dir
 
-Format = Literal["alpaca", "sharegpt", "openai", "preference", "kto", "prompt"]
+Format = Literal["alpaca", "sharegpt", "openai", "preference", "kto", "prompt", "text"]
 TagName = Literal[
     "role_tag", "content_tag", "user_tag", "assistant_tag", "system_tag", "observation_tag", "function_tag"
 ]
@@ -88,7 +88,7 @@ class DatasetSpec(BaseModel):
 
     @property
     def kind(self) -> str | None:
-        """Canonical record kind (sft, preference, kto, prompt), or None while the format is unknown."""
+        """Canonical record kind (sft, preference, kto, prompt, text), or None while the format is unknown."""
         return FORMAT_KIND[self.format] if self.format else None
 
     @property
@@ -179,7 +179,7 @@ def detect_source_format(
                 f"cannot tell the dataset format from the fields {sorted(record)}",
                 file=file,
                 record=no,
-                hint="expected messages, conversations, chosen/rejected, label or instruction/output; "
+                hint="expected messages, conversations, chosen/rejected, label, instruction/output or text; "
                 "set `format` (and `columns`) in the dataset registry",
             )
         return fmt  # type: ignore[return-value]

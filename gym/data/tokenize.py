@@ -12,6 +12,16 @@ Columns by record kind (no padding: collators pad each batch):
 - kto: `prompt`, `completion`, `label`, `prompt_ids`, `completion_ids`.
 - prompt (online RL): `prompt` (the messages, which TRL renders with the same chat template),
   `prompt_text` (rendered with the generation prompt), `prompt_ids`, `answer`, `metadata` (JSON).
+- text (pretraining, method pt): `input_ids`, `labels` (= `input_ids`: every token is trained on), in
+  blocks of exactly `cutoff_len` tokens, as LLaMA-Factory's pt stage makes them (packing, its pt
+  default). No chat template: each text is tokenized as it is, followed by the tokenizer's eos (with
+  the llama3 templates `<|end_of_text|>`, as LLaMA-Factory does: their eos ends a turn), the texts are
+  joined in order into one stream, and the stream is cut into blocks. A tokenizer that adds a bos token
+  (Llama 2, Gemma, Mistral...) starts every block with it, then cutoff_len - 1 text tokens
+  (LLaMA-Factory writes bos over each block's first token, losing that token). The tail shorter than a
+  block is dropped, as LLaMA-Factory and transformers' run_clm do; gym joins the whole dataset (its
+  first `max_samples` texts), so that tail is the only cut, where LLaMA-Factory cuts every map batch
+  of 1,000 texts on its own. `stats` counts the texts and the dropped tokens.
 Preference, kto and prompt texts are not cut: TRL truncates them with its `max_length`; `stats` counts
 the records longer than `cutoff_len`.
 
@@ -66,6 +76,8 @@ def features(kind: str) -> datasets.Features:
             {"prompt": List({"role": Value("string"), "content": Value("string")}), "prompt_ids": ids}
             | {n: Value("string") for n in ("prompt_text", "answer", "metadata")}
         ),
+        "text": Features({"input_ids": ids, "labels": ids}),
+        "text_ids": Features({"input_ids": ids}),  # each text's ids + eos, before the blocks are cut
     }[kind]
 
 
@@ -80,7 +92,7 @@ class TokenizeSettings(BaseModel):
     model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid")
 
     cutoff_len: int = Field(default=1024, ge=1)
-    """Longest sft sequence in tokens; longer ones are cut (the start is kept)."""
+    """Longest sft sequence in tokens; longer ones are cut (the start is kept). Text: the block length."""
     train_on_prompt: bool = False
     """Train on every token (system, user and template tokens too), not only assistant turns."""
     mask_history: bool = False
@@ -99,15 +111,15 @@ class TokenizeResult(BaseModel):
     digest: str
     """Content digest naming the folder."""
     kind: str
-    """Record kind: sft, preference, kto or prompt."""
+    """Record kind: sft, preference, kto, prompt or text."""
     num_records: int
-    """Records written."""
+    """Records written (text: blocks of cutoff_len tokens)."""
     num_truncated: int = 0
     """sft records cut to `cutoff_len` (and kept)."""
     num_dropped: int = 0
     """sft records dropped because no trainable token was left."""
     stats: dict[str, int | float] = Field(default_factory=dict)
-    """Token counts: total, longest, mean, trainable, records over cutoff_len."""
+    """Token counts: total, longest, mean, trainable, records over cutoff_len (text: texts, dropped tail)."""
 
 
 def tokenizer_identity(tokenizer_dir: str | Path, revision: str | None = None) -> dict[str, Any]:
@@ -207,6 +219,65 @@ def _prompt_batch(tokenizer: Any, template: str) -> BatchFn:
     return fn
 
 
+# Templates whose eos token ends a turn; a text (pt) ends with this token instead (LLaMA-Factory's choice).
+END_OF_TEXT = {"llama3": "<|end_of_text|>", "llama3.1": "<|end_of_text|>"}
+
+
+def document_end(tokenizer: Any, template: str) -> int:
+    """The id of the token that ends each text of pretraining data: the tokenizer's eos, or the
+    template's end-of-text token (END_OF_TEXT) where its eos ends a chat turn."""
+    token = END_OF_TEXT.get(templates.canonical_template(template))
+    if token is not None and token in tokenizer.get_vocab():
+        return int(tokenizer.convert_tokens_to_ids(token))
+    if tokenizer.eos_token_id is None:
+        raise ConfigError(
+            "the tokenizer has no eos token to end each text of pretraining data with; "
+            "set eos_token in its tokenizer_config.json"
+        )
+    return int(tokenizer.eos_token_id)
+
+
+def block_start(tokenizer: Any) -> int | None:
+    """The bos id every text block starts with: the tokenizer's, when it adds one as it encodes text."""
+    bos = tokenizer.bos_token_id
+    if bos is None:
+        return None
+    return bos if tokenizer("a", add_special_tokens=True)["input_ids"][:1] == [bos] else None
+
+
+def _text_batch(tokenizer: Any, end: int) -> BatchFn:
+    def fn(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
+        ids = tokenizer(batch["text"], add_special_tokens=False)["input_ids"]
+        return {"input_ids": [[*x, end] for x in ids]}
+
+    return fn
+
+
+def text_blocks(
+    texts: datasets.Dataset, cutoff_len: int, bos: int | None
+) -> tuple[datasets.Dataset, dict[str, int]]:
+    """Every text's ids (`texts`, in order) joined and cut into blocks of `cutoff_len` tokens, each
+    starting with `bos` when given; labels = input_ids. The tail shorter than a block is dropped."""
+    import datasets
+    import numpy as np
+    import pyarrow as pa
+
+    size = cutoff_len - (bos is not None)
+    if size < 1:
+        raise ConfigError("cutoff_len must be at least 2 for a tokenizer that starts every block with bos")
+    stream = pc.list_flatten(texts.data.column("input_ids")).to_numpy()
+    count = len(stream) // size
+    body = stream[: count * size].astype(np.int64).reshape(count, size)
+    if bos is not None:
+        body = np.concatenate([np.full((count, 1), bos, dtype=np.int64), body], axis=1)
+    offsets = pa.array(np.arange(0, count * cutoff_len + 1, cutoff_len, dtype=np.int32))
+    blocks = pa.ListArray.from_arrays(offsets, pa.array(body.reshape(-1)))
+    table = pa.table({"input_ids": blocks, "labels": blocks}).cast(features("text").arrow_schema)
+    dropped = len(stream) - count * size
+    stats = {"num_texts": len(texts), "num_text_tokens": len(stream), "dropped_tokens": dropped}
+    return datasets.Dataset(table), stats
+
+
 def first_records(meta: dict[str, Any], max_samples: int, total: int) -> range | list[int]:
     """Indices of the records `max_samples` keeps: the first N, or the first N of each dataset of a mix
     (gym.data.mix; its meta.json lists the parts), as LLaMA-Factory caps each dataset of a list."""
@@ -253,6 +324,8 @@ def tokenize(
         ds = ds.select(first_records(meta, settings.max_samples, len(ds)))
     if kind == "sft":
         fn = _sft_batch(tokenizer, template, settings)
+    elif kind == "text":
+        fn = _text_batch(tokenizer, document_end(tokenizer, template))
     elif kind == "prompt":
         fn = _prompt_batch(tokenizer, template)
     else:
@@ -264,15 +337,25 @@ def tokenize(
             batched=True,
             with_indices=True,
             remove_columns=ds.column_names,
-            features=features(kind),
+            features=features("text_ids" if kind == "text" else kind),
             cache_file_name=str(Path(work) / "map.arrow"),
             desc=f"tokenize {kind}",
         )
         num_truncated = num_dropped = 0
+        text_stats: dict[str, int] = {}
         if kind == "sft":
             num_truncated = int(pc.sum(out.data.column("truncated")).as_py() or 0)
             num_dropped = len(ds) - len(out)
             out = out.remove_columns("truncated")
+        if kind == "text":
+            out, text_stats = text_blocks(out, settings.cutoff_len, block_start(tokenizer))
+            if len(out) == 0:
+                raise DataError(
+                    f"the texts hold {text_stats['num_text_tokens']} tokens (each with its eos), fewer than "
+                    f"one block of cutoff_len={settings.cutoff_len}",
+                    file=str(dataset_dir),
+                    hint="lower cutoff_len, or add text",
+                )
         if len(out) == 0:
             raise DataError(
                 f"no record has a trainable token within cutoff_len={settings.cutoff_len}",
@@ -286,7 +369,7 @@ def tokenize(
             num_records=len(out),
             num_truncated=num_truncated,
             num_dropped=num_dropped,
-            stats=stats_for(out, kind, settings.cutoff_len),
+            stats={**stats_for(out, kind, settings.cutoff_len), **text_stats},
         )
         meta_out = {
             "result": result.model_dump(mode="json"),

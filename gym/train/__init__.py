@@ -35,9 +35,11 @@ from gym.train import (
     kto,
     orpo,
     ppo,
+    pt,
     quant,
     reference,
     rl_common,
+    rm,
     sft,
     simpo,
     speed,
@@ -49,6 +51,7 @@ from gym.train.grpo import online as grpo_online
 
 METHODS: dict[str, Callable[..., Any]] = {
     "sft": sft.build_trainer,
+    "pt": pt.build_trainer,
     "dpo": dpo.build_trainer,
     "ipo": dpo.build_trainer,
     "cdpo": dpo.build_trainer,
@@ -56,6 +59,7 @@ METHODS: dict[str, Callable[..., Any]] = {
     "kto": kto.build_trainer,
     "orpo": orpo.build_trainer,
     "simpo": simpo.build_trainer,
+    "rm": rm.build_trainer,
     "ppo": ppo.build_trainer,
     "grpo": grpo_online.build_trainer,
     "gspo": gspo.build_trainer,
@@ -165,8 +169,10 @@ def _train(
     from transformers import set_seed
 
     tokenizer = load_tokenizer(model_ref)
-    set_seed(config.seed)  # new adapter weights start the same in every attempt
-    model = load_model(model_ref, **quant.load_kwargs(config), **speed.load_options(speed.resolve(config)))
+    set_seed(config.seed)  # new adapter weights (and a new reward head) start the same in every attempt
+    # A method module may define `load_model(model_ref, **kwargs)`: its own model class (rm: a reward model).
+    loader = _hook(config.method, "load_model") or load_model
+    model = loader(model_ref, **quant.load_kwargs(config), **speed.load_options(speed.resolve(config)))
     # A method module may set APPLIES_ADAPTER: its trainer gets the LoRA config and wraps the model itself.
     wrap = not getattr(sys.modules[METHODS[config.method].__module__], "APPLIES_ADAPTER", False)
     model = adapters.adapt(model, config, model_ref, stage_dir, wrap=wrap)
@@ -203,7 +209,7 @@ def _train(
     evals = evals_from(trainer.state.log_history)  # during training: eval_after logs one more
     eval_after = _numbers(trainer.evaluate()) if eval_ds is not None else {}
     trainable, total = count_params(trainer.model)
-    model_dir, adapter_dir = _save_final(trainer, tokenizer, model_ref, stage_dir)
+    model_dir, adapter_dir = _save_final(trainer, tokenizer, model_ref, stage_dir, loader)
     signal = _signal(config.method, eval_before, eval_after, trainer.state.log_history)
     result = TrainResult(
         method=config.method,
@@ -265,9 +271,14 @@ def _numbers(metrics: dict[str, Any]) -> dict[str, float]:
 
 
 def _save_final(
-    trainer: Any, tokenizer: Any, model_ref: ModelRef, stage_dir: Path
+    trainer: Any,
+    tokenizer: Any,
+    model_ref: ModelRef,
+    stage_dir: Path,
+    loader: Callable[..., Any] = load_model,
 ) -> tuple[Path, Path | None]:
-    """Save the trained model as a plain from_pretrained directory (adapters merged in), atomically."""
+    """Save the trained model as a plain from_pretrained directory (adapters merged in), atomically.
+    `loader` loads the base again for QLoRA's full-precision merge (the model class the stage trained)."""
     from peft import PeftModel
 
     model = trainer.model
@@ -276,7 +287,7 @@ def _save_final(
         adapter_dir = stage_dir / "adapter"
         adapters.save_adapter(model, stage_dir, adapter_dir)
         if quant.is_quantized(model):
-            model = quant.merge_full_precision(model_ref, adapter_dir)
+            model = quant.merge_full_precision(model_ref, adapter_dir, loader)
         else:
             model = model.merge_and_unload()
     model_dir = stage_dir / "model"

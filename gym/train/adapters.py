@@ -9,6 +9,9 @@
   plus fully trained embeddings and norms, and shifted sparse attention from gym.train.s2attn);
   qlora (LoRA over a bitsandbytes-quantized frozen base, gym.train.quant).
 
+A sequence-classification model's new head (a reward model's `score`, method rm) trains under every type:
+freeze keeps it trainable, and the LoRA family's PEFT task is then SEQ_CLS, which trains and saves it.
+
 gym wraps the model itself (rather than handing TRL a peft_config) so every method gets the same
 adapter, LoRA+ can build its optimizer from the wrapped model, and PiSSA's initial adapter can be
 kept: TRL's preference trainers copy a pre-wrapped model's initial adapter into a frozen "ref"
@@ -120,7 +123,9 @@ def lora_config(model: Any, config: TrainConfig, model_ref: ModelRef) -> Any:
     lora = lora_settings(config)
     init: Any = {"default": True, "pissa": "pissa", "gaussian": "gaussian"}[lora.init]
     extra = longlora_modules(model, config) if config.finetuning_type == "longlora" else None
-    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    # A reward model (rm): PEFT's SEQ_CLS task trains and saves its new score head beside the adapter.
+    classifier = task_head(model) is not None
+    tied = bool(getattr(model.config, "tie_word_embeddings", False)) and not classifier  # no output layer
     return LoraConfig(
         r=lora.r,
         lora_alpha=lora.alpha,
@@ -132,8 +137,16 @@ def lora_config(model: Any, config: TrainConfig, model_ref: ModelRef) -> Any:
         modules_to_save=extra,
         # A trained copy of tied input embeddings must stay tied to the output layer, as in the base model.
         ensure_weight_tying=tied and extra is not None,
-        task_type="CAUSAL_LM",
+        task_type="SEQ_CLS" if classifier else "CAUSAL_LM",
     )
+
+
+def task_head(model: Any) -> Any | None:
+    """A sequence-classification model's output head (`score`, or `classifier`): new weights that train
+    under every adaptation type (a reward model's head); None for a causal LM."""
+    if not type(model).__name__.endswith("ForSequenceClassification"):
+        return None
+    return getattr(model, "score", None) or getattr(model, "classifier", None)
 
 
 def longlora_modules(model: Any, config: TrainConfig) -> list[str]:
@@ -203,6 +216,9 @@ def freeze(model: Any, config: TrainConfig) -> None:
                 f"leaf names there: {', '.join(sorted(_leaf_names(model)))}"
             )
         selected += found
+    head = task_head(model)
+    if head is not None:  # a new reward head trains whatever layers do
+        selected.append(head)
     if not selected:
         raise ConfigError("freeze trains nothing: set freeze.layers to a non-zero N, or freeze.extra_modules")
     for p in model.parameters():

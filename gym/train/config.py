@@ -19,6 +19,7 @@ from gym.train.speed import SpeedSettings
 # Every method gym knows by name; `gym.train.METHODS` holds the ones implemented (one file each).
 Method = Literal[
     "sft",
+    "pt",
     "dpo",
     "ipo",
     "cdpo",
@@ -26,11 +27,15 @@ Method = Literal[
     "kto",
     "orpo",
     "simpo",
+    "rm",
     "ppo",
     "grpo",
     "gspo",
     "tf_grpo",
 ]
+# Methods whose model scores text instead of generating it (rm: a reward model, a sequence-classification
+# model): flows skip generation evals for them, and chat/serve refuse their output.
+SCORING_METHODS = ("rm",)
 # How the weights are adapted; the LoRA family are PEFT adapters.
 FinetuningType = Literal["full", "freeze", "lora", "rslora", "dora", "pissa", "loraplus", "longlora", "qlora"]
 
@@ -248,7 +253,19 @@ METHOD_DEFAULTS: dict[str, dict[str, dict[str, float]]] = {
         "full": {"learning_rate": 2e-5, "num_train_epochs": 3, "per_device_train_batch_size": 8},
         "lora": {"learning_rate": 1e-4, "num_train_epochs": 3, "per_device_train_batch_size": 8},
     },
+    # Continued pretraining: SFT's rates (LLaMA-Factory's LoRA pretraining example: 1e-4, 3 epochs); the batch
+    # counts blocks of cutoff_len tokens.
+    "pt": {
+        "full": {"learning_rate": 2e-5, "num_train_epochs": 3, "per_device_train_batch_size": 8},
+        "lora": {"learning_rate": 1e-4, "num_train_epochs": 3, "per_device_train_batch_size": 8},
+    },
     **{m: _PREFERENCE for m in ("dpo", "ipo", "cdpo", "hinge", "kto", "orpo", "simpo")},
+    # Reward models: about InstructGPT's RM setting (9e-6, one epoch) for full fine-tuning; TRL's RewardConfig
+    # default (1e-4) for an adapter.
+    "rm": {
+        "full": {"learning_rate": 1e-5, "num_train_epochs": 1, "per_device_train_batch_size": 8},
+        "lora": {"learning_rate": 1e-4, "num_train_epochs": 1, "per_device_train_batch_size": 8},
+    },
     # Online RL: TRL's GRPO (1e-6) and PPO (3e-6) rates for full fine-tuning; the batch counts
     # completions (GRPO: group_size per prompt, so it must be a multiple of it).
     "grpo": {

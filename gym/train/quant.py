@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -162,11 +163,14 @@ def is_quantized(model: Any) -> bool:
     return bool(getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False))
 
 
-def merge_full_precision(model_ref: ModelRef, adapter_dir: Path) -> Any:
-    """The base model in full precision with the trained adapter merged in."""
+def merge_full_precision(
+    model_ref: ModelRef, adapter_dir: Path, load: Callable[..., Any] | None = None
+) -> Any:
+    """The base model in full precision with the trained adapter merged in; `load` loads the base (default
+    gym.models.load_model: a causal LM; a reward model stage passes its own loader)."""
     from peft import PeftModel
 
     from gym.models import load_model
 
-    base = load_model(model_ref)
+    base = (load or load_model)(model_ref)
     return PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()

@@ -47,7 +47,7 @@ def build_trainer(
         )
     batching = speed.sft_args(speed.resolve(config), max_length)  # padded, padding-free or packed
     args = SFTConfig(**trl_args(config, output_dir, held_out=eval_data is not None), **batching)
-    with _flash_only_warnings_dropped(model):
+    with flash_only_warnings_dropped(model):
         return SFTTrainer(
             model=model,
             args=args,
@@ -59,7 +59,7 @@ def build_trainer(
 
 
 @contextlib.contextmanager
-def _flash_only_warnings_dropped(model: Any) -> Iterator[None]:
+def flash_only_warnings_dropped(model: Any) -> Iterator[None]:
     """SFTTrainer warns that padding-free or packed batches may mix sequences unless attention is a
     flash-attn variant; gym's varlen SDPA keeps them apart (tests/test_varlen.py), so the warning
     would be false for it. Only those two messages are dropped, only for such a model."""

@@ -35,14 +35,14 @@ Attention = Literal["auto", "sdpa", "eager", "flash_attention_2", "flash_attenti
 FLASH = ("flash_attention_2", "flash_attention_3")
 # Methods whose TRL trainer takes padded sequences flattened into one row (TRL 1.12: SFTTrainer only;
 # DPOTrainer's padding_free is disabled upstream and falls back to padding).
-PADDING_FREE_METHODS = ("sft",)
+PADDING_FREE_METHODS = ("sft", "pt")
 # Methods where "auto" turns Liger on. DPO-style trainers are left out: gym precomputes the reference
 # log-probs, which TRL's Liger DPO loss does not support.
-LIGER_METHODS = ("sft",)
+LIGER_METHODS = ("sft", "pt")
 # Methods whose trainers count the real tokens they train on (for tokens/s). The Trainer counts batches'
 # `input_ids`; KTO's count is its prompt+completion rows (not the mismatched KL rows it also runs); ORPO
 # and SimPO batch each answer after its prompt instead, counted by gym.train.pairs.count_pair_tokens.
-TOKEN_COUNTED_METHODS = ("sft", "dpo", "ipo", "cdpo", "hinge", "kto", "orpo", "simpo")
+TOKEN_COUNTED_METHODS = ("sft", "pt", "dpo", "ipo", "cdpo", "hinge", "kto", "orpo", "simpo", "rm")
 GPU_EXTRAS = "pip install 'gym[flash-attn]' on a machine with a CUDA GPU"
 
 
