@@ -1,9 +1,11 @@
-"""LLaMA-Factory's export and inference YAML files, and their names as flags, for gym export, chat and serve.
+"""LLaMA-Factory's export, inference and evaluation YAML files, and their names as flags, for gym export,
+chat, serve and eval.
 
     gym export merge.yaml              # llamafactory-cli export merge.yaml
     gym chat inference.yaml            # llamafactory-cli chat inference.yaml
     gym chat --ui inference.yaml       # llamafactory-cli webchat inference.yaml
     gym serve inference.yaml           # llamafactory-cli api inference.yaml
+    gym eval eval.yaml                 # llamafactory-cli eval eval.yaml
     gym export --model_name_or_path gym-tiny --adapter_name_or_path saves/x --export_dir out
 
 `translate` turns a command line (a config file anywhere before `--`, LLaMA-Factory's names as
@@ -12,11 +14,15 @@ then the command line's, so flags win over the file and gym's own flag for a set
 LLaMA-Factory's name for it. A file may hold gym's own settings too (`port: 0`, `shard-size: 2GB`).
 
 `adapter_name_or_path` is the model gym loads with `model_name_or_path` as its base: `gym export`
-merges it (as LLaMA-Factory does); `gym chat` and `gym serve` load full weights, so the adapter is
-merged once, exactly as `gym export` merges it, into a folder of the workspace that is reused while
-the adapter and base are unchanged. Settings gym needs no value for are accepted with a `note:`
-saying why (`NOT_NEEDED`); settings gym cannot honour fail with what to do instead (`REFUSED`);
-an unknown key fails naming the file, the key and the closest names.
+merges it (as LLaMA-Factory does); `gym chat`, `gym serve` and `gym eval` load full weights, so the
+adapter is merged once, exactly as `gym export` merges it, into a folder of the workspace that is
+reused while the adapter and base are unchanged. An eval YAML's `task` (`mmlu_test`) is the
+benchmark and the split: gym scores the split lm-eval scores (`TASKS`), read from
+`task_dir/<benchmark>/` (LLaMA-Factory's layout: mapping.json and <benchmark>.zip).
+
+Settings gym needs no value for are accepted with a `note:` saying why (`NOT_NEEDED`); settings
+gym cannot honour fail with what to do instead (`REFUSED`); an unknown key fails naming the file,
+the key and the closest names.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from gym.cli_options import (
 from gym.errors import ConfigError
 
 DEST = "llamafactory_tools"  # argparse dests are f"{DEST}.{name}"
-COMMANDS = ("export", "chat", "serve")
+COMMANDS = ("export", "chat", "serve", "eval")
 BACKENDS = {"huggingface": "transformers", "vllm": "vllm", "sglang": "sglang"}  # infer_backend -> --backend
 
 
@@ -109,7 +115,23 @@ INFERENCE: dict[str, Parse] = {  # gym chat and gym serve
     "sglang_config": str,
     "sglang_lora_backend": str,
 }
-NAMES: dict[str, Parse] = {**MODEL, **EXPORT, **INFERENCE}
+EVAL: dict[str, Parse] = {  # gym eval (hparams/evaluation_args.py); with MODEL, all its eval YAML holds
+    "task": str,  # --benchmark, the split checked: mmlu_test, ceval_validation, cmmlu_test (TASKS)
+    "task_dir": str,  # --data-dir TASK_DIR/<benchmark> (its mapping.json and <benchmark>.zip)
+    "n_shot": int,  # --shots
+    "batch_size": int,  # --batch-size
+    "save_dir": str,  # --output SAVE_DIR/results.json
+    "lang": _choice("en", "zh"),
+    "seed": int,
+    "download_mode": _choice("reuse_dataset_if_exists", "reuse_cache_if_exists", "force_redownload"),
+}
+NAMES: dict[str, Parse] = {**MODEL, **EXPORT, **INFERENCE}  # export, chat and serve
+EVAL_NAMES: dict[str, Parse] = {**MODEL, **EVAL}  # eval (LLaMA-Factory's eval reads no others either)
+# LLaMA-Factory's task is `<benchmark>_<split>` (split: its dataset scripts' train = dev, validation =
+# val, test); gym scores each benchmark's one split with answers that lm-eval scores.
+TASKS = {"mmlu": "test", "ceval": "validation", "cmmlu": "test"}
+LANGS = {"mmlu": "en", "ceval": "zh", "cmmlu": "zh"}  # the language of gym's (lm-eval's) prompt
+PLAIN_TEMPLATE = "fewshot"  # LLaMA-Factory's template for plain-text few-shot prompts
 SAMPLING = ("temperature", "top_p", "do_sample")
 # Engine settings gym serve would have to pass on to vLLM / SGLang, and what the engine does instead.
 ENGINE_SETTINGS = {
@@ -134,6 +156,7 @@ QUIET: dict[str, Any] = {
     "length_penalty": 1.0,
     "skip_special_tokens": True,
     "vllm_enforce_eager": False,
+    "download_mode": "reuse_dataset_if_exists",
 }
 # Settings gym needs no value for, and why (a `note:` when given).
 NOT_NEEDED: dict[str, str] = {
@@ -151,6 +174,9 @@ NOT_NEEDED: dict[str, str] = {
     "sglang_lora_backend": "gym merges the adapter before serving: SGLang gets full weights, no LoRA",
     "vllm_enforce_eager": "gym serve starts vLLM with its default CUDA graphs (only start-up time and "
     "memory differ)",
+    "seed": "gym eval takes each subject's first n_shot dev examples as lm-eval does (LLaMA-Factory draws "
+    "them at random): nothing to seed",
+    "download_mode": "gym eval reads task_dir's files as they are, or the hub's copy through the hub cache",
 }
 # Settings gym cannot honour, and what to do instead (one `error:` line, exit status 2).
 REFUSED: dict[str, str] = {
@@ -171,6 +197,7 @@ QUANTIZED = {
     "remove quantization_bit",
     "chat": "gym chat loads full-precision weights: remove quantization_bit",
     "serve": "gym serve loads full-precision weights: remove quantization_bit",
+    "eval": "gym eval loads full-precision weights: remove quantization_bit",
 }
 EPILOG = (
     "LLaMA-Factory: `gym {command} FILE.yaml` reads its {kind} YAML files, and its names work as flags "
@@ -182,6 +209,8 @@ def epilog(command: str) -> str:
     """The line a command's --help ends with."""
     if command == "export":
         return EPILOG.format(command=command, kind="export (merge)", names="--export_dir, --export_size")
+    if command == "eval":
+        return EPILOG.format(command=command, kind="evaluation", names="--task, --task_dir, --n_shot")
     return EPILOG.format(command=command, kind="inference", names="--infer_backend, --temperature")
 
 
@@ -196,7 +225,7 @@ def translate(command: str, argv: Sequence[str], own: argparse.ArgumentParser, o
     path, rest = _find_file(args, own)
     if "-h" in rest or "--help" in rest:
         return rest
-    names = _parser(f"gym {command}")
+    names = _parser(f"gym {command}", EVAL_NAMES if command == "eval" else NAMES)
     spelled = _underscored(own)
     known = {**own._option_string_actions, **spelled, **names._option_string_actions}
     file_values: dict[str, Any] = {}
@@ -219,7 +248,8 @@ def translate(command: str, argv: Sequence[str], own: argparse.ArgumentParser, o
     notes = check(command, values, where)
     for note in notes:
         print(f"note: {note}", file=out or sys.stderr)
-    translated = (_export if command == "export" else _inference)(command, values, own_flags, where, out)
+    build = {"export": _export, "eval": _eval}.get(command, _inference)
+    translated = build(command, values, own_flags, where, out)
     return [*file_own, *translated, *cmd_own]
 
 
@@ -234,6 +264,12 @@ def check(command: str, values: dict[str, Any], where: str = "") -> list[str]:
         raise ConfigError(f"{where}{name}: {why}")
 
     backend = BACKENDS.get(str(values.get("infer_backend", "huggingface")))
+    benchmark = None
+    if command == "eval" and "task" in values:
+        try:
+            benchmark = eval_task(str(values["task"]))
+        except ConfigError as exc:
+            refuse("task", str(exc))
     greedy = values.get("do_sample") is False or values.get("temperature") == 0
     for name, value in values.items():
         if name in QUIET and value == QUIET[name]:
@@ -246,6 +282,10 @@ def check(command: str, values: dict[str, Any], where: str = "") -> list[str]:
             continue
         if name == "quantization_bit":
             refuse(name, QUANTIZED[command])
+        elif command == "eval" and name in ("task", "lang", "template", "save_dir"):
+            note = _eval_note(name, value, benchmark)
+            if note is not None:
+                notes.append(f"{name}: {note}")
         elif name == "adapter_name_or_path" and "," in str(value):
             refuse(
                 name,
@@ -292,6 +332,113 @@ def check(command: str, values: dict[str, Any], where: str = "") -> list[str]:
         elif name in NOT_NEEDED:
             notes.append(f"{name}: {NOT_NEEDED[name]}")
     return notes
+
+
+def eval_task(task: str) -> str:
+    """The benchmark of LLaMA-Factory's eval `task` (`mmlu_test`: mmlu), if gym scores that split;
+    ConfigError (with the task to use instead) if not."""
+    benchmark, _, split = task.partition("_")
+    if benchmark not in TASKS:
+        raise ConfigError(
+            f"gym eval scores mmlu, ceval and cmmlu itself ({_tasks()}); another benchmark runs through "
+            f"lm-eval: remove task and run `gym eval --model M --lm-eval-task NAME` (got {task!r})"
+        )
+    if split == TASKS[benchmark]:
+        return benchmark
+    if benchmark == "ceval" and split == "test":
+        why = "C-Eval's test split has no public answers"
+    elif split == "train":
+        why = "the train split holds the few-shot examples (the dev files)"
+    else:
+        why = f"gym eval scores {benchmark}'s {TASKS[benchmark]} split, the one lm-eval scores"
+    raise ConfigError(f"{why}: use task {benchmark}_{TASKS[benchmark]} (got {task!r})")
+
+
+def _tasks() -> str:
+    return ", ".join(f"{b}_{s}" for b, s in TASKS.items())
+
+
+def _eval_note(name: str, value: Any, benchmark: str | None) -> str | None:
+    if name == "task":
+        return None  # checked: gym scores that split
+    if name == "save_dir":
+        return (
+            "gym eval writes its whole result (overall, categories, subjects, every prediction) to "
+            "save_dir/results.json and prints the scores; LLaMA-Factory's results.json held the "
+            "predictions and its results.log the scores"
+        )
+    if name == "lang":
+        if benchmark is not None and LANGS[benchmark] == value:
+            return None
+        return (
+            "gym eval writes each benchmark's prompt in its own language, as lm-eval does (mmlu English, "
+            f"ceval and cmmlu Chinese); lang {value} isn't read"
+        )
+    if value == PLAIN_TEMPLATE:
+        return (
+            "LLaMA-Factory's plain few-shot prompt: gym eval's default prompt style, lm-eval's text "
+            "(`--style lm-eval`)"
+        )
+    return (
+        f"few-shot examples as user/assistant turns through the {value} chat template, as LLaMA-Factory "
+        f"does: gym eval --style chat --template {value} (`template: {PLAIN_TEMPLATE}` gives lm-eval's plain "
+        "prompt)"
+    )
+
+
+def _eval(command: str, values: dict[str, Any], own: Sequence[str], where: str, out: Any) -> list[str]:
+    argv: list[str] = []
+    template = values.get("template")
+    chat_template = None if template == PLAIN_TEMPLATE else template
+    trust = bool(values.get("trust_remote_code"))
+    if not _has(own, "--model"):
+        model, adapter = values.get("model_name_or_path"), values.get("adapter_name_or_path")
+        if adapter is None and model is None:
+            raise ConfigError(f"{where}model_name_or_path is missing: the model to evaluate")
+        if adapter is not None:
+            base, merge_template = (
+                weights(model, chat_template) if model is not None else (None, chat_template)
+            )
+            argv += ["--model", str(merge_adapter(adapter, base, merge_template, trust, command, out))]
+        else:
+            argv += ["--model", str(model)]
+    if chat_template is not None:
+        argv += ["--template", chat_template]
+        if not _has(own, "--style"):
+            argv += ["--style", "chat"]
+    if trust:
+        argv += ["--trust-remote-code"]
+    lm_eval = _has(own, "--lm-eval-task")
+    benchmark = eval_task(str(values["task"])) if "task" in values else None
+    if benchmark is not None and not lm_eval and not _has(own, "--benchmark"):
+        argv += ["--benchmark", benchmark]
+    elif benchmark is None and not lm_eval and not _has(own, "--benchmark"):
+        raise ConfigError(f"{where}task is missing: the benchmark and split to score ({_tasks()})")
+    if benchmark is not None and not lm_eval and not _has(own, "--data-dir"):
+        task_dir = values.get("task_dir")
+        folder = Path(task_dir or "evaluation").expanduser() / benchmark
+        if folder.exists():
+            argv += ["--data-dir", str(folder)]
+        elif task_dir is not None:
+            raise ConfigError(
+                f"{where}task_dir: no {folder} (LLaMA-Factory's layout: {task_dir}/{benchmark}/ holding "
+                f"mapping.json and {benchmark}.zip); or give gym's --data-dir: a folder, a .zip or a hub id"
+            )
+        else:
+            from gym.eval.benchmarks import get_spec
+
+            print(
+                f"note: task_dir: no {folder} (LLaMA-Factory's default task_dir): gym eval reads "
+                f"{benchmark} from the hub ({get_spec(benchmark).hub_id})",
+                file=out or sys.stderr,
+            )
+    if "n_shot" in values:
+        argv += ["--shots", str(values["n_shot"])]
+    if "batch_size" in values:
+        argv += ["--batch-size", str(values["batch_size"])]
+    if "save_dir" in values and not _has(own, "--output"):
+        argv += ["--output", str(Path(values["save_dir"]) / "results.json")]
+    return argv
 
 
 def _export(command: str, values: dict[str, Any], own: Sequence[str], where: str, out: Any) -> list[str]:
@@ -430,14 +577,14 @@ def _adapter_folder(adapter: str, stage_ok: bool = False) -> Path:
     )
 
 
-def _parser(prog: str) -> ArgumentParser:
+def _parser(prog: str, names: dict[str, Parse] = NAMES) -> ArgumentParser:
     parser = ArgumentParser(
         prog=prog,
         usage=f"{prog} [FILE.yaml] [LLaMA-Factory names] [{prog}'s own flags]",
         add_help=False,
         allow_abbrev=False,  # `--model` is gym's flag, never short for --model_name_or_path
     )
-    for name, parse in NAMES.items():
+    for name, parse in names.items():
         flag, dest = f"--{name}", f"{DEST}{SEP}{name}"
         if parse is bool:
             parser.add_argument(flag, dest=dest, action=Switch)
@@ -456,7 +603,7 @@ def _find_file(argv: Sequence[str], own: argparse.ArgumentParser) -> tuple[Path 
     other arguments: `gym chat --ui inference.yaml` as well as `gym chat inference.yaml --ui`."""
     takes_value = {
         option
-        for action in [*own._actions, *_parser("")._actions]
+        for action in [*own._actions, *_parser("", {**NAMES, **EVAL})._actions]
         if action.nargs != 0 and action.nargs != "?"
         for option in action.option_strings
     }

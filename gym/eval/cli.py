@@ -4,6 +4,7 @@
     gym eval --model models:/gym-tiny-sft@champion --benchmark ceval --data-dir ./ceval --shots 0
     gym eval --model ./my-model --template chatml --lm-eval-task arc_easy --limit 100
     gym eval --model gym-tiny --benchmark mmlu --data-dir D --engine lm-eval   # lm-eval on D
+    gym eval llama3_lora_eval.yaml      # LLaMA-Factory's eval YAML (gym/cli_llamafactory_tools.py)
 
 `--model` is a registry name, a model folder or an MLflow model version (`models:/name@alias`).
 Library only (no Prefect, no MLflow run); `python flows/evaluate.py` is the tracked pipeline
@@ -28,7 +29,11 @@ from gym.models import ModelRef
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gym eval", description=__doc__.split("\n\n")[0])
+    from gym.cli_llamafactory_tools import epilog
+
+    parser = argparse.ArgumentParser(
+        prog="gym eval", description=__doc__.split("\n\n")[0], epilog=epilog("eval")
+    )
     parser.add_argument("--model", required=True, help="Registry name, model folder or models:/name@alias.")
     parser.add_argument("--template", help="Chat template for a model gym can't find one for.")
     parser.add_argument("--trust-remote-code", action="store_true", help="Let the model repo run its code.")
@@ -55,7 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_eval(argv: Sequence[str]) -> int:
-    args = build_parser().parse_args(argv)
+    from gym.cli_llamafactory_tools import translate
+
+    parser = build_parser()
+    args = parser.parse_args(translate("eval", argv, parser))
     try:
         run = _prepare(args)  # settings, data and task names checked before the model is resolved
     except ValidationError as exc:
