@@ -16,9 +16,8 @@ LLaMA-Factory's name for it. A file may hold gym's own settings too (`port: 0`, 
 `adapter_name_or_path` is the model gym loads with `model_name_or_path` as its base: `gym export`
 merges it (as LLaMA-Factory does); `gym chat`, `gym serve` and `gym eval` load full weights, so the
 adapter is merged once, exactly as `gym export` merges it, into a folder of the workspace that is
-reused while the adapter and base are unchanged. An eval YAML's `task` (`mmlu_test`) is the
-benchmark and the split: gym scores the split lm-eval scores (`TASKS`), read from
-`task_dir/<benchmark>/` (LLaMA-Factory's layout: mapping.json and <benchmark>.zip).
+reused while the adapter and base are unchanged. The eval YAML's own settings (`task`, `n_shot`,
+...) are gym/cli_llamafactory_eval.py's.
 
 Settings gym needs no value for are accepted with a `note:` saying why (`NOT_NEEDED`); settings
 gym cannot honour fail with what to do instead (`REFUSED`); an unknown key fails naming the file,
@@ -49,7 +48,7 @@ COMMANDS = ("export", "chat", "serve", "eval")
 BACKENDS = {"huggingface": "transformers", "vllm": "vllm", "sglang": "sglang"}  # infer_backend -> --backend
 
 
-def _choice(*allowed: str) -> Callable[[str], str]:
+def choice(*allowed: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text not in allowed:
             raise argparse.ArgumentTypeError(f"expected one of {', '.join(allowed)} (got {text!r})")
@@ -75,14 +74,14 @@ MODEL: dict[str, Parse] = {  # every command
     "template": str,  # --template (LLaMA-Factory's `qwen`, `qwen3_nothink` too)
     "trust_remote_code": bool,  # --trust-remote-code
     "finetuning_type": str,
-    "infer_dtype": _choice("auto", "float16", "bfloat16", "float32"),
+    "infer_dtype": choice("auto", "float16", "bfloat16", "float32"),
     "flash_attn": str,
     "quantization_bit": int,
 }
 EXPORT: dict[str, Parse] = {  # gym export
     "export_dir": str,  # --out
     "export_size": _gigabytes,  # --shard-size NGB (a fraction of a GB too: 0.5 -> 500MB)
-    "export_device": _choice("cpu", "auto"),
+    "export_device": choice("cpu", "auto"),
     "export_legacy_format": bool,
     "export_hub_model_id": str,
     "export_quantization_bit": int,
@@ -91,7 +90,7 @@ EXPORT: dict[str, Parse] = {  # gym export
     "export_quantization_maxlen": int,
 }
 INFERENCE: dict[str, Parse] = {  # gym chat and gym serve
-    "infer_backend": _choice("huggingface", "vllm", "sglang", "ktransformers"),  # serve: --backend
+    "infer_backend": choice("huggingface", "vllm", "sglang", "ktransformers"),  # serve: --backend
     "do_sample": bool,  # false: chat --temperature 0
     "temperature": float,  # chat --temperature
     "top_p": float,  # chat --top-p
@@ -115,23 +114,7 @@ INFERENCE: dict[str, Parse] = {  # gym chat and gym serve
     "sglang_config": str,
     "sglang_lora_backend": str,
 }
-EVAL: dict[str, Parse] = {  # gym eval (hparams/evaluation_args.py); with MODEL, all its eval YAML holds
-    "task": str,  # --benchmark, the split checked: mmlu_test, ceval_validation, cmmlu_test (TASKS)
-    "task_dir": str,  # --data-dir TASK_DIR/<benchmark> (its mapping.json and <benchmark>.zip)
-    "n_shot": int,  # --shots
-    "batch_size": int,  # --batch-size
-    "save_dir": str,  # --output SAVE_DIR/results.json
-    "lang": _choice("en", "zh"),
-    "seed": int,
-    "download_mode": _choice("reuse_dataset_if_exists", "reuse_cache_if_exists", "force_redownload"),
-}
 NAMES: dict[str, Parse] = {**MODEL, **EXPORT, **INFERENCE}  # export, chat and serve
-EVAL_NAMES: dict[str, Parse] = {**MODEL, **EVAL}  # eval (LLaMA-Factory's eval reads no others either)
-# LLaMA-Factory's task is `<benchmark>_<split>` (split: its dataset scripts' train = dev, validation =
-# val, test); gym scores each benchmark's one split with answers that lm-eval scores.
-TASKS = {"mmlu": "test", "ceval": "validation", "cmmlu": "test"}
-LANGS = {"mmlu": "en", "ceval": "zh", "cmmlu": "zh"}  # the language of gym's (lm-eval's) prompt
-PLAIN_TEMPLATE = "fewshot"  # LLaMA-Factory's template for plain-text few-shot prompts
 SAMPLING = ("temperature", "top_p", "do_sample")
 # Engine settings gym serve would have to pass on to vLLM / SGLang, and what the engine does instead.
 ENGINE_SETTINGS = {
@@ -221,11 +204,13 @@ def translate(command: str, argv: Sequence[str], own: argparse.ArgumentParser, o
     to `out` (stderr); a setting gym can't honour raises ConfigError. An adapter for chat or serve
     is merged here, once (see the module docstring).
     """
-    args = list(argv)
-    path, rest = _find_file(args, own)
+    from gym import cli_llamafactory_eval as evaluation  # it builds on this module
+
+    table = evaluation.NAMES if command == "eval" else NAMES
+    path, rest = _find_file(list(argv), own, table)
     if "-h" in rest or "--help" in rest:
         return rest
-    names = _parser(f"gym {command}", EVAL_NAMES if command == "eval" else NAMES)
+    names = _parser(f"gym {command}", table)
     spelled = _underscored(own)
     known = {**own._option_string_actions, **spelled, **names._option_string_actions}
     file_values: dict[str, Any] = {}
@@ -248,7 +233,7 @@ def translate(command: str, argv: Sequence[str], own: argparse.ArgumentParser, o
     notes = check(command, values, where)
     for note in notes:
         print(f"note: {note}", file=out or sys.stderr)
-    build = {"export": _export, "eval": _eval}.get(command, _inference)
+    build = {"export": _export, "eval": evaluation.flags}.get(command, _inference)
     translated = build(command, values, own_flags, where, out)
     return [*file_own, *translated, *cmd_own]
 
@@ -256,6 +241,8 @@ def translate(command: str, argv: Sequence[str], own: argparse.ArgumentParser, o
 def check(command: str, values: dict[str, Any], where: str = "") -> list[str]:
     """The notes for the LLaMA-Factory settings `values` given to `gym <command>`; raises ConfigError
     (`where` first) for the first one gym cannot honour."""
+    from gym import cli_llamafactory_eval as evaluation  # it builds on this module
+
     if command not in COMMANDS:
         raise ValueError(f"unknown command {command!r}")
     notes: list[str] = []
@@ -267,7 +254,7 @@ def check(command: str, values: dict[str, Any], where: str = "") -> list[str]:
     benchmark = None
     if command == "eval" and "task" in values:
         try:
-            benchmark = eval_task(str(values["task"]))
+            benchmark = evaluation.eval_task(str(values["task"]))
         except ConfigError as exc:
             refuse("task", str(exc))
     greedy = values.get("do_sample") is False or values.get("temperature") == 0
@@ -283,7 +270,7 @@ def check(command: str, values: dict[str, Any], where: str = "") -> list[str]:
         if name == "quantization_bit":
             refuse(name, QUANTIZED[command])
         elif command == "eval" and name in ("task", "lang", "template", "save_dir"):
-            note = _eval_note(name, value, benchmark)
+            note = evaluation.note(name, value, benchmark)
             if note is not None:
                 notes.append(f"{name}: {note}")
         elif name == "adapter_name_or_path" and "," in str(value):
@@ -334,117 +321,10 @@ def check(command: str, values: dict[str, Any], where: str = "") -> list[str]:
     return notes
 
 
-def eval_task(task: str) -> str:
-    """The benchmark of LLaMA-Factory's eval `task` (`mmlu_test`: mmlu), if gym scores that split;
-    ConfigError (with the task to use instead) if not."""
-    benchmark, _, split = task.partition("_")
-    if benchmark not in TASKS:
-        raise ConfigError(
-            f"gym eval scores mmlu, ceval and cmmlu itself ({_tasks()}); another benchmark runs through "
-            f"lm-eval: remove task and run `gym eval --model M --lm-eval-task NAME` (got {task!r})"
-        )
-    if split == TASKS[benchmark]:
-        return benchmark
-    if benchmark == "ceval" and split == "test":
-        why = "C-Eval's test split has no public answers"
-    elif split == "train":
-        why = "the train split holds the few-shot examples (the dev files)"
-    else:
-        why = f"gym eval scores {benchmark}'s {TASKS[benchmark]} split, the one lm-eval scores"
-    raise ConfigError(f"{why}: use task {benchmark}_{TASKS[benchmark]} (got {task!r})")
-
-
-def _tasks() -> str:
-    return ", ".join(f"{b}_{s}" for b, s in TASKS.items())
-
-
-def _eval_note(name: str, value: Any, benchmark: str | None) -> str | None:
-    if name == "task":
-        return None  # checked: gym scores that split
-    if name == "save_dir":
-        return (
-            "gym eval writes its whole result (overall, categories, subjects, every prediction) to "
-            "save_dir/results.json and prints the scores; LLaMA-Factory's results.json held the "
-            "predictions and its results.log the scores"
-        )
-    if name == "lang":
-        if benchmark is not None and LANGS[benchmark] == value:
-            return None
-        return (
-            "gym eval writes each benchmark's prompt in its own language, as lm-eval does (mmlu English, "
-            f"ceval and cmmlu Chinese); lang {value} isn't read"
-        )
-    if value == PLAIN_TEMPLATE:
-        return (
-            "LLaMA-Factory's plain few-shot prompt: gym eval's default prompt style, lm-eval's text "
-            "(`--style lm-eval`)"
-        )
-    return (
-        f"few-shot examples as user/assistant turns through the {value} chat template, as LLaMA-Factory "
-        f"does: gym eval --style chat --template {value} (`template: {PLAIN_TEMPLATE}` gives lm-eval's plain "
-        "prompt)"
-    )
-
-
-def _eval(command: str, values: dict[str, Any], own: Sequence[str], where: str, out: Any) -> list[str]:
-    argv: list[str] = []
-    template = values.get("template")
-    chat_template = None if template == PLAIN_TEMPLATE else template
-    trust = bool(values.get("trust_remote_code"))
-    if not _has(own, "--model"):
-        model, adapter = values.get("model_name_or_path"), values.get("adapter_name_or_path")
-        if adapter is None and model is None:
-            raise ConfigError(f"{where}model_name_or_path is missing: the model to evaluate")
-        if adapter is not None:
-            base, merge_template = (
-                weights(model, chat_template) if model is not None else (None, chat_template)
-            )
-            argv += ["--model", str(merge_adapter(adapter, base, merge_template, trust, command, out))]
-        else:
-            argv += ["--model", str(model)]
-    if chat_template is not None:
-        argv += ["--template", chat_template]
-        if not _has(own, "--style"):
-            argv += ["--style", "chat"]
-    if trust:
-        argv += ["--trust-remote-code"]
-    lm_eval = _has(own, "--lm-eval-task")
-    benchmark = eval_task(str(values["task"])) if "task" in values else None
-    if benchmark is not None and not lm_eval and not _has(own, "--benchmark"):
-        argv += ["--benchmark", benchmark]
-    elif benchmark is None and not lm_eval and not _has(own, "--benchmark"):
-        raise ConfigError(f"{where}task is missing: the benchmark and split to score ({_tasks()})")
-    if benchmark is not None and not lm_eval and not _has(own, "--data-dir"):
-        task_dir = values.get("task_dir")
-        folder = Path(task_dir or "evaluation").expanduser() / benchmark
-        if folder.exists():
-            argv += ["--data-dir", str(folder)]
-        elif task_dir is not None:
-            raise ConfigError(
-                f"{where}task_dir: no {folder} (LLaMA-Factory's layout: {task_dir}/{benchmark}/ holding "
-                f"mapping.json and {benchmark}.zip); or give gym's --data-dir: a folder, a .zip or a hub id"
-            )
-        else:
-            from gym.eval.benchmarks import get_spec
-
-            print(
-                f"note: task_dir: no {folder} (LLaMA-Factory's default task_dir): gym eval reads "
-                f"{benchmark} from the hub ({get_spec(benchmark).hub_id})",
-                file=out or sys.stderr,
-            )
-    if "n_shot" in values:
-        argv += ["--shots", str(values["n_shot"])]
-    if "batch_size" in values:
-        argv += ["--batch-size", str(values["batch_size"])]
-    if "save_dir" in values and not _has(own, "--output"):
-        argv += ["--output", str(Path(values["save_dir"]) / "results.json")]
-    return argv
-
-
 def _export(command: str, values: dict[str, Any], own: Sequence[str], where: str, out: Any) -> list[str]:
     argv: list[str] = []
     template = values.get("template")
-    if not _has(own, "--model"):
+    if not has(own, "--model"):
         model, adapter = values.get("model_name_or_path"), values.get("adapter_name_or_path")
         if adapter is None and model is None:
             raise ConfigError(
@@ -452,14 +332,14 @@ def _export(command: str, values: dict[str, Any], own: Sequence[str], where: str
             )
         if adapter is not None:
             argv += ["--model", str(_adapter_folder(adapter, stage_ok=True))]
-            if model is not None and not _has(own, "--base"):
+            if model is not None and not has(own, "--base"):
                 base, template = weights(model, template)
                 argv += ["--base", base]
         else:
             argv += ["--model", str(model)]
     if "export_dir" in values:
         argv += ["--out", values["export_dir"]]
-    elif not _has(own, "--out"):
+    elif not has(own, "--out"):
         raise ConfigError(f"{where}export_dir is missing: the folder to write")
     if "export_size" in values:
         argv += ["--shard-size", shard_size(values["export_size"])]
@@ -474,7 +354,7 @@ def _inference(command: str, values: dict[str, Any], own: Sequence[str], where: 
     argv: list[str] = []
     template = values.get("template")
     trust = bool(values.get("trust_remote_code"))
-    if not _has(own, "--model"):
+    if not has(own, "--model"):
         model, adapter = values.get("model_name_or_path"), values.get("adapter_name_or_path")
         if adapter is None and model is None:
             raise ConfigError(f"{where}model_name_or_path is missing: the model to {command} with")
@@ -482,7 +362,7 @@ def _inference(command: str, values: dict[str, Any], own: Sequence[str], where: 
             base, template = weights(model, template) if model is not None else (None, template)
             merged = merge_adapter(adapter, base, template, trust, command, out)
             argv += ["--model", str(merged)]
-            if command == "serve" and not _has(own, "--served-model-name", "--served_model_name"):
+            if command == "serve" and not has(own, "--served-model-name", "--served_model_name"):
                 argv += ["--served-model-name", adapter]  # what clients ask for, not the merge's folder
         else:
             argv += ["--model", str(model)]
@@ -598,12 +478,14 @@ def _given(namespace: argparse.Namespace) -> dict[str, Any]:
     return {k.removeprefix(prefix): v for k, v in vars(namespace).items() if v is not None}
 
 
-def _find_file(argv: Sequence[str], own: argparse.ArgumentParser) -> tuple[Path | None, list[str]]:
+def _find_file(
+    argv: Sequence[str], own: argparse.ArgumentParser, names: dict[str, Parse]
+) -> tuple[Path | None, list[str]]:
     """The config file (the first YAML/JSON path that is no flag's value, anywhere before `--`) and the
     other arguments: `gym chat --ui inference.yaml` as well as `gym chat inference.yaml --ui`."""
     takes_value = {
         option
-        for action in [*own._actions, *_parser("", {**NAMES, **EVAL})._actions]
+        for action in [*own._actions, *_parser("", names)._actions]
         if action.nargs != 0 and action.nargs != "?"
         for option in action.option_strings
     }
@@ -647,5 +529,5 @@ def _snake(option: str) -> str:
     return f"--{option[2:].replace('-', '_')}"
 
 
-def _has(flags: Iterable[str], *options: str) -> bool:
+def has(flags: Iterable[str], *options: str) -> bool:
     return any(f == o or f.startswith(f"{o}=") for f in flags for o in options)
