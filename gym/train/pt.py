@@ -18,13 +18,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from gym.errors import DataError
-from gym.train import signals, speed
-from gym.train.common import trl_args
+from gym.train import sft, speed
 from gym.train.config import TrainConfig
-from gym.train.sft import flash_only_warnings_dropped
-
-REQUIRED_COLUMNS = ("input_ids", "labels")
 
 
 def build_trainer(
@@ -38,14 +33,11 @@ def build_trainer(
     peft_config: Any | None,
     max_length: int | None = None,
 ) -> Any:
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTTrainer
 
-    missing = [c for c in REQUIRED_COLUMNS if c not in train_data.column_names]
-    if missing:
-        raise DataError(
-            f"pt needs tokenized text data with columns {REQUIRED_COLUMNS}, missing {missing}",
-            hint='tokenize a text-format dataset ({"text": ...} records)',
-        )
+    sft.require_columns(
+        train_data, "pt needs tokenized text data", 'a text-format dataset ({"text": ...} records)'
+    )
 
     class PretrainingTrainer(SFTTrainer):  # type: ignore[misc]
         def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
@@ -54,24 +46,11 @@ def build_trainer(
             super().log(logs, start_time)
 
     resolved = dataclasses.replace(speed.resolve(config), packing=False)  # the blocks are packed already
-    args = SFTConfig(
-        **trl_args(config, output_dir, held_out=eval_data is not None), **speed.sft_args(resolved, max_length)
+    batching = speed.sft_args(resolved, max_length)
+    return sft.sft_trainer(
+        PretrainingTrainer, model, tokenizer, config, train_data, eval_data, output_dir, peft_config, batching
     )
-    with flash_only_warnings_dropped(model):
-        return PretrainingTrainer(
-            model=model,
-            args=args,
-            train_dataset=train_data,
-            eval_dataset=eval_data,
-            processing_class=tokenizer,
-            peft_config=peft_config,
-        )
 
 
-def signal(
-    eval_before: dict[str, float], eval_after: dict[str, float], log_history: list[dict[str, Any]]
-) -> signals.Signal | None:
-    """Held-out loss when the stage has held-out data; otherwise the training loss (run's fallback)."""
-    if "eval_loss" not in eval_after:
-        return None
-    return signals.Signal("eval_loss", eval_before.get("eval_loss"), eval_after["eval_loss"])
+# Held-out loss when the stage has held-out data; otherwise the training loss (run's fallback).
+signal = sft.signal

@@ -37,18 +37,45 @@ def build_trainer(
     peft_config: Any | None,
     max_length: int | None = None,
 ) -> Any:
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTTrainer
 
+    require_columns(
+        train_data,
+        "SFT needs tokenized sft data",
+        "an sft-format dataset (alpaca, sharegpt or openai messages)",
+    )
+    batching = speed.sft_args(speed.resolve(config), max_length)  # padded, padding-free or packed
+    return sft_trainer(
+        SFTTrainer, model, tokenizer, config, train_data, eval_data, output_dir, peft_config, batching
+    )
+
+
+def require_columns(train_data: Any, need: str, dataset: str) -> None:
+    """A DataError unless the tokenized data has `input_ids` and `labels` (`need`: who needs them)."""
     missing = [c for c in REQUIRED_COLUMNS if c not in train_data.column_names]
     if missing:
         raise DataError(
-            f"SFT needs tokenized sft data with columns {REQUIRED_COLUMNS}, missing {missing}",
-            hint="tokenize an sft-format dataset (alpaca, sharegpt or openai messages)",
+            f"{need} with columns {REQUIRED_COLUMNS}, missing {missing}", hint=f"tokenize {dataset}"
         )
-    batching = speed.sft_args(speed.resolve(config), max_length)  # padded, padding-free or packed
+
+
+def sft_trainer(
+    trainer_cls: Any,
+    model: Any,
+    tokenizer: Any,
+    config: TrainConfig,
+    train_data: Any,
+    eval_data: Any | None,
+    output_dir: Path,
+    peft_config: Any | None,
+    batching: dict[str, Any],
+) -> Any:
+    """`trainer_cls` (SFTTrainer or a subclass) on gym's pre-tokenized data, batched as `batching` says."""
+    from trl import SFTConfig
+
     args = SFTConfig(**trl_args(config, output_dir, held_out=eval_data is not None), **batching)
     with flash_only_warnings_dropped(model):
-        return SFTTrainer(
+        return trainer_cls(
             model=model,
             args=args,
             train_dataset=train_data,
