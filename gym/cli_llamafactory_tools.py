@@ -27,6 +27,8 @@ the key and the closest names.
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -442,7 +444,30 @@ def merge_adapter(
         file=out or sys.stderr,
     )
     settings = ExportSettings(trust_remote_code=trust_remote_code)
-    return export_model(folder, merged, settings, base=base, template=template)
+    written = export_model(folder, merged, settings, base=base, template=template)
+    source = {"adapter": str(folder.resolve()), "base": base, "template": template}
+    workspace.atomic_write_json(written / MERGE_SOURCE, source)
+    _drop_stale_merges(written, source, out or sys.stderr)
+    return written
+
+
+MERGE_SOURCE = "gym_merge_source.json"  # in a merge's folder: the adapter, base and template it was made from
+
+
+def _drop_stale_merges(current: Path, source: dict[str, Any], out: Any) -> None:
+    """Delete earlier merges of the same adapter, base and template: the adapter (or gym) has changed
+    since, so they would never be used again and only fill the disk."""
+    for folder in sorted(current.parent.glob("merged-adapter-*")):
+        record = folder / MERGE_SOURCE
+        if folder == current or not record.is_file():
+            continue
+        try:
+            same = json.loads(record.read_text(encoding="utf-8")) == source
+        except (OSError, ValueError):
+            continue
+        if same:
+            shutil.rmtree(folder, ignore_errors=True)
+            print(f"note: removed {folder}, an earlier merge of {source['adapter']}", file=out)
 
 
 def _adapter_folder(adapter: str, stage_ok: bool = False) -> Path:

@@ -194,6 +194,24 @@ def test_an_inference_yaml_gives_chat_and_serve_settings_with_the_adapter_merged
     assert (settings.model, settings.port, settings.limits.max_concurrent) == ("gym-tiny", 0, 3)
 
 
+def test_retraining_an_adapter_replaces_its_stale_merge_and_keeps_other_merges(adapter, tmp_path):
+    from gym.cli_llamafactory_tools import merge_adapter
+
+    folder, _, _ = adapter
+    first = merge_adapter(str(folder), None, None, out=io.StringIO())
+    other_template = merge_adapter(str(folder), None, "llama3", out=io.StringIO())
+    _, retrained, _ = lora_adapter(folder)  # the same folder, trained again: new weights
+    notes = io.StringIO()
+    second = merge_adapter(str(folder), None, None, out=notes)
+    assert second != first and not first.exists()  # the stale merge is gone...
+    assert f"removed {first}, an earlier merge of {folder.resolve()}" in notes.getvalue()
+    assert torch.allclose(logits(AutoModelForCausalLM.from_pretrained(second)), retrained, atol=1e-5)
+    assert other_template.is_dir()  # ...a merge made with another template is not stale: kept
+    assert sorted(p.name for p in second.parent.glob("merged-adapter-*")) == sorted(
+        [second.name, other_template.name]
+    )
+
+
 def test_gym_chat_talks_through_an_inference_yaml(adapter, tmp_path, monkeypatch):
     import gym.chat
 

@@ -123,6 +123,31 @@ def test_llamafactory_pt_entries_read_as_text_and_alpaca_entries_stay_alpaca(tmp
     assert llamafactory.find("qa", tmp_path)["columns"] == {"instruction": "question"}  # type: ignore[index]
 
 
+def test_the_pt_rule_reads_a_file_once_until_it_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A prompt-only entry's file is looked at for `output` once per version of the file, not on each of
+    the several resolves of a run (a .json file is parsed whole to read its first record)."""
+    data = tmp_path / "qa.json"
+    data.write_text(json.dumps([{"question": "Hi?"}]), encoding="utf-8")
+    (tmp_path / "dataset_info.json").write_text(
+        json.dumps({"qa": {"file_name": "qa.json", "columns": {"prompt": "question"}}})
+    )
+    reads: list[str] = []
+    real = llamafactory.read_source
+
+    def counting(source, **kwargs):
+        reads.append(str(source))
+        return real(source, **kwargs)
+
+    monkeypatch.setattr(llamafactory, "read_source", counting)
+    for _ in range(3):
+        assert llamafactory.find("qa", tmp_path)["format"] == "text"  # type: ignore[index]
+    assert len(reads) == 1
+    # Rewritten with answers: read again, and now it is instruction data.
+    data.write_text(json.dumps([{"question": "Hi?", "output": "Hello, there."}]), encoding="utf-8")
+    assert llamafactory.find("qa", tmp_path)["format"] == "alpaca"  # type: ignore[index]
+    assert len(reads) == 2
+
+
 # ---- tokenization -------------------------------------------------------------------------------
 
 

@@ -29,6 +29,7 @@ cloud files, hub folders) fails naming the file, the entry and the field.
 from __future__ import annotations
 
 import difflib
+import functools
 import itertools
 import json
 from pathlib import Path
@@ -173,6 +174,18 @@ def _has_output(file: str | None) -> bool:
     dataset, or a file that can't be read: ingest reports what is wrong with it)."""
     if file is None:
         return False
+    path = Path(file).expanduser()
+    try:
+        stat = path.stat()
+    except OSError:
+        return False
+    # A dataset resolves several times per run (preflight, cache key, ingest), and reading the first
+    # record of a .json file parses all of it: remembered while the file is unchanged.
+    return _first_has_output(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _first_has_output(file: str, mtime_ns: int, size: int) -> bool:
     try:
         return any("output" in record for _, _, record in itertools.islice(read_source(file), 1))
     except (DataError, OSError, ValueError):
