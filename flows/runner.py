@@ -320,4 +320,5 @@ def print_summary(summary: dict[str, Any]) -> None:
 
     print("\n== gym run summary ==")
     for key in sorted(summary):
-        print(f"  {key:28s} {fmt(summary[key])}")
+        if summary[key] is not None:  # keys of stages or scores this run doesn't have (--json keeps them)
+            print(f"  {key:28s} {fmt(summary[key])}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flows.runner import build_parser, parse_config
+from flows.runner import build_parser, parse_config, print_summary
 from gym.errors import GymError
 from gym.pipeline import SftThenDpoConfig, TrainFlowConfig
 
@@ -83,3 +83,12 @@ def test_finetuning_type_as_method_name():
 def test_bad_value_is_rejected_by_validation():
     with pytest.raises(Exception, match="learning_rate"):
         parse(SftThenDpoConfig, ["--sft.learning_rate", "-1"])
+
+
+def test_the_printed_summary_leaves_out_what_this_run_does_not_have(capsys):
+    print_summary(
+        {"pt_loss_last": 3.13779, "sft_loss_last": None, "dpo_reward_accuracy": None, "model_version": "1"}
+    )
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "== gym run summary =="
+    assert [line.split() for line in lines[1:]] == [["model_version", "1"], ["pt_loss_last", "3.1378"]]
