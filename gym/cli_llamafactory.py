@@ -127,6 +127,12 @@ NOT_NEEDED = {
     "ddp_timeout": "multi-GPU runs go through accelerate, with its own settings",
 }
 LORA_NAMES = {n for n, (path, _) in STAGE.items() if path.startswith("lora.")} | {"pissa_init"}
+# Settings gym can't honour yet: name -> what to do instead (an error when given).
+REFUSED = {
+    "deepspeed": "gym does not run DeepSpeed ZeRO yet: it trains on several GPUs with DDP "
+    "(--train.distributed.num_processes, default: every visible GPU). Drop the setting, or make the model "
+    "fit each GPU with --finetuning_type lora or qlora",
+}
 
 
 def add_options(parser: argparse.ArgumentParser, stages: Sequence[str]) -> None:
@@ -149,6 +155,8 @@ def add_options(parser: argparse.ArgumentParser, stages: Sequence[str]) -> None:
     for name, why in NOT_NEEDED.items():
         kwargs = {"nargs": "?", "const": True, "metavar": "VALUE"}
         group.add_argument(f"--{name}", dest=f"{DEST}.{name}", help=f"accepted: {why}", **kwargs)
+    for name, why in REFUSED.items():
+        group.add_argument(f"--{name}", dest=f"{DEST}.{name}", metavar="VALUE", help=f"refused: {why}")
     group.add_argument(
         "--dataset_dir",
         dest=f"{DEST}.dataset_dir",
@@ -176,6 +184,8 @@ def overrides(
     LLaMA-Factory. Unless the user gave the LoRA alpha (`alpha_given`), lora_rank sets it to twice the rank.
     """
     values = given(args)
+    for name in REFUSED.keys() & values.keys():
+        raise ConfigError(f"{name}: {REFUSED[name]}")
     stage: dict[str, Any] = {}
     top: dict[str, Any] = {}
     for name, value in values.items():

@@ -51,6 +51,7 @@ def check_methods(config: BaseModel) -> None:
             )
         check_speed(field, stage)
         check_online(field, stage)
+        check_distributed(field, stage)
 
 
 def check_speed(field: str, stage: Any) -> None:
@@ -63,6 +64,17 @@ def check_speed(field: str, stage: Any) -> None:
             speed.resolve(stage)
         except ConfigError as exc:
             raise ConfigError(f"{field}.speed: {exc}") from exc
+
+
+def check_distributed(field: str, stage: Any) -> None:
+    """A number of processes the method or machine can't train on (only when one was asked for)."""
+    if stage.distributed.num_processes != "auto":
+        from gym.train import distributed
+
+        try:
+            distributed.resolve(stage)
+        except ConfigError as exc:
+            raise ConfigError(f"{field}.{exc}") from None
 
 
 def check_online(field: str, stage: Any) -> None:

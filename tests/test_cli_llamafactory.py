@@ -342,3 +342,9 @@ def test_a_config_file_in_the_papers_training_free_grpo_form_reaches_the_flow(tm
     under = parser.parse_file(*plan.config_file)
     config = runner.parse_config(plan.config_cls, parser.parse_args(plan.argv), under)
     assert isinstance(config, TfGrpoFlowConfig) and config.group_size == 3 and config.epochs == 2
+
+
+def test_deepspeed_is_refused_saying_what_gym_does_instead():
+    with pytest.raises(ConfigError, match="deepspeed: gym does not run DeepSpeed ZeRO yet") as error:
+        parse(["--deepspeed", "examples/deepspeed/ds_z3_config.json"])
+    assert "--train.distributed.num_processes" in str(error.value)

@@ -30,6 +30,7 @@ from gym.hashing import hash_obj
 from gym.models import ModelRef, load_model, load_tokenizer
 from gym.train import (
     adapters,
+    distributed,
     dpo,
     gspo,
     kto,
@@ -129,9 +130,13 @@ def run(
         for what, choice in choices.items():
             print(f"gym: {config.method}: {what}: {choice}", file=sys.stderr, flush=True)
         cutoff = meta["settings"]["cutoff_len"]
-        result = _train(
-            config, model, Path(train_data), Path(eval_data) if eval_data else None, digest, stage_dir, cutoff
-        )
+        held_out = Path(eval_data) if eval_data else None
+        if distributed.needed(config):
+            result = distributed.launch(config, model, Path(train_data), held_out, digest, stage_dir, cutoff)
+        else:
+            trained = _train(config, model, Path(train_data), held_out, digest, stage_dir, cutoff)
+            assert trained is not None  # one process: the main one
+            result = trained
         result = result.model_copy(update={"choices": choices})
         workspace.atomic_write_text(result_file, result.model_dump_json(indent=2))
         return result
@@ -153,6 +158,7 @@ def plan(
         method_check(config)
     config, quant_choices = quant.resolve(config, model)
     config, reference_choices = reference.choose(config, n_train, n_eval)
+    config = distributed.resolve(config)
     return config, {**quant_choices, **reference_choices}
 
 
@@ -164,7 +170,9 @@ def _train(
     digest: str,
     stage_dir: Path,
     max_length: int,
-) -> TrainResult:
+) -> TrainResult | None:
+    """Train the stage in this process; None in the other processes of a distributed stage, where the
+    main process saves and reports."""
     from datasets import load_from_disk
     from transformers import set_seed
 
@@ -196,18 +204,22 @@ def _train(
         adapters.restore_adapter(trainer.model, resume)
     before_file = stage_dir / "eval_before.json"
     eval_before: dict[str, float] = {}
+    main = trainer.is_world_process_zero()
     if eval_ds is not None:
         if before_file.is_file():
             eval_before = json.loads(before_file.read_text())
         else:
-            eval_before = _numbers(trainer.evaluate())
-            workspace.atomic_write_json(before_file, eval_before)
+            eval_before = _numbers(trainer.evaluate())  # every process: evaluation is collective
+            if main:
+                workspace.atomic_write_json(before_file, eval_before)
     start = time.perf_counter()
     with speed.gc_frozen():
         trainer.train(resume_from_checkpoint=resume)
     seconds = time.perf_counter() - start
     evals = evals_from(trainer.state.log_history)  # during training: eval_after logs one more
     eval_after = _numbers(trainer.evaluate()) if eval_ds is not None else {}
+    if not main:
+        return None
     trainable, total = count_params(trainer.model)
     model_dir, adapter_dir = _save_final(trainer, tokenizer, model_ref, stage_dir, loader)
     signal = _signal(config.method, eval_before, eval_after, trainer.state.log_history)

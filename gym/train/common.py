@@ -106,6 +106,9 @@ def trl_args(config: TrainConfig, output_dir: Path, *, held_out: bool = False) -
         "bf16": config.bf16,
         "gradient_checkpointing": config.gradient_checkpointing,
         "report_to": "none",
+        # Distributed stages (gym.train.distributed): every trainable parameter takes part in the loss,
+        # so DDP need not search the graph for unused ones at each step (transformers' default does).
+        "ddp_find_unused_parameters": False,
         "disable_tqdm": True,
         "dataloader_num_workers": 0,
         "use_cpu": not _cuda_available(),

@@ -13,6 +13,7 @@ from typing import Any, Literal, TypeVar, get_args
 from pydantic import BaseModel, ConfigDict, Field
 
 from gym.errors import ConfigError
+from gym.train.distributed import DistributedSettings
 from gym.train.rl_config import RLSettings
 from gym.train.speed import SpeedSettings
 
@@ -237,6 +238,10 @@ class TrainConfig(BaseModel):
     rl: RLSettings = Field(
         default_factory=RLSettings,
         description="Online RL (ppo, grpo, gspo): rewards, rollouts, KL, clipping.",
+    )
+    distributed: DistributedSettings = Field(
+        default_factory=DistributedSettings,
+        description="Processes training the stage (DDP; auto: every GPU when there are several).",
     )
 
 

@@ -1,0 +1,43 @@
+"""One process of a stage trained on several (gym.train.distributed); not a command of its own.
+
+    accelerate launch --num_processes N -m gym.train.worker <stage dir>/launch.json
+
+Each process trains the stage described in launch.json through `gym.train._train`; the main process
+saves the model and writes launch-result.json for the flow's process to read.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str]) -> int:
+    from flows.process import tune_process
+
+    tune_process()  # as in the flow's own process: collector thresholds, bitsandbytes loaded on first use
+    from gym import workspace
+    from gym.models import ModelRef
+    from gym.train import _train
+    from gym.train.config import TrainConfig
+    from gym.train.distributed import RESULT
+
+    spec = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    stage_dir = Path(spec["stage_dir"])
+    result = _train(
+        TrainConfig.model_validate(spec["config"]),
+        ModelRef.model_validate(spec["model"]),
+        Path(spec["train_data"]),
+        Path(spec["eval_data"]) if spec["eval_data"] else None,
+        spec["digest"],
+        stage_dir,
+        spec["max_length"],
+    )
+    if result is not None:  # the main process
+        workspace.atomic_write_text(stage_dir / RESULT, result.model_dump_json(indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

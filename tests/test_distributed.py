@@ -1,0 +1,89 @@
+"""Training on several processes (gym.train.distributed): DDP over gloo on this CPU machine, the same
+launch path as on several GPUs, and the checks that keep the other stages in one process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from gym import train
+from gym.errors import ConfigError
+from gym.train import distributed
+from gym.train.config import TrainConfig
+from tests.helpers import tiny, tokenized
+
+
+def weights(model_dir: str) -> dict[str, torch.Tensor]:
+    return load_file(f"{model_dir}/model.safetensors")
+
+
+def test_two_processes_train_as_one_process_does_on_the_same_global_batch(gym_home):
+    """2 processes x batch 4 (DDP averages the gradients) = 1 process x batch 8: same examples per step,
+    same losses and final weights; only the main process writes the stage."""
+    model = tiny()
+    data = tokenized("demo_sft", model, max_samples=200)
+    common = {"method": "sft", "max_steps": 6, "logging_steps": 1, "learning_rate": 3e-3}
+    one = train.run(TrainConfig(per_device_train_batch_size=8, **common), model, data)
+    two = train.run(
+        TrainConfig(per_device_train_batch_size=4, distributed={"num_processes": 2}, **common), model, data
+    )
+    assert two.stage_dir != one.stage_dir and two.global_step == 6
+    assert two.tokens_seen == one.tokens_seen  # counted over both processes
+    losses = [loss for _, loss in two.losses]
+    assert losses[-1] < losses[0] - 0.5  # it learns
+    assert losses == pytest.approx([loss for _, loss in one.losses], rel=1e-4)
+    base, got, want = weights(model.path), weights(two.model_dir), weights(one.model_dir)
+    assert all(not torch.equal(got[k], base[k]) for k in got if "norm" not in k)  # every matrix trained
+    assert all(torch.allclose(got[k], want[k], atol=1e-5) for k in want)
+    stage = sorted(p.name for p in (gym_home / "models" / two.stage_dir.rsplit("/", 1)[1]).iterdir())
+    assert stage == ["checkpoints", "launch-result.json", "launch.json", "model", "result.json"]
+    # Finished: asked again, the stage is read back without launching anything.
+    again = train.run(
+        TrainConfig(per_device_train_batch_size=4, distributed={"num_processes": 2}, **common), model, data
+    )
+    assert again.model_dir == two.model_dir and again.losses == two.losses
+
+
+def resolved(monkeypatch: pytest.MonkeyPatch, gpus: int, **fields) -> int | str:
+    monkeypatch.setattr(distributed, "_gpu_count", lambda: gpus)
+    return distributed.resolve(TrainConfig(**fields)).distributed.num_processes
+
+
+def test_auto_is_every_gpu_when_there_are_several_else_this_process(monkeypatch: pytest.MonkeyPatch):
+    assert resolved(monkeypatch, 0, method="sft") == 1  # CPU
+    assert resolved(monkeypatch, 1, method="sft") == 1
+    assert resolved(monkeypatch, 4, method="dpo", finetuning_type="lora") == 4
+    # Stages that train in one process stay there.
+    assert resolved(monkeypatch, 4, method="grpo") == 1
+    assert resolved(monkeypatch, 4, method="sft", finetuning_type="qlora") == 1
+    assert resolved(monkeypatch, 0, method="sft", distributed={"num_processes": 2}) == 2  # CPU: gloo
+
+
+@pytest.mark.parametrize(
+    ("gpus", "fields", "says"),
+    [
+        (4, {"method": "ppo", "distributed": {"num_processes": 2}}, "method 'ppo' trains in one process"),
+        (4, {"method": "sft", "finetuning_type": "qlora", "distributed": {"num_processes": 2}}, "use lora"),
+        (2, {"method": "sft", "distributed": {"num_processes": 4}}, "2 CUDA GPU(s) are visible"),
+    ],
+)
+def test_what_cannot_train_on_several_processes_says_why(monkeypatch, gpus, fields, says):
+    with pytest.raises(ConfigError, match=r"distributed.num_processes=\d") as error:
+        resolved(monkeypatch, gpus, **fields)
+    assert says in str(error.value)
+
+
+@pytest.mark.parametrize("value", [0, "0", "two", 1.5, True])
+def test_num_processes_is_a_whole_number_of_at_least_one_or_auto(value):
+    with pytest.raises(ValueError, match="a number of processes of at least 1, or auto"):
+        TrainConfig(distributed={"num_processes": value})
+    assert TrainConfig(distributed={"num_processes": "3"}).distributed.num_processes == 3
+
+
+def test_the_flags_are_checked_before_prefect_starts(gym_home):
+    """`gym train` refuses a stage that can't train on several processes in about a second, with no run."""
+    from flows.commands import cmd_train
+
+    assert cmd_train(["--method", "grpo", "--train.distributed.num_processes", "2"]) == 2
+    assert not gym_home.exists()  # nothing written: no workspace, no MLflow or Prefect database
