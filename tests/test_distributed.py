@@ -3,6 +3,14 @@ launch path as on several GPUs, and the checks that keep the other stages in one
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -12,6 +20,8 @@ from gym.errors import ConfigError
 from gym.train import distributed
 from gym.train.config import TrainConfig
 from tests.helpers import tiny, tokenized
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def weights(model_dir: str) -> dict[str, torch.Tensor]:
@@ -87,3 +97,81 @@ def test_the_flags_are_checked_before_prefect_starts(gym_home):
 
     assert cmd_train(["--method", "grpo", "--train.distributed.num_processes", "2"]) == 2
     assert not gym_home.exists()  # nothing written: no workspace, no MLflow or Prefect database
+
+
+RESUMED = dict(method="sft", max_steps=24, logging_steps=4, save_steps=4, learning_rate=3e-3)
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {repo!r})
+    from tests.test_distributed import two_process_stage
+    two_process_stage()
+    """
+)
+
+
+def two_process_stage() -> train.TrainResult:
+    model = tiny()
+    config = TrainConfig(per_device_train_batch_size=4, distributed={"num_processes": 2}, **RESUMED)
+    return train.run(config, model, tokenized("demo_sft", model, max_samples=200))
+
+
+def launched(home: Path) -> list[int]:
+    """Processes (torchrun and its workers) training a stage of the workspace `home`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError):
+            continue
+        if str(home) in command and "launch.json" in command:
+            found.append(int(proc.name))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the training processes through /proc")
+def test_killing_the_flows_process_ends_its_training_processes_and_a_rerun_resumes(tmp_path, monkeypatch):
+    """SIGKILL to the process that launched the stage (as the OOM killer sends): the processes training
+    it end too, instead of racing a re-run, which resumes from the last checkpoint to the weights an
+    uninterrupted run ends with."""
+    home = tmp_path / "home"
+    env = {**os.environ, "GYM_HOME": str(home), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT.format(repo=str(REPO))],
+        env=env,
+        cwd=REPO,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None:
+            if list(home.glob("models/*/checkpoints/checkpoint-*/trainer_state.json")):
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, "training finished (or failed) before it could be interrupted"
+        assert launched(home)
+        os.kill(proc.pid, signal.SIGKILL)  # that process alone, not its process group
+        proc.wait(timeout=60)
+        deadline = time.time() + 30
+        while launched(home) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not launched(home)
+        assert not list(home.glob("models/*/launch-result.json"))  # they ended, not finished the stage
+    finally:
+        for pid in launched(home):
+            os.kill(pid, signal.SIGKILL)
+    monkeypatch.setenv("GYM_HOME", str(home))
+    resumed = two_process_stage()
+    assert resumed.resumed_from is not None and resumed.global_step == RESUMED["max_steps"]
+    monkeypatch.setenv("GYM_HOME", str(tmp_path / "whole"))
+    model = tiny()
+    whole = train.run(
+        TrainConfig(per_device_train_batch_size=8, **RESUMED),
+        model,
+        tokenized("demo_sft", model, max_samples=200),
+    )
+    got, want = weights(resumed.model_dir), weights(whole.model_dir)
+    assert all(torch.allclose(got[k], want[k], atol=1e-5) for k in want)

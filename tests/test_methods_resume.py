@@ -6,6 +6,7 @@ wrongly, see gym.train.adapters.restore_adapter)."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,13 +42,13 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def run_case(case: str) -> train.TrainResult:
+def run_case(case: str, samples: int = 240) -> train.TrainResult:
     """The same stage in any process: gym-tiny, the case's config, its demo data."""
     fields, data, held_out = CASES[case]
     model = tiny()
     eval_data = tokenized(held_out, model, max_samples=16) if held_out else None
     config = TrainConfig(**fields, **STEPS)
-    return train.run(config, model, tokenized(data, model, max_samples=240), eval_data)
+    return train.run(config, model, tokenized(data, model, max_samples=samples), eval_data)
 
 
 def kill_after_first_checkpoint(case: str, home: Path) -> None:
@@ -94,3 +95,26 @@ def test_killed_run_resumes_to_the_same_final_weights(case, tmp_path, monkeypatc
     if case.startswith("dpo"):
         for key in ("eval_loss", "eval_rewards/margins", "eval_rewards/accuracies"):
             assert resumed.eval_after[key] == whole.eval_after[key]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_run_ended_after_its_last_checkpoint_resumes_without_training_a_step_more(case, gym_home):
+    """The process died between the last step's checkpoint and the final save (what is left: the
+    checkpoints, no model, no result). Re-run, the stage ends at the same step with the same weights:
+    transformers alone would train one step past max_steps (when the data holds more batches)."""
+    whole = run_case(case, samples=320)
+    stage = Path(whole.stage_dir)
+    assert (stage / "checkpoints" / "checkpoint-30" / "trainer_state.json").is_file()
+    (stage / "result.json").unlink()
+    for folder in ("model", "adapter"):
+        shutil.rmtree(stage / folder, ignore_errors=True)
+    again = run_case(case, samples=320)
+    assert again.resumed_from is not None and again.resumed_from.endswith("checkpoint-30")
+    assert again.global_step == 30 and again.losses == whole.losses
+    a = load_file(str(Path(whole.model_dir) / "model.safetensors"))
+    b = load_file(str(Path(again.model_dir) / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), "final weights differ"
+    if case.startswith("dpo"):
+        for key in ("eval_loss", "eval_rewards/margins", "eval_rewards/accuracies"):
+            assert again.eval_after[key] == whole.eval_after[key]

@@ -101,6 +101,12 @@ def last_checkpoint(directory: Path) -> str | None:
     return str(max(steps)[1]) if steps else None
 
 
+def _finished(checkpoint: str) -> bool:
+    """Whether `checkpoint` was saved at the last step of its training."""
+    state = json.loads((Path(checkpoint) / "trainer_state.json").read_text(encoding="utf-8"))
+    return bool(state.get("max_steps")) and int(state.get("global_step", 0)) >= int(state["max_steps"])
+
+
 def run(
     config: TrainConfig,
     model: ModelRef,
@@ -213,8 +219,16 @@ def _train(
             if main:
                 workspace.atomic_write_json(before_file, eval_before)
     start = time.perf_counter()
-    with speed.gc_frozen():
-        trainer.train(resume_from_checkpoint=resume)
+    if resume and _finished(resume):
+        # The process ended after the last step's checkpoint, before the final save. transformers would
+        # resume it by training one step more: take the checkpoint's weights and state as they are.
+        from transformers import TrainerState
+
+        trainer._load_from_checkpoint(resume)
+        trainer.state = TrainerState.load_from_json(str(Path(resume) / "trainer_state.json"))
+    else:
+        with speed.gc_frozen():
+            trainer.train(resume_from_checkpoint=resume)
     seconds = time.perf_counter() - start
     evals = evals_from(trainer.state.log_history)  # during training: eval_after logs one more
     eval_after = _numbers(trainer.evaluate()) if eval_ds is not None else {}

@@ -132,6 +132,7 @@ def launch(
             "digest": digest,
             "stage_dir": str(stage_dir),
             "max_length": max_length,
+            "parent_pid": os.getpid(),  # the processes end when this one does (gym.train.worker)
         },
     )
     # PyTorch's own launcher (torchrun): one process per GPU, or N over gloo on CPU; the Trainer sets up

@@ -9,8 +9,12 @@ saves the model and writes launch-result.json for the flow's process to read.
 from __future__ import annotations
 
 import json
+import os
 import sys
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 
 def main(argv: list[str]) -> int:
@@ -24,6 +28,8 @@ def main(argv: list[str]) -> int:
     from gym.train.distributed import RESULT
 
     spec = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    _load_cpu_indexed_storage()
+    threading.Thread(target=_exit_with, args=(spec["parent_pid"],), daemon=True).start()
     stage_dir = Path(spec["stage_dir"])
     result = _train(
         TrainConfig.model_validate(spec["config"]),
@@ -37,6 +43,31 @@ def main(argv: list[str]) -> int:
     if result is not None:  # the main process
         workspace.atomic_write_text(stage_dir / RESULT, result.model_dump_json(indent=2))
     return 0
+
+
+def _load_cpu_indexed_storage() -> None:
+    """Let torch.load map onto "cpu:N". On CPU, accelerate gives each process the device cpu:<local
+    rank>, and transformers resumes a checkpoint's optimizer state with that as map_location, which
+    torch's own deserializers (exactly "cpu", "cuda...", ...) refuse: register one for it."""
+    import torch
+
+    def cpu_indexed(storage: Any, location: str) -> Any:
+        return storage if location.startswith("cpu:") else None
+
+    torch.serialization.register_package(30, lambda _obj: None, cpu_indexed)
+
+
+def _exit_with(pid: int) -> None:
+    """End this process when the flow's process (which launched torchrun) is gone, even killed with
+    SIGKILL: a re-run then resumes the stage alone, instead of beside processes still training it."""
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            os._exit(1)
+        except PermissionError:
+            pass  # alive, owned by another user
+        time.sleep(0.5)
 
 
 if __name__ == "__main__":
