@@ -18,9 +18,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from flows.process import tune_process
 from gym import progress
 from gym.errors import GymError
+from gym.process import tune_process
 
 # subcommand -> ("module:function", one-line help). The function takes the arguments after the
 # subcommand and returns the exit status.

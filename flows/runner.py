@@ -218,8 +218,8 @@ def describe(exc: ValidationError) -> str:
 
 def run_script(flow_fn: Any, config_cls: type[BaseModel]) -> NoReturn:
     """`python flows/<name>.py`: run `main` on the command line's flags, then end the process."""
-    from flows.process import tune_process
     from gym.cli import run_console
+    from gym.process import tune_process
 
     tune_process()
     run_console(lambda: main(flow_fn, config_cls))

@@ -7,7 +7,7 @@ server package into the run's process (~2 s of CPU here, only to build a command
 `uvicorn ... prefect.server.api.server:create_app` in a subprocess, once the flow begins. gym starts
 that same command, with the same environment, itself: as soon as the run's inputs are checked, so the
 API boots in its own process while this one imports the flow and connects to MLflow, and without the
-server import (its garbage collector tuned as in gym's own process: flows/process.py). The run then
+server import (its garbage collector tuned as in gym's own process: gym/process.py). The run then
 talks to it through PREFECT_API_URL, as to any Prefect server; it has no UI (as Prefect's temporary
 API), so no UI links are made. It stops when the run ends.
 """
@@ -37,14 +37,14 @@ from prefect.settings import (
     temporary_settings,
 )
 
-from flows.process import FULL_COLLECTION_THRESHOLD
 from gym.errors import GymError
+from gym.process import FULL_COLLECTION_THRESHOLD
 
 # uvicorn's exit status when it could not start: its port was taken meanwhile (start again on another),
 # or the app's start-up failed (e.g. its database cannot be opened; retrying will not help).
 STARTUP_FAILURE = 3
 STARTS = 3
-# `python -m uvicorn`, with the collector tuned as in gym's own process (flows/process.py): the server's
+# `python -m uvicorn`, with the collector tuned as in gym's own process (gym/process.py): the server's
 # start-up is mostly imports (~2.5 s of CPU here; ~0.35 s less this way). It ends with the run's process
 # even when that is killed (SIGKILL, OOM) and cannot stop it: it watches for its parent to change.
 UVICORN = f"""

@@ -67,6 +67,7 @@ def test_auto_is_every_gpu_when_there_are_several_else_this_process(monkeypatch:
     # Stages that train in one process stay there.
     assert resolved(monkeypatch, 4, method="grpo") == 1
     assert resolved(monkeypatch, 4, method="sft", finetuning_type="qlora") == 1
+    assert resolved(monkeypatch, 4, method="sft", speed={"unsloth": True}) == 1
     assert resolved(monkeypatch, 0, method="sft", distributed={"num_processes": 2}) == 2  # CPU: gloo
 
 

@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 
-from flows.process import FULL_COLLECTION_THRESHOLD
+from gym.process import FULL_COLLECTION_THRESHOLD
 
 REPO = Path(__file__).resolve().parents[1]
 
 SCRIPT = """
 import gc, json, socket, sys
-from flows.process import tune_process
+from gym.process import tune_process
 tune_process()  # as the gym console does first
 from pydantic import BaseModel
 from prefect import flow, task
@@ -91,7 +91,7 @@ def test_the_gym_console_holds_back_full_collections():
 
 DEFERRED = """
 import json, sys
-from flows.process import tune_process
+from gym.process import tune_process
 tune_process()
 import peft, trl, transformers  # peft imports bitsandbytes when it is installed
 before = "bitsandbytes.nn" in sys.modules
@@ -256,7 +256,7 @@ def test_a_finished_command_ends_without_tritons_teardown_report():
         assert proc.returncode == 0, proc.stderr[-2000:]
         return proc.stderr
 
-    quiet = stderr("from flows.process import tune_process; tune_process()")
+    quiet = stderr("from gym.process import tune_process; tune_process()")
     assert "run finished" in quiet and "nanobind" not in quiet and "leaked" not in quiet
     # The control: the skipped final collection makes Triton's module report its objects as leaked.
     assert "leaked" in stderr("")

@@ -88,6 +88,8 @@ def _single_process_only(config: TrainConfig) -> str | None:
             f"method {config.method!r} trains in one process (its loop generates or calls a model itself); "
             f"several processes train {', '.join(METHODS)}"
         )
+    if config.speed.unsloth:
+        return "unsloth trains on one GPU (its open-source release); turn it off for several"
     if config.finetuning_type == "qlora":
         return (
             "qlora trains in one process (each process would load the quantized base); use lora for several"

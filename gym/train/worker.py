@@ -18,7 +18,7 @@ from typing import Any
 
 
 def main(argv: list[str]) -> int:
-    from flows.process import tune_process
+    from gym.process import tune_process
 
     tune_process()  # as in the flow's own process: collector thresholds, bitsandbytes loaded on first use
     from gym import workspace

@@ -1,7 +1,8 @@
-"""Process-wide settings of a gym command's own process (`gym ...`, `python flows/<name>.py`).
+"""Process-wide settings of a gym process (`gym ...`, `python flows/<name>.py`, a distributed stage's
+worker).
 
-Not a command; flows/cli.py and flows/runner.py call `tune_process` first thing. Imports nothing
-heavy, so `gym registry list` stays free of Prefect and torch.
+Not a command; flows/cli.py, flows/runner.py and gym/train/worker.py call `tune_process` first thing.
+Imports nothing heavy, so `gym registry list` stays free of Prefect and torch.
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ class _Deferred(types.ModuleType):
             if type(self) is _Deferred:
                 spec = self.__spec__
                 assert spec is not None and spec.loader is not None
-                self.__class__ = types.ModuleType  # from here on, a plain (partly initialised) module
+                self.__class__ = types.ModuleType  # type: ignore[assignment] # from here on, a plain (partly initialised) module
                 if spec.submodule_search_locations is not None:
                     self.__path__ = spec.submodule_search_locations
                 try:
