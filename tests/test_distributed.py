@@ -1,5 +1,6 @@
-"""Training on several processes (gym.train.distributed): DDP over gloo on this CPU machine, the same
-launch path as on several GPUs, and the checks that keep the other stages in one process."""
+"""Training on several processes (gym.train.distributed): DDP over gloo on this CPU machine (the same
+launch as on several GPUs), killed and resumed, against one process; and the checks that keep the
+other stages in one process."""
 
 from __future__ import annotations
 
@@ -26,33 +27,6 @@ REPO = Path(__file__).resolve().parents[1]
 
 def weights(model_dir: str) -> dict[str, torch.Tensor]:
     return load_file(f"{model_dir}/model.safetensors")
-
-
-def test_two_processes_train_as_one_process_does_on_the_same_global_batch(gym_home):
-    """2 processes x batch 4 (DDP averages the gradients) = 1 process x batch 8: same examples per step,
-    same losses and final weights; only the main process writes the stage."""
-    model = tiny()
-    data = tokenized("demo_sft", model, max_samples=200)
-    common = {"method": "sft", "max_steps": 6, "logging_steps": 1, "learning_rate": 3e-3}
-    one = train.run(TrainConfig(per_device_train_batch_size=8, **common), model, data)
-    two = train.run(
-        TrainConfig(per_device_train_batch_size=4, distributed={"num_processes": 2}, **common), model, data
-    )
-    assert two.stage_dir != one.stage_dir and two.global_step == 6
-    assert two.tokens_seen == one.tokens_seen  # counted over both processes
-    losses = [loss for _, loss in two.losses]
-    assert losses[-1] < losses[0] - 0.5  # it learns
-    assert losses == pytest.approx([loss for _, loss in one.losses], rel=1e-4)
-    base, got, want = weights(model.path), weights(two.model_dir), weights(one.model_dir)
-    assert all(not torch.equal(got[k], base[k]) for k in got if "norm" not in k)  # every matrix trained
-    assert all(torch.allclose(got[k], want[k], atol=1e-5) for k in want)
-    stage = sorted(p.name for p in (gym_home / "models" / two.stage_dir.rsplit("/", 1)[1]).iterdir())
-    assert stage == ["checkpoints", "launch-result.json", "launch.json", "model", "result.json"]
-    # Finished: asked again, the stage is read back without launching anything.
-    again = train.run(
-        TrainConfig(per_device_train_batch_size=4, distributed={"num_processes": 2}, **common), model, data
-    )
-    assert again.model_dir == two.model_dir and again.losses == two.losses
 
 
 def resolved(monkeypatch: pytest.MonkeyPatch, gpus: int, **fields) -> int | str:
@@ -132,10 +106,10 @@ def launched(home: Path) -> list[int]:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the training processes through /proc")
-def test_killing_the_flows_process_ends_its_training_processes_and_a_rerun_resumes(tmp_path, monkeypatch):
+def test_two_processes_stop_with_the_flows_process_resume_and_train_as_one_process(tmp_path, monkeypatch):
     """SIGKILL to the process that launched the stage (as the OOM killer sends): the processes training
-    it end too, instead of racing a re-run, which resumes from the last checkpoint to the weights an
-    uninterrupted run ends with."""
+    it end too, instead of racing a re-run, which resumes from the last checkpoint. The stage ends as
+    one process training on the same global batch ends."""
     home = tmp_path / "home"
     env = {**os.environ, "GYM_HOME": str(home), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
@@ -167,12 +141,24 @@ def test_killing_the_flows_process_ends_its_training_processes_and_a_rerun_resum
     monkeypatch.setenv("GYM_HOME", str(home))
     resumed = two_process_stage()
     assert resumed.resumed_from is not None and resumed.global_step == RESUMED["max_steps"]
-    monkeypatch.setenv("GYM_HOME", str(tmp_path / "whole"))
+    stage = sorted(p.name for p in Path(resumed.stage_dir).iterdir())  # the main process's files only
+    assert stage == ["checkpoints", "launch-result.json", "launch.json", "model", "result.json"]
+
+    # 2 processes x batch 4 (DDP averages the gradients) train as 1 process x batch 8 does: the same
+    # examples per step, so the same losses, token count and final weights.
+    monkeypatch.setenv("GYM_HOME", str(tmp_path / "one"))
     model = tiny()
-    whole = train.run(
-        TrainConfig(per_device_train_batch_size=8, **RESUMED),
-        model,
-        tokenized("demo_sft", model, max_samples=200),
-    )
-    got, want = weights(resumed.model_dir), weights(whole.model_dir)
+    data = tokenized("demo_sft", model, max_samples=200)
+    one = train.run(TrainConfig(per_device_train_batch_size=8, **RESUMED), model, data)
+    assert resumed.tokens_seen == one.tokens_seen  # counted over both processes
+    losses = [loss for _, loss in resumed.losses]
+    assert losses[-1] < losses[0] - 0.5  # it learns
+    assert losses == pytest.approx([loss for _, loss in one.losses], rel=1e-4)
+    base, got, want = weights(model.path), weights(resumed.model_dir), weights(one.model_dir)
+    assert all(not torch.equal(got[k], base[k]) for k in got if "norm" not in k)  # every matrix trained
     assert all(torch.allclose(got[k], want[k], atol=1e-5) for k in want)
+
+    # Finished: asked again, the stage is read back without launching anything.
+    monkeypatch.setenv("GYM_HOME", str(home))
+    again = two_process_stage()
+    assert again.model_dir == resumed.model_dir and again.losses == resumed.losses
