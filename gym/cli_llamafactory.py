@@ -61,6 +61,8 @@ STAGE: dict[str, tuple[str, Callable[[str], Any] | type[bool]]] = {
     "gradient_accumulation_steps": ("gradient_accumulation_steps", int),
     "lr_scheduler_type": ("lr_scheduler_type", str),
     "warmup_ratio": ("warmup_ratio", float),
+    "warmup_steps": ("warmup_steps", int),
+    "neftune_noise_alpha": ("neftune_noise_alpha", float),
     "weight_decay": ("weight_decay", float),
     "max_grad_norm": ("max_grad_norm", float),
     "optim": ("optim", str),

@@ -195,3 +195,41 @@ def test_interrupted_training_resumes_from_its_last_checkpoint(gym_home):
     assert result.global_step == 60
     steps = [s for s, _ in result.losses]
     assert steps[0] == 1 and steps[-1] == 60, "the loss history spans the run before and after the kill"
+
+
+def logged(stage_dir: str, key: str) -> list[float]:
+    """`key` at each logged step, from the stage's last checkpoint's trainer state."""
+    import json
+
+    (state,) = Path(stage_dir).glob("checkpoints/checkpoint-*/trainer_state.json")
+    return [e[key] for e in json.loads(state.read_text())["log_history"] if key in e]
+
+
+def test_warmup_steps_ramp_the_learning_rate_up_instead_of_warmup_ratio(gym_home):
+    model = tiny()
+    data = tokenized("demo_sft", model, max_samples=64)
+    short = dict(method="sft", learning_rate=1e-3, max_steps=8, logging_steps=1, save_steps=8)
+    ramp = logged(train.run(TrainConfig(warmup_steps=4, **short), model, data).stage_dir, "learning_rate")
+    assert ramp[:5] == pytest.approx([0, 2.5e-4, 5e-4, 7.5e-4, 1e-3])  # 4 steps up to the peak
+    assert ramp[5] < ramp[4]  # then the cosine decay
+    # Unset, warmup_ratio (5% of 8 steps: 1 step) applies.
+    default = logged(train.run(TrainConfig(**short), model, data).stage_dir, "learning_rate")
+    assert default[:2] == pytest.approx([0, 1e-3]) and default[2] < default[1]
+
+
+def test_neftune_noises_the_embeddings_while_training_only(gym_home):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = tiny()
+    data = tokenized("demo_sft", model, max_samples=64)
+    short = dict(method="sft", learning_rate=3e-3, max_steps=6, logging_steps=1, save_steps=6)
+    plain = train.run(TrainConfig(**short), model, data)
+    noisy = train.run(TrainConfig(neftune_noise_alpha=5.0, **short), model, data)
+    assert noisy.losses[0][1] != plain.losses[0][1]  # the first step already sees noisy embeddings
+    assert noisy.losses[-1][1] < noisy.losses[0][1]  # and it learns
+    # The saved model carries no noise: two forward passes agree.
+    trained = AutoModelForCausalLM.from_pretrained(noisy.model_dir).train()
+    ids = torch.tensor([[5, 17, 300, 42, 7]])
+    with torch.no_grad():
+        assert torch.equal(trained(ids).logits, trained(ids).logits)

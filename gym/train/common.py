@@ -91,7 +91,9 @@ def trl_args(config: TrainConfig, output_dir: Path, *, held_out: bool = False) -
         "per_device_eval_batch_size": config.per_device_eval_batch_size or config.per_device_train_batch_size,
         "gradient_accumulation_steps": config.gradient_accumulation_steps,
         "lr_scheduler_type": config.lr_scheduler_type,
-        "warmup_steps": config.warmup_ratio,  # transformers 5: a float < 1 is a ratio of total steps
+        # transformers 5: warmup_steps takes a float < 1 as a ratio of the total steps
+        "warmup_steps": config.warmup_ratio if config.warmup_steps is None else config.warmup_steps,
+        "neftune_noise_alpha": config.neftune_noise_alpha,
         "weight_decay": config.weight_decay,
         "max_grad_norm": config.max_grad_norm,
         "seed": config.seed,

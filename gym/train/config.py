@@ -167,6 +167,15 @@ class TrainConfig(BaseModel):
     warmup_ratio: float = Field(
         0.05, ge=0, lt=1, description="Fraction of steps spent warming the learning rate up."
     )
+    warmup_steps: int | None = Field(
+        None, ge=0, description="Steps spent warming the learning rate up; when set, instead of warmup_ratio."
+    )
+    neftune_noise_alpha: float | None = Field(
+        None,
+        gt=0,
+        description="NEFTune (arXiv 2310.05914): uniform noise of this scale on the input embeddings while "
+        "training (transformers' Trainer); the paper uses 5. Off when unset.",
+    )
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
     optim: str | None = Field(
