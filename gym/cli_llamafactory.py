@@ -127,10 +127,22 @@ NOT_NEEDED = {
     "preprocessing_num_workers": "gym tokenizes in-process",
     "dataloader_num_workers": "gym's batches come from tokenized data in memory",
     "ddp_timeout": "multi-GPU runs go through accelerate, with its own settings",
+    "ddp_find_unused_parameters": "gym sets it off: every trainable parameter takes part in the loss",
+    "save_strategy": "gym checkpoints every save_steps, so that an interrupted stage resumes",
+    "save_safetensors": "gym saves safetensors only",
+    "logging_dir": "gym logs every metric to MLflow (--output.tracking_uri)",
+    "include_num_input_tokens_seen": "gym counts the real (non-padding) tokens of every stage",
+    "use_fast_tokenizer": "gym loads the fast (Rust) tokenizer",
+    "dataloader_pin_memory": "gym's batches come from tokenized data in memory",
 }
 LORA_NAMES = {n for n, (path, _) in STAGE.items() if path.startswith("lora.")} | {"pissa_init"}
-# Settings gym can't honour yet: name -> what to do instead (an error when given).
+# Settings gym can't honour yet: name -> what to do instead (an error when given, unless false or null).
 REFUSED = {
+    "hf_hub_token": "gym reads a hub token from $HF_TOKEN only, never from settings (Prefect and MLflow "
+    "store those): remove it from the file and `export HF_TOKEN=...`",
+    "cache_dir": "set $HF_HOME (the hub's cache folder) instead",
+    "fp16": "gym trains in fp32, or bf16 with `bf16: true` (a GPU with bfloat16: Ampere or newer); "
+    "it has no fp16 loss scaling",
     "deepspeed": "gym does not run DeepSpeed ZeRO yet: it trains on several GPUs with DDP "
     "(--train.distributed.num_processes, default: every visible GPU). Drop the setting, or make the model "
     "fit each GPU with --finetuning_type lora or qlora",
@@ -187,7 +199,8 @@ def overrides(
     """
     values = given(args)
     for name in REFUSED.keys() & values.keys():
-        raise ConfigError(f"{name}: {REFUSED[name]}")
+        if str(values[name]).lower() not in ("false", "none", "null"):  # `fp16: false` asks for nothing
+            raise ConfigError(f"{name}: {REFUSED[name]}")
     stage: dict[str, Any] = {}
     top: dict[str, Any] = {}
     for name, value in values.items():

@@ -344,7 +344,40 @@ def test_a_config_file_in_the_papers_training_free_grpo_form_reaches_the_flow(tm
     assert isinstance(config, TfGrpoFlowConfig) and config.group_size == 3 and config.epochs == 2
 
 
-def test_deepspeed_is_refused_saying_what_gym_does_instead():
+def test_deepspeed_and_fp16_are_refused_saying_what_gym_does_instead():
     with pytest.raises(ConfigError, match="deepspeed: gym does not run DeepSpeed ZeRO yet") as error:
         parse(["--deepspeed", "examples/deepspeed/ds_z3_config.json"])
     assert "--train.distributed.num_processes" in str(error.value)
+    with pytest.raises(ConfigError, match="fp16: gym trains in fp32, or bf16 with `bf16: true`"):
+        parse(["--fp16", "true"])
+    assert parse(["--fp16", "false", "--deepspeed", "null"])["train"]["bf16"] is False  # asks for nothing
+    with pytest.raises(
+        ConfigError, match=r"hf_hub_token: gym reads a hub token from \$HF_TOKEN only"
+    ) as error:
+        parse(["--hf_hub_token", "hf_secret_value"])
+    assert "hf_secret_value" not in str(error.value)  # the token is never echoed
+
+
+def test_more_trainer_settings_gym_needs_no_value_for_get_a_note(tmp_path):
+    yaml = tmp_path / "run.yaml"
+    settings = {
+        "save_strategy": "steps",
+        "logging_dir": "logs",
+        "save_safetensors": "true",
+        "use_fast_tokenizer": "true",
+        "ddp_find_unused_parameters": "false",
+        "include_num_input_tokens_seen": "true",
+        "dataloader_pin_memory": "true",
+    }
+    yaml.write_text("".join(f"{k}: {v}\n" for k, v in settings.items()))
+    parser = runner.build_parser(TrainFlowConfig)
+    notes = lf.notes(parser.parse_file(yaml, read_config_file(yaml)))
+    # `false` asks for nothing, so ddp_find_unused_parameters gets no note; the others do.
+    assert sorted(n.split(":")[0] for n in notes) == [
+        "dataloader_pin_memory",
+        "include_num_input_tokens_seen",
+        "logging_dir",
+        "save_safetensors",
+        "save_strategy",
+        "use_fast_tokenizer",
+    ]
