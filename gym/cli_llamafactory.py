@@ -126,7 +126,7 @@ NOT_NEEDED = {
     "save_only_model": "gym keeps what resuming needs and saves the final model",
     "preprocessing_num_workers": "gym tokenizes in-process",
     "dataloader_num_workers": "gym's batches come from tokenized data in memory",
-    "ddp_timeout": "multi-GPU runs go through accelerate, with its own settings",
+    "ddp_timeout": "gym's multi-process stages (torchrun, DDP) keep torch.distributed's own timeout",
     "ddp_find_unused_parameters": "gym sets it off: every trainable parameter takes part in the loss",
     "save_strategy": "gym checkpoints every save_steps, so that an interrupted stage resumes",
     "save_safetensors": "gym saves safetensors only",

@@ -1,6 +1,6 @@
 """One process of a stage trained on several (gym.train.distributed); not a command of its own.
 
-    accelerate launch --num_processes N -m gym.train.worker <stage dir>/launch.json
+    torchrun --standalone --nproc_per_node N -m gym.train.worker <stage dir>/launch.json
 
 Each process trains the stage described in launch.json through `gym.train._train`; the main process
 saves the model and writes launch-result.json for the flow's process to read.
