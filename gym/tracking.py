@@ -19,6 +19,11 @@ from urllib.parse import quote
 
 from gym import workspace
 
+# MLflow sends usage telemetry to its maintainers from a background thread unless told not to; gym runs
+# offline-first and already turns Prefect's analytics off. Set before mlflow is first imported (only this
+# module imports it); MLFLOW_DISABLE_TELEMETRY=false in the environment turns it back on.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
 EXPERIMENT = "gym"
 SECRET_KEY = re.compile(r"(token|secret|password|passwd|api[_-]?key|credential|authorization)", re.IGNORECASE)
 REDACTED = "***"

@@ -7,8 +7,13 @@ Policies, by kind of task:
 - Training: no retries (a retry inside the same run would repeat the failure, or train twice; re-running
   the flow resumes the stage from its last checkpoint instead) and no timeout (a run can take days).
 - Everything else: a timeout (`*_TIMEOUT_S`), so a stuck task fails instead of holding a worker.
-- Tasks that put a model on the accelerator carry the `GPU_TAG` tag: a tag concurrency limit on the
-  Prefect server (`gym up` sets it to the number of GPUs) keeps two of them off one GPU.
+- Tasks that put a model on the accelerator (`gym_task(gpu=True)`) carry the `GPU_TAG` tag when the
+  Prefect API has a concurrency limit on it (`gym up` sets one slot per GPU): the limit keeps two of
+  them off one GPU. Without a limit the tag is left off, because a tagged task asks the API for a slot
+  before it starts (even when its result is cached), and that request opens a write transaction on the
+  API's database. On Prefect's default SQLite database it collided with the API's own writes in about
+  half the runs measured here, and Prefect's client retried it 2 s later: a 2 s stall for a slot of
+  no limit.
 """
 
 from __future__ import annotations
@@ -18,8 +23,9 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prefect import task
+from prefect import Task, tags, task
 from prefect.cache_policies import INPUTS, TASK_SOURCE, CacheKeyFnPolicy, CachePolicy
+from prefect.context import FlowRunContext
 from prefect.settings import (
     PREFECT_LOCAL_STORAGE_PATH,
     PREFECT_RESULTS_PERSIST_BY_DEFAULT,
@@ -65,18 +71,68 @@ IO_RETRIES: dict[str, Any] = {
 }
 
 
-def gym_task(identity: Callable[..., Any] | None = None, **kwargs: Any) -> Callable[..., Any]:
+def gym_task(
+    identity: Callable[..., Any] | None = None, gpu: bool = False, **kwargs: Any
+) -> Callable[..., Any]:
     """`@task` with gym's cache policy and persisted results (override any option by keyword).
 
     `identity`, called with the task's arguments, returns what else the output depends on that the
     arguments don't show (a file's size and mtime behind a dataset name): it joins the cache key.
+    `gpu`: the task puts a model on the accelerator (tagged `GPU_TAG` where the API limits it).
     """
     policy: CachePolicy = CACHE_POLICY
     if identity is not None:
         policy = policy + CacheKeyFnPolicy(cache_key_fn=lambda _ctx, inputs: hash_obj(identity(**inputs)))
     options: dict[str, Any] = {"cache_policy": policy, "persist_result": True, "retries": 0}
     options.update(kwargs)
+    if gpu:
+        return lambda fn: GpuTask(fn=fn, **options)
     return task(**options)
+
+
+class GpuTask(Task[Any, Any]):
+    """A task that puts a model on the accelerator: called or submitted with the `GPU_TAG` tag when the
+    API this run talks to has a concurrency limit on that tag, without it otherwise."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with tags(*gpu_tags()):
+            return super().__call__(*args, **kwargs)
+
+    def submit(self, *args: Any, **kwargs: Any) -> Any:
+        with tags(*gpu_tags()):
+            return super().submit(*args, **kwargs)
+
+
+# (flow run id, whether the API has a limit on GPU_TAG): asked once per flow run.
+_LIMIT_SEEN: list[tuple[str, bool]] = []
+
+
+def gpu_tags() -> tuple[str, ...]:
+    """(GPU_TAG,) when the Prefect API has a concurrency limit on it, else ()."""
+    ctx = FlowRunContext.get()
+    run_id = str(ctx.flow_run.id) if ctx is not None and ctx.flow_run is not None else None
+    if run_id is not None and _LIMIT_SEEN and _LIMIT_SEEN[0][0] == run_id:
+        return (GPU_TAG,) if _LIMIT_SEEN[0][1] else ()
+    limited = _has_gpu_limit()
+    if run_id is not None:
+        _LIMIT_SEEN[:] = [(run_id, limited)]
+    return (GPU_TAG,) if limited else ()
+
+
+def _has_gpu_limit() -> bool:
+    """A read of the API (no write transaction); when it can't answer, the tag stays on and Prefect
+    handles the limit as it would."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        with get_client(sync_client=True) as client:
+            client.read_global_concurrency_limit_by_name(f"tag:{GPU_TAG}")
+    except ObjectNotFound:
+        return False
+    except Exception:  # any other failure: keep Prefect's own behaviour
+        return True
+    return True
 
 
 class UserErrorFilter(logging.Filter):

@@ -22,13 +22,11 @@ from gym.eval.suite import BenchmarkEntry, BenchmarkOptions, check_benchmarks, p
 from gym.hashing import stamp
 from gym.models import ModelRef
 from gym.plots import category_bars
-from tasks._common import EVAL_TIMEOUT_S, GPU_TAG, gym_task
+from tasks._common import EVAL_TIMEOUT_S, gym_task
 from tasks.tracking import cell, in_run, publish, stage_run, table
 
 
-@gym_task(
-    name="exact-match", task_run_name="exact match {label}", tags=[GPU_TAG], timeout_seconds=EVAL_TIMEOUT_S
-)
+@gym_task(name="exact-match", task_run_name="exact match {label}", gpu=True, timeout_seconds=EVAL_TIMEOUT_S)
 def exact_match(
     model: ModelRef,
     dataset: Any,
@@ -78,7 +76,7 @@ def _data_identity(entry: str) -> Any:
     identity=lambda entry, **_: _data_identity(entry),
     name="benchmark",
     task_run_name="{entry} {label}",
-    tags=[GPU_TAG],
+    gpu=True,
     timeout_seconds=EVAL_TIMEOUT_S,
 )
 def benchmark_eval(

@@ -1,7 +1,7 @@
 """Training task: run one stage (any method in gym.train.METHODS) inside a nested MLflow run that spans it.
 
 No retries (re-running the flow resumes the stage from its last checkpoint instead) and no timeout;
-tagged `gym-gpu`, so a tag concurrency limit keeps two training tasks off one GPU.
+tagged `gym-gpu` where the Prefect API limits that tag, so two training tasks stay off one GPU.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from gym.models import ModelRef, derived
 from gym.plots import loss_plot
 from gym.train import TrainConfig, TrainResult, rl_common, run
 from gym.train.rl_config import ONLINE_METHODS
-from tasks._common import GPU_TAG, gym_task
+from tasks._common import gym_task
 from tasks.tracking import fmt, link, publish, run_logs, stage_run, table
 
 # Held-out numbers the stage's artifact shows (the Trainer reports many more; MLflow has them all).
 HELD_OUT = ("eval_loss", "eval_rewards/accuracies", "eval_rewards/margins", "eval_mean_token_accuracy")
 
 
-@gym_task(name="train", task_run_name="train {config.method}", tags=[GPU_TAG])
+@gym_task(name="train", task_run_name="train {config.method}", gpu=True)
 def train_stage(
     config: TrainConfig,
     model: ModelRef,

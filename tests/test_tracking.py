@@ -134,3 +134,24 @@ def test_runs_starting_together_in_a_new_workspace_share_one_new_store(tmp_path)
             assert p.returncode == 0, err[-3000:]
         ids = {out.strip().splitlines()[-1] for out, _ in outputs}
         assert len(ids) == 1, ids
+
+
+TELEMETRY = """
+import gym.tracking, mlflow
+from mlflow.telemetry import get_telemetry_client
+print(get_telemetry_client() is not None)
+"""
+# Variables under which MLflow turns its telemetry off by itself (CI, pytest): a gym run has none of them.
+MLFLOW_CI_MARKERS = ("PYTEST_CURRENT_TEST", "GITHUB_ACTIONS", "CI", "GITLAB_CI", "JENKINS_URL", "BUILDKITE")
+
+
+@pytest.mark.parametrize(("setting", "sent"), [(None, False), ("false", True)])
+def test_mlflow_telemetry_is_off_unless_the_user_turns_it_on(setting: str | None, sent: bool):
+    drop = {*MLFLOW_CI_MARKERS, "MLFLOW_DISABLE_TELEMETRY"}
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    if setting is not None:
+        env["MLFLOW_DISABLE_TELEMETRY"] = setting
+    out = subprocess.run(
+        [sys.executable, "-c", TELEMETRY], cwd=REPO, env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == str(sent)
