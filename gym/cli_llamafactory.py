@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import json
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -33,6 +34,17 @@ def _modules(text: str) -> list[str] | None:
     """`q_proj,v_proj` -> its names; `all` -> None (gym's default: every projection of the model)."""
     names = [n.strip() for n in text.split(",") if n.strip()]
     return None if names in ([], ["all"]) else names
+
+
+def _mapping(text: str) -> dict[str, Any]:
+    """A mapping given as JSON (a YAML file's mapping arrives as JSON): `{"min_lr_rate": 0.1}`."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f'expected a mapping such as {{"min_lr_rate": 0.1}} (got {text!r})')
+    return value
 
 
 def _eval_strategy(text: str) -> str:
@@ -60,11 +72,15 @@ STAGE: dict[str, tuple[str, Callable[[str], Any] | type[bool]]] = {
     "per_device_eval_batch_size": ("per_device_eval_batch_size", int),
     "gradient_accumulation_steps": ("gradient_accumulation_steps", int),
     "lr_scheduler_type": ("lr_scheduler_type", str),
+    "lr_scheduler_kwargs": ("lr_scheduler_kwargs", _mapping),
     "warmup_ratio": ("warmup_ratio", float),
     "warmup_steps": ("warmup_steps", int),
     "neftune_noise_alpha": ("neftune_noise_alpha", float),
     "weight_decay": ("weight_decay", float),
     "max_grad_norm": ("max_grad_norm", float),
+    "adam_beta1": ("adam_beta1", float),
+    "adam_beta2": ("adam_beta2", float),
+    "adam_epsilon": ("adam_epsilon", float),
     "optim": ("optim", str),
     "seed": ("seed", int),
     "logging_steps": ("logging_steps", int),

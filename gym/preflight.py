@@ -14,8 +14,8 @@ reported by ingest, which flows run before loading any model.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, cast
 
 from pydantic import BaseModel
 
@@ -52,6 +52,7 @@ def check_methods(config: BaseModel) -> None:
         check_speed(field, stage)
         check_online(field, stage)
         check_distributed(field, stage)
+        check_schedule(field, stage)
 
 
 def check_speed(field: str, stage: Any) -> None:
@@ -75,6 +76,38 @@ def check_distributed(field: str, stage: Any) -> None:
             distributed.resolve(stage)
         except ConfigError as exc:
             raise ConfigError(f"{field}.{exc}") from None
+
+
+# What transformers passes every scheduler itself: not the user's to set in lr_scheduler_kwargs.
+SCHEDULER_OWN = ("optimizer", "num_warmup_steps", "num_training_steps", "last_epoch")
+
+
+def check_schedule(field: str, stage: Any) -> None:
+    """A scheduler transformers doesn't have, or arguments its scheduler doesn't take (only when other
+    than the default cosine without arguments: checking imports transformers)."""
+    if stage.lr_scheduler_type == "cosine" and not stage.lr_scheduler_kwargs:
+        return
+    import inspect
+
+    from transformers.optimization import TYPE_TO_SCHEDULER_FUNCTION
+    from transformers.trainer_utils import SchedulerType
+
+    names = [t.value for t in TYPE_TO_SCHEDULER_FUNCTION]
+    if stage.lr_scheduler_type not in names:
+        raise ConfigError(
+            f"{field}.lr_scheduler_type: {stage.lr_scheduler_type!r} is not a transformers scheduler; "
+            f"choose from {', '.join(names)}"
+        )
+    function = cast("Callable[..., Any]", TYPE_TO_SCHEDULER_FUNCTION[SchedulerType(stage.lr_scheduler_type)])
+    params = inspect.signature(function).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    takes = [n for n in params if n not in SCHEDULER_OWN]
+    if unknown := sorted(set(stage.lr_scheduler_kwargs) - set(takes)):
+        raise ConfigError(
+            f"{field}.lr_scheduler_kwargs: {stage.lr_scheduler_type} takes "
+            f"{', '.join(takes) or 'no arguments'}, not {', '.join(unknown)}"
+        )
 
 
 def check_online(field: str, stage: Any) -> None:

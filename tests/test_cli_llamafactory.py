@@ -55,6 +55,8 @@ def test_each_stage_wide_name_sets_its_gym_setting_in_every_stage(name):
         text, value = "-3", -3
     elif name == "eval_strategy":
         text, value = "epoch", "epoch"
+    elif name == "lr_scheduler_kwargs":
+        text, value = '{"min_lr_rate": 0.1}', {"min_lr_rate": 0.1}
     config = parse([f"--{name}", text], SftThenDpoConfig)
     assert at(config["sft"], path) == value and at(config["dpo"], path) == value
 
@@ -98,6 +100,27 @@ def test_a_llamafactory_eval_section_sets_held_out_evaluation_during_training(tm
     assert train["eval_strategy"] == strategy and train["eval_steps"] == 500
     sft_then_dpo = parse(["--eval_steps", "20"], SftThenDpoConfig)
     assert sft_then_dpo["sft"]["eval_steps"] == sft_then_dpo["dpo"]["eval_steps"] == 20
+
+
+LLAMAFACTORY_OPTIMIZER = """\
+### train
+lr_scheduler_type: cosine_with_min_lr
+lr_scheduler_kwargs:
+  min_lr_rate: 0.1
+adam_beta2: 0.95
+adam_epsilon: 1.0e-6
+"""
+
+
+def test_a_llamafactory_schedule_and_adam_settings_reach_the_stage(tmp_path):
+    path = tmp_path / "lf.yaml"
+    path.write_text(LLAMAFACTORY_OPTIMIZER)
+    train = parse([], file=read_config_file(path))["train"]
+    assert train["lr_scheduler_type"] == "cosine_with_min_lr"
+    assert train["lr_scheduler_kwargs"] == {"min_lr_rate": 0.1}
+    assert (train["adam_beta1"], train["adam_beta2"], train["adam_epsilon"]) == (0.9, 0.95, 1e-6)
+    with pytest.raises(SystemExit):  # not a mapping: argparse's usage error names the flag
+        parse(["--lr_scheduler_kwargs", "0.1"])
 
 
 def test_a_bad_eval_strategy_names_the_values_there_are(tmp_path):

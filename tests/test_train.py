@@ -217,6 +217,54 @@ def test_warmup_steps_ramp_the_learning_rate_up_instead_of_warmup_ratio(gym_home
     assert default[:2] == pytest.approx([0, 1e-3]) and default[2] < default[1]
 
 
+def test_adam_settings_and_scheduler_arguments_reach_the_optimizer_and_the_schedule(gym_home):
+    import math
+
+    import torch
+
+    model = tiny()
+    data = tokenized("demo_sft", model, max_samples=64)
+    config = TrainConfig(
+        method="sft",
+        learning_rate=1e-3,
+        max_steps=4,
+        logging_steps=1,
+        save_steps=4,
+        warmup_steps=0,
+        adam_beta1=0.8,
+        adam_beta2=0.95,
+        adam_epsilon=1e-6,
+        lr_scheduler_type="cosine_with_min_lr",
+        lr_scheduler_kwargs={"min_lr_rate": 0.5},
+    )
+    result = train.run(config, model, data)
+    (checkpoint,) = Path(result.stage_dir).glob("checkpoints/checkpoint-*")
+    group = torch.load(checkpoint / "optimizer.pt", weights_only=True)["param_groups"][0]
+    assert tuple(group["betas"]) == (0.8, 0.95) and group["eps"] == 1e-6
+    # cosine from 1e-3 down to half of it (min_lr_rate) over 4 steps, not down to 0
+    expected = [5e-4 + 5e-4 * 0.5 * (1 + math.cos(math.pi * t / 4)) for t in range(4)]
+    assert logged(result.stage_dir, "learning_rate") == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("settings", "says"),
+    [
+        ({"lr_scheduler_type": "cosinus"}, r"train.lr_scheduler_type: 'cosinus' is not a transformers "),
+        (
+            {"lr_scheduler_kwargs": {"min_lr_rate": 0.1}},
+            r"train.lr_scheduler_kwargs: cosine takes num_cycles, not min_lr_rate",
+        ),
+    ],
+)
+def test_a_schedule_transformers_cannot_build_fails_before_any_model(settings, says):
+    from gym import preflight
+    from gym.pipeline import TrainFlowConfig
+
+    with pytest.raises(ConfigError, match=says):
+        preflight.check_methods(TrainFlowConfig(train=TrainConfig(**settings)))
+    preflight.check_methods(TrainFlowConfig(train=TrainConfig(lr_scheduler_type="cosine_with_min_lr")))
+
+
 def test_neftune_noises_the_embeddings_while_training_only(gym_home):
     import torch
     from transformers import AutoModelForCausalLM

@@ -164,6 +164,11 @@ class TrainConfig(BaseModel):
     lr_scheduler_type: str = Field(
         "cosine", description="transformers scheduler name (cosine, linear, constant...)."
     )
+    lr_scheduler_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="More arguments of the scheduler (transformers' lr_scheduler_kwargs), e.g. "
+        '{"min_lr_rate": 0.1} with cosine_with_min_lr.',
+    )
     warmup_ratio: float = Field(
         0.05, ge=0, lt=1, description="Fraction of steps spent warming the learning rate up."
     )
@@ -178,6 +183,9 @@ class TrainConfig(BaseModel):
     )
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
+    adam_beta1: float = Field(0.9, ge=0, lt=1, description="AdamW's decay of the first moment.")
+    adam_beta2: float = Field(0.999, ge=0, lt=1, description="AdamW's decay of the second moment.")
+    adam_epsilon: float = Field(1e-8, gt=0, description="AdamW's epsilon.")
     optim: str | None = Field(
         None,
         description="transformers optimizer name; default: transformers' AdamW, and for qlora "
