@@ -109,6 +109,8 @@ STAGE: dict[str, tuple[str, Callable[[str], Any] | type[bool]]] = {
     "kto_chosen_weight": ("desirable_weight", float),
     "kto_rejected_weight": ("undesirable_weight", float),
     "ppo_epochs": ("rl.ppo_epochs", int),
+    "shift_attn": ("longlora.shift_attention", bool),
+    "additional_target": ("longlora.trainable_modules", lambda text: _modules(text) or []),
     "use_unsloth": ("speed.unsloth", bool),
     "packing": ("speed.packing", bool),
     "neat_packing": ("speed.packing", bool),  # gym's packing never attends across sequences
@@ -237,9 +239,33 @@ def overrides(
                 f"finetuning_type {finetuning_type!r}{why}: use --finetuning_type lora (or qlora)"
             )
         stage["finetuning_type"] = "qlora"
+    elif longlora := _longlora(values, finetuning_type):
+        stage["finetuning_type"] = "longlora"
+        stage["longlora"] = longlora
     elif finetuning_type is None and LORA_NAMES & values.keys():
         stage["finetuning_type"] = "lora"
     return {**top, **{name: copy.deepcopy(stage) for name in stages}} if stage else top
+
+
+def _longlora(values: dict[str, Any], finetuning_type: str | None) -> dict[str, Any] | None:
+    """LLaMA-Factory's LongLoRA pieces on a LoRA adapter as gym's `longlora` settings, or None if not given.
+
+    `shift_attn` is shifted sparse attention while training; `additional_target` names the modules that
+    train in full beside the adapter (PEFT's modules_to_save). gym's longlora is a LoRA adapter with both,
+    each one off unless given here (its own defaults, S2-Attn on and embeddings and norms trained, apply
+    to `--finetuning_type longlora` only).
+    """
+    shift = bool(values.get("shift_attn"))
+    extra = values.get("additional_target") or []
+    if not shift and not extra:
+        return None
+    if finetuning_type not in (None, "lora", "longlora"):
+        asked = " and ".join(n for n, on in (("shift_attn", shift), ("additional_target", extra)) if on)
+        raise ConfigError(
+            f"{asked} go with a LoRA adapter (gym: finetuning_type longlora); finetuning_type "
+            f"{finetuning_type!r} is not one: use --finetuning_type lora"
+        )
+    return {"shift_attention": shift, "trainable_modules": extra}
 
 
 def notes(args: argparse.Namespace) -> list[str]:

@@ -404,3 +404,40 @@ def test_more_trainer_settings_gym_needs_no_value_for_get_a_note(tmp_path):
         "save_strategy",
         "use_fast_tokenizer",
     ]
+
+
+@pytest.mark.parametrize(
+    ("lines", "s2attn_on", "full"),
+    [
+        # LLaMA-Factory's LongLoRA recipe: S2-Attn and the embeddings and norms trained in full
+        (["finetuning_type: lora", "shift_attn: true", "additional_target: embed_tokens,norm"], True, True),
+        (["finetuning_type: lora", "shift_attn: true"], True, False),  # LoRA + S2-Attn only
+        (["additional_target: embed_tokens,norm"], False, True),  # LoRA + modules_to_save only
+    ],
+)
+def test_llamafactory_longlora_pieces_build_the_adapter_they_describe(tmp_path, lines, s2attn_on, full):
+    from gym.models import load_model
+    from gym.train import TrainConfig, adapters, s2attn
+    from tests.helpers import tiny
+
+    path = tmp_path / "lf.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    stage = TrainConfig.model_validate(parse([], file=read_config_file(path))["train"])
+    assert stage.finetuning_type == "longlora"
+    ref = tiny()
+    model = adapters.adapt(load_model(ref), stage, ref, Path("/nonexistent"))
+    assert (model.config._attn_implementation == s2attn.NAME) is s2attn_on
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    beside = {n for n in trainable if "lora_" not in n}
+    assert any("lora_A" in n for n in trainable)
+    if full:
+        assert any("embed_tokens" in n for n in beside) and any("layernorm" in n for n in beside)
+    else:
+        assert not beside, "the adapter alone trains"
+
+
+def test_llamafactory_longlora_pieces_need_a_lora_adapter():
+    default = TrainFlowConfig().train.finetuning_type
+    assert parse(["--shift_attn", "false"])["train"]["finetuning_type"] == default, "asks for nothing"
+    with pytest.raises(ConfigError, match=r"shift_attn go with a LoRA adapter .* use --finetuning_type lora"):
+        parse(["--shift_attn", "--finetuning_type", "full"])

@@ -122,7 +122,7 @@ def lora_config(model: Any, config: TrainConfig, model_ref: ModelRef) -> Any:
 
     lora = lora_settings(config)
     init: Any = {"default": True, "pissa": "pissa", "gaussian": "gaussian"}[lora.init]
-    extra = longlora_modules(model, config) if config.finetuning_type == "longlora" else None
+    extra = (longlora_modules(model, config) or None) if config.finetuning_type == "longlora" else None
     # A reward model (rm): PEFT's SEQ_CLS task trains and saves its new score head beside the adapter.
     classifier = task_head(model) is not None
     tied = bool(getattr(model.config, "tie_word_embeddings", False)) and not classifier  # no output layer
