@@ -74,7 +74,16 @@ def test_the_flags_are_checked_before_prefect_starts(gym_home):
     assert not gym_home.exists()  # nothing written: no workspace, no MLflow or Prefect database
 
 
-RESUMED = dict(method="sft", max_steps=24, logging_steps=4, save_steps=4, learning_rate=3e-3)
+RESUMED = dict(
+    method="sft",
+    max_steps=24,
+    logging_steps=4,
+    save_steps=4,
+    learning_rate=3e-3,
+    eval_steps=8,  # held-out loss during training too, over both processes
+    per_device_eval_batch_size=1,
+)
+HELD_OUT = 21  # records: an odd number, so the two processes' shares differ
 SCRIPT = textwrap.dedent(
     """
     import sys
@@ -88,7 +97,8 @@ SCRIPT = textwrap.dedent(
 def two_process_stage() -> train.TrainResult:
     model = tiny()
     config = TrainConfig(per_device_train_batch_size=4, distributed={"num_processes": 2}, **RESUMED)
-    return train.run(config, model, tokenized("demo_sft", model, max_samples=200))
+    held_out = tokenized("demo_sft_eval", model, max_samples=HELD_OUT)
+    return train.run(config, model, tokenized("demo_sft", model, max_samples=200), held_out)
 
 
 def launched(home: Path) -> list[int]:
@@ -142,14 +152,22 @@ def test_two_processes_stop_with_the_flows_process_resume_and_train_as_one_proce
     resumed = two_process_stage()
     assert resumed.resumed_from is not None and resumed.global_step == RESUMED["max_steps"]
     stage = sorted(p.name for p in Path(resumed.stage_dir).iterdir())  # the main process's files only
-    assert stage == ["checkpoints", "launch-result.json", "launch.json", "model", "result.json"]
+    assert stage == [
+        "checkpoints",
+        "eval_before.json",
+        "launch-result.json",
+        "launch.json",
+        "model",
+        "result.json",
+    ]
 
     # 2 processes x batch 4 (DDP averages the gradients) train as 1 process x batch 8 does: the same
     # examples per step, so the same losses, token count and final weights.
     monkeypatch.setenv("GYM_HOME", str(tmp_path / "one"))
     model = tiny()
     data = tokenized("demo_sft", model, max_samples=200)
-    one = train.run(TrainConfig(per_device_train_batch_size=8, **RESUMED), model, data)
+    held_out = tokenized("demo_sft_eval", model, max_samples=HELD_OUT)
+    one = train.run(TrainConfig(per_device_train_batch_size=8, **RESUMED), model, data, held_out)
     assert resumed.tokens_seen == one.tokens_seen  # counted over both processes
     losses = [loss for _, loss in resumed.losses]
     assert losses[-1] < losses[0] - 0.5  # it learns
@@ -157,6 +175,15 @@ def test_two_processes_stop_with_the_flows_process_resume_and_train_as_one_proce
     base, got, want = weights(model.path), weights(resumed.model_dir), weights(one.model_dir)
     assert all(not torch.equal(got[k], base[k]) for k in got if "norm" not in k)  # every matrix trained
     assert all(torch.allclose(got[k], want[k], atol=1e-5) for k in want)
+    # With held-out data, the processes still train as one (the evaluation before training used to
+    # leave the model unwrapped: no gradient averaging). The held-out loss is measured before, during
+    # and after, and falls. Its values differ from one process's by up to a few percent (each process
+    # scores a share; with 21 records the shares are uneven): close, not equal.
+    assert [s for s, _ in resumed.evals["eval_loss"]] == [8, 16, 24]
+    held = [resumed.eval_before["eval_loss"], *(loss for _, loss in resumed.evals["eval_loss"])]
+    assert held == sorted(held, reverse=True) and held[-1] < held[0] - 1
+    reference = [one.eval_before["eval_loss"], *(loss for _, loss in one.evals["eval_loss"])]
+    assert held == pytest.approx(reference, rel=0.05)
 
     # Finished: asked again, the stage is read back without launching anything.
     monkeypatch.setenv("GYM_HOME", str(home))

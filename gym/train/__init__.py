@@ -211,13 +211,15 @@ def _train(
     before_file = stage_dir / "eval_before.json"
     eval_before: dict[str, float] = {}
     main = trainer.is_world_process_zero()
+    at_start = None
     if eval_ds is not None:
         if before_file.is_file():
             eval_before = json.loads(before_file.read_text())
+        elif trainer.args.world_size > 1:
+            at_start = _evaluate_at_start(trainer, before_file if main else None)
         else:
-            eval_before = _numbers(trainer.evaluate())  # every process: evaluation is collective
-            if main:
-                workspace.atomic_write_json(before_file, eval_before)
+            eval_before = _numbers(trainer.evaluate())
+            workspace.atomic_write_json(before_file, eval_before)
     start = time.perf_counter()
     if resume and _finished(resume):
         # The process ended after the last step's checkpoint, before the final save. transformers would
@@ -230,7 +232,10 @@ def _train(
         with speed.gc_frozen():
             trainer.train(resume_from_checkpoint=resume)
     seconds = time.perf_counter() - start
-    evals = evals_from(trainer.state.log_history)  # during training: eval_after logs one more
+    if at_start is not None:
+        eval_before = at_start.metrics
+    # during training (the evaluation at step 0 is eval_before; eval_after logs one more)
+    evals = evals_from([e for e in trainer.state.log_history if e.get("step") != 0])
     eval_after = _numbers(trainer.evaluate()) if eval_ds is not None else {}
     if not main:
         return None
@@ -280,6 +285,33 @@ def _signal(
         "metric_first": eval_before.get(metric),
         "metric_last": eval_after.get(metric),
     }
+
+
+def _evaluate_at_start(trainer: Any, before_file: Path | None) -> Any:
+    """Several processes: the held-out evaluation before training runs as training starts (transformers'
+    `eval_on_start`), recorded in `before_file` (the main process's; None on the others) as it ends.
+
+    Not `trainer.evaluate()` before `train()`, as one process does: that prepares the model for
+    evaluation only, accelerate then counts it as prepared, and `train()` skips the DDP wrapper. Each
+    process trained alone on its share of every batch, gradients never averaged, and the main process
+    saved what it alone had learnt.
+    """
+    from transformers import TrainerCallback
+
+    class AtStart(TrainerCallback):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.metrics: dict[str, float] = {}
+
+        def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.global_step == 0 and not self.metrics:
+                self.metrics = _numbers(kwargs.get("metrics") or {})
+                if before_file is not None:
+                    workspace.atomic_write_json(before_file, self.metrics)
+
+    callback = AtStart()
+    trainer.add_callback(callback)
+    trainer.args.eval_on_start = True
+    return callback
 
 
 def _report_progress(trainer: Any, stage: str) -> None:
