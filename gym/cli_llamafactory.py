@@ -260,9 +260,10 @@ def _longlora(values: dict[str, Any], finetuning_type: str | None) -> dict[str, 
     if not shift and not extra:
         return None
     if finetuning_type not in (None, "lora", "longlora"):
-        asked = " and ".join(n for n, on in (("shift_attn", shift), ("additional_target", extra)) if on)
+        asked = [n for n, on in (("shift_attn", shift), ("additional_target", extra)) if on]
         raise ConfigError(
-            f"{asked} go with a LoRA adapter (gym: finetuning_type longlora); finetuning_type "
+            f"{' and '.join(asked)} {'go' if len(asked) > 1 else 'goes'} with a LoRA adapter (gym: "
+            f"finetuning_type longlora); finetuning_type "
             f"{finetuning_type!r} is not one: use --finetuning_type lora"
         )
     return {"shift_attention": shift, "trainable_modules": extra}

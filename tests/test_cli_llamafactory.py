@@ -439,5 +439,5 @@ def test_llamafactory_longlora_pieces_build_the_adapter_they_describe(tmp_path, 
 def test_llamafactory_longlora_pieces_need_a_lora_adapter():
     default = TrainFlowConfig().train.finetuning_type
     assert parse(["--shift_attn", "false"])["train"]["finetuning_type"] == default, "asks for nothing"
-    with pytest.raises(ConfigError, match=r"shift_attn go with a LoRA adapter .* use --finetuning_type lora"):
+    with pytest.raises(ConfigError, match=r"shift_attn goes with a LoRA adapter .* --finetuning_type lora"):
         parse(["--shift_attn", "--finetuning_type", "full"])
