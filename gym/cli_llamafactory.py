@@ -18,13 +18,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import json
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from gym.cli_options import SEP, Switch
+from gym.cli_options import SEP, Switch, json_mapping
 from gym.errors import ConfigError
 
 DEST = "llamafactory"  # argparse dests are f"{DEST}.{name}"
@@ -34,17 +33,6 @@ def _modules(text: str) -> list[str] | None:
     """`q_proj,v_proj` -> its names; `all` -> None (gym's default: every projection of the model)."""
     names = [n.strip() for n in text.split(",") if n.strip()]
     return None if names in ([], ["all"]) else names
-
-
-def _mapping(text: str) -> dict[str, Any]:
-    """A mapping given as JSON (a YAML file's mapping arrives as JSON): `{"min_lr_rate": 0.1}`."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        value = None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f'expected a mapping such as {{"min_lr_rate": 0.1}} (got {text!r})')
-    return value
 
 
 def _eval_strategy(text: str) -> str:
@@ -72,7 +60,7 @@ STAGE: dict[str, tuple[str, Callable[[str], Any] | type[bool]]] = {
     "per_device_eval_batch_size": ("per_device_eval_batch_size", int),
     "gradient_accumulation_steps": ("gradient_accumulation_steps", int),
     "lr_scheduler_type": ("lr_scheduler_type", str),
-    "lr_scheduler_kwargs": ("lr_scheduler_kwargs", _mapping),
+    "lr_scheduler_kwargs": ("lr_scheduler_kwargs", json_mapping),
     "warmup_ratio": ("warmup_ratio", float),
     "warmup_steps": ("warmup_steps", int),
     "neftune_noise_alpha": ("neftune_noise_alpha", float),

@@ -23,17 +23,22 @@ from gym.errors import ConfigError
 
 SEP = "."
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+USAGE_LINES = 12  # a longer usage (a flow's hundreds of flags) is shown as one line pointing to --help
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse, with a bad flag reported as `error: <message>` on the last line (status 2, as argparse)."""
+    """argparse, with a bad flag reported as `error: <message>` on the last line (status 2, as argparse),
+    after the usage when it is short, else after one line saying where the options are listed."""
 
     source: Path | None = None  # a config file being read: its errors name it
 
     def error(self, message: str) -> NoReturn:
         if self.source is not None:
             raise ConfigError(f"{self.source}: {message}")
-        self.print_usage(sys.stderr)
+        usage = self.format_usage()
+        if usage.count("\n") > USAGE_LINES:
+            usage = f"usage: {self.prog} [options]   (every option: {self.prog} --help)\n"
+        self._print_message(usage, sys.stderr)
         self.exit(2, f"error: {message}\n")
 
     def parse_file(self, path: Path, settings: dict[str, Any]) -> argparse.Namespace:
@@ -103,7 +108,7 @@ def add_config_options(parser: argparse.ArgumentParser, model: type[BaseModel], 
         elif tp in (int, float, str):
             kwargs["type"] = _optional(tp) if optional else tp
         elif tp is dict or get_origin(tp) is dict:
-            kwargs["type"] = json.loads
+            kwargs["type"] = json_mapping
             kwargs["metavar"] = "JSON"
         group.add_argument(*flags, **kwargs)
 
@@ -114,7 +119,22 @@ def _optional(tp: type) -> Any:
     def parse(text: str) -> Any:
         return None if text.lower() in ("none", "null") else tp(text)
 
+    parse.__name__ = tp.__name__  # argparse's message: "invalid float value: 'abc'"
     return parse
+
+
+def json_mapping(text: str) -> dict[str, Any]:
+    """A mapping given as JSON (a config file's mapping arrives as JSON): `{"min_lr_rate": 0.1}`."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(
+            f'expected a JSON mapping such as {{"min_lr_rate": 0.1}} (got {text!r}: {exc.msg} at character '
+            f"{exc.pos + 1})"
+        ) from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f'expected a mapping such as {{"min_lr_rate": 0.1}} (got {text!r})')
+    return value
 
 
 def overrides_from(namespace: argparse.Namespace, model: type[BaseModel]) -> dict[str, Any]:

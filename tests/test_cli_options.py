@@ -92,3 +92,35 @@ def test_the_printed_summary_leaves_out_what_this_run_does_not_have(capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0] == "== gym run summary =="
     assert [line.split() for line in lines[1:]] == [["model_version", "1"], ["pt_loss_last", "3.1378"]]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--train.learning_rate", "abc"],
+            "argument --train.learning-rate/--train.learning_rate: invalid float value: 'abc'",
+        ),
+        (["--data.max_samples", "many"], "invalid int value: 'many'"),
+        (
+            ["--train.lr_scheduler_kwargs", "{min_lr_rate: 0.1}"],
+            "expected a JSON mapping such as "
+            "{\"min_lr_rate\": 0.1} (got '{min_lr_rate: 0.1}': Expecting property name enclosed in "
+            "double quotes at character 2)",
+        ),
+        (["--train.lr_scheduler_kwargs", "[0.1]"], "expected a mapping such as"),
+    ],
+)
+def test_a_bad_flag_value_gets_a_short_usage_and_says_what_it_expects(capsys, argv, message):
+    parser = build_parser(TrainFlowConfig, prog="gym train --method sft")
+    with pytest.raises(SystemExit) as stop:
+        parser.parse_args(argv)
+    assert stop.value.code == 2
+    usage, error = capsys.readouterr().err.strip().splitlines()  # two lines, not the flow's whole usage
+    assert usage == "usage: gym train --method sft [options]   (every option: gym train --method sft --help)"
+    assert error.startswith("error: ") and message in error
+
+
+def test_a_dict_setting_takes_a_json_mapping():
+    cfg = parse(TrainFlowConfig, ["--train.lr_scheduler_kwargs", '{"min_lr_rate": 0.1}'])
+    assert cfg.train.lr_scheduler_kwargs == {"min_lr_rate": 0.1}
