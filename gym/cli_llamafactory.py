@@ -35,6 +35,16 @@ def _modules(text: str) -> list[str] | None:
     return None if names in ([], ["all"]) else names
 
 
+def _floats(text: str) -> list[float]:
+    """`0.7,0.3` -> [0.7, 0.3] (LLaMA-Factory's comma-separated interleave_probs)."""
+    try:
+        return [float(n) for n in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected numbers separated by commas, e.g. 0.7,0.3 (got {text!r})"
+        ) from None
+
+
 def _eval_strategy(text: str) -> str:
     """transformers' eval_strategy: no, steps or epoch (`no`, which YAML reads as false, included)."""
     value = text.strip().lower()
@@ -120,6 +130,8 @@ TOP: dict[str, tuple[str, Callable[[str], Any] | type[bool]]] = {
     "max_samples": ("data.max_samples", int),
     "train_on_prompt": ("data.train_on_prompt", bool),
     "mask_history": ("data.mask_history", bool),
+    "mix_strategy": ("data.mix_strategy", str),
+    "interleave_probs": ("data.interleave_probs", _floats),
 }
 # Settings of LLaMA-Factory's YAML files that gym needs no value for, and why (a note when given).
 NOT_NEEDED = {

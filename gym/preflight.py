@@ -136,6 +136,28 @@ def check_val_size(config: Any) -> None:
         )
 
 
+def check_mix(config: Any) -> None:
+    """`data.interleave_probs`: read by an interleaving mix_strategy, one share per dataset of each mix."""
+    data = getattr(config, "data", None)
+    probs = getattr(data, "interleave_probs", None)
+    if data is None or probs is None:
+        return
+    if data.mix_strategy == "concat":
+        raise ConfigError(
+            "data.interleave_probs: the shares are read when data.mix_strategy interleaves "
+            "(interleave_under or interleave_over); it is concat, which takes every record of each dataset"
+        )
+    from gym.data.mix import names
+
+    for field, (name, _) in config.dataset_uses().items():
+        parts = names(name)
+        if len(parts) > 1 and len(parts) != len(probs):
+            raise ConfigError(
+                f"data.interleave_probs: {len(probs)} share(s), but {field} mixes {len(parts)} datasets "
+                f"({name}); give one share per dataset, in the same order"
+            )
+
+
 def check_model(name: str, template: str | None) -> None:
     from gym.models import check
     from gym.templates import load_template
@@ -196,6 +218,7 @@ def check(config: FlowInputs) -> None:
     for field, (name, use) in config.dataset_uses().items():
         check_dataset(field, name, use)
     check_val_size(config)
+    check_mix(config)
     from gym.promotion import check_flow_metric
 
     check_flow_metric(config)

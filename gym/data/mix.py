@@ -8,6 +8,13 @@ one after the other, LLaMA-Factory's default `concat` (the trainer shuffles them
 written once, atomically, under the workspace's datasets/ and named by the parts' digests. The
 parts must hold one kind of record (sft, preference, kto or prompt), whatever their source formats:
 a mix of kinds fails, naming each part's kind. Every dataset setting of a flow takes a list.
+
+When a stage tokenizes a mix, `--data.mix_strategy` (LLaMA-Factory's `mix_strategy`) can interleave
+the parts instead (`interleave`, datasets' `interleave_datasets`): records drawn from the parts in
+turn, or at random with `--data.interleave_probs` (one share per part), until the first part runs out
+(`interleave_under`) or the last one does, the others starting over (`interleave_over`). The draw
+happens after `max_samples` caps each part and after `val_size` holds records out (a held-out split
+of a mix keeps its train records in their parts: `gym.data.split`).
 """
 
 from __future__ import annotations
@@ -54,6 +61,32 @@ def check_kinds(kinds: dict[str, str]) -> None:
             f"datasets {listed} hold different kinds of records; a mix needs one kind: train each kind "
             "in its own stage (e.g. sft_then_dpo)"
         )
+
+
+def interleave(
+    rows: Any, sizes: list[int], strategy: str, probs: list[float] | None, seed: int, name: str
+) -> Any:
+    """LLaMA-Factory's `interleave_under` / `interleave_over` of a mix whose parts are the consecutive
+    runs of `sizes` records of dataset `rows` (`name`, for messages), drawn with shares `probs` (weights,
+    normalised; None: in turn) and `seed`. A part left empty (all its records held out) is left out."""
+    import datasets
+
+    if probs is not None and len(probs) != len(sizes):
+        raise ConfigError(
+            f"interleave_probs gives {len(probs)} share(s) for the {len(sizes)} datasets mixed in {name}: "
+            "give one per dataset, in the order the dataset list names them"
+        )
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    kept = [i for i, size in enumerate(sizes) if size]
+    parts = [rows.select(range(starts[i], starts[i] + sizes[i])) for i in kept]
+    shares = None
+    if probs is not None:
+        weights = [probs[i] for i in kept]
+        shares = [w / sum(weights) for w in weights] if sum(weights) > 0 else None
+        if shares is None:
+            raise ConfigError(f"interleave_probs {probs} leaves no dataset of {name} to draw from")
+    until = "first_exhausted" if strategy == "interleave_under" else "all_exhausted"
+    return datasets.interleave_datasets(parts, probabilities=shares, seed=seed, stopping_strategy=until)
 
 
 def ingest_named(value: str, resolve: Callable[[str], DatasetSpec] = resolve_dataset) -> IngestResult:

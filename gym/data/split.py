@@ -7,9 +7,14 @@ The held-out records are drawn at random with `seed` (`datasets.Dataset.train_te
 parts are ingested datasets of their own (a folder with meta.json under the workspace's
 datasets/, named by the parent's digest, `val_size` and `seed`), so they tokenize, cache and
 train like any other. A split that would leave either part empty is refused, naming the counts.
+The train part of a mix of datasets (gym.data.mix) keeps its records in their datasets, in order,
+with each dataset's count, so that a stage can still cap or interleave them per dataset.
 """
 
 from __future__ import annotations
+
+import bisect
+from typing import Any
 
 from gym import workspace
 from gym.data.ingest import IngestResult, load_meta
@@ -43,26 +48,52 @@ def split(
     import datasets
 
     count = held_out_count(val_size, data.num_records, name)
+    parent = load_meta(data.path)
+    mixed = "mix_of" in parent
     digests = {
-        part: hash_obj({"of": data.digest, "val_size": val_size, "seed": seed, "part": part})
+        part: hash_obj(
+            {"of": data.digest, "val_size": val_size, "seed": seed, "part": part}
+            | ({"parts_kept": True} if mixed else {})
+        )
         for part in PARTS
     }
     finals = {part: workspace.path("datasets", digest) for part, digest in digests.items()}
     if not all((final / "meta.json").is_file() for final in finals.values()):
-        parent = load_meta(data.path)
-        parts = datasets.load_from_disk(str(data.path)).train_test_split(test_size=count, seed=seed)
-        for part, rows in zip(PARTS, (parts["train"], parts["test"]), strict=True):
+        rows = datasets.load_from_disk(str(data.path))
+        extra: dict[str, dict[str, Any]] = {"train": {}, "held_out": {}}
+        if mixed:  # the train records stay in their datasets, in order (train_test_split shuffles them)
+            drawn = datasets.Dataset.from_dict({"i": range(len(rows))}).train_test_split(
+                test_size=count, seed=seed
+            )
+            kept = sorted(drawn["train"]["i"])
+            parts = {"train": rows.select(kept), "test": rows.select(drawn["test"]["i"])}
+            extra["train"] = {"mix_of": _kept_per_part(parent["mix_of"], kept)}
+        else:
+            parts = rows.train_test_split(test_size=count, seed=seed)
+        for part, rows_ in zip(PARTS, (parts["train"], parts["test"]), strict=True):
             meta = {
                 **{k: parent[k] for k in ("kind", "format")},
                 "digest": digests[part],
-                "num_records": len(rows),  # train_test_split keeps `count` rows in "test"
+                "num_records": len(rows_),  # train_test_split keeps `count` rows in "test"
                 "split_of": {"digest": data.digest, "val_size": val_size, "seed": seed, "part": part},
+                **extra[part],
             }
             with workspace.atomic_dir(finals[part]) as tmp:
-                rows.save_to_disk(str(tmp))
+                rows_.save_to_disk(str(tmp))
                 workspace.atomic_write_json(tmp / "meta.json", meta)
     counts = {"train": data.num_records - count, "held_out": count}
     train, held = (
         IngestResult(path=finals[p], digest=digests[p], kind=data.kind, num_records=counts[p]) for p in PARTS
     )
     return train, held
+
+
+def _kept_per_part(mix_of: list[dict[str, Any]], kept: list[int]) -> list[dict[str, Any]]:
+    """The mix's parts (gym.data.mix's `mix_of`) with the number of their records in `kept` (sorted
+    indices)."""
+    out, start = [], 0
+    for part in mix_of:
+        end = start + part["num_records"]
+        out.append({**part, "num_records": bisect.bisect_left(kept, end) - bisect.bisect_left(kept, start)})
+        start = end
+    return out

@@ -38,14 +38,15 @@ import functools
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow.compute as pc
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gym import templates, workspace
 from gym.data.completions import completion_texts, stats_for
 from gym.data.ingest import load_meta
+from gym.data.mix import interleave
 from gym.data.readers import looks_like_hub_id
 from gym.errors import ConfigError, DataError
 from gym.hashing import hash_file, hash_obj
@@ -83,7 +84,10 @@ def features(kind: str) -> datasets.Features:
 
 # Weights are not part of a tokenizer: skip them when hashing a model folder's tokenizer files.
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".ckpt", ".onnx")
-_CODE = (Path(__file__), Path(templates.__file__), Path(__file__).with_name("completions.py"))
+_CODE = tuple(
+    [Path(__file__), Path(templates.__file__)]
+    + [Path(__file__).with_name(n) for n in ("completions.py", "mix.py")]
+)
 
 
 class TokenizeSettings(BaseModel):
@@ -99,6 +103,22 @@ class TokenizeSettings(BaseModel):
     """Train only on the last assistant turn of each conversation."""
     max_samples: int | None = Field(default=None, ge=1)
     """Tokenize only the first N records (of each dataset in a mix, as LLaMA-Factory); None tokenizes all."""
+    mix_strategy: Literal["concat", "interleave_under", "interleave_over"] = "concat"
+    """A mix of datasets (`--dataset a,b`): concat = every record of each; interleave_under = records
+    drawn from the datasets in turn (or with interleave_probs) until the first runs out; interleave_over
+    = until the last runs out, the others starting over (LLaMA-Factory's mix_strategy)."""
+    interleave_probs: list[float] | None = None
+    """interleave_*: each dataset's share of the draws, in the list's order (weights, normalised); None
+    draws them in turn."""
+    interleave_seed: int = 42
+    """Seed of interleave_probs' random draws."""
+
+    @field_validator("interleave_probs")
+    @classmethod
+    def _shares(cls, value: list[float] | None) -> list[float] | None:
+        if value is not None and (not value or min(value) < 0 or sum(value) <= 0):
+            raise ValueError("one share of at least 0 per dataset, not all 0 (e.g. 0.7 0.3)")
+        return value
 
 
 class TokenizeResult(BaseModel):
@@ -322,6 +342,11 @@ def tokenize(
     ds = datasets.load_from_disk(str(dataset_dir))
     if settings.max_samples is not None:
         ds = ds.select(first_records(meta, settings.max_samples, len(ds)))
+    if settings.mix_strategy != "concat" and "mix_of" in meta:
+        cap = settings.max_samples
+        sizes = [min(p["num_records"], cap or p["num_records"]) for p in meta["mix_of"]]
+        probs, seed = settings.interleave_probs, settings.interleave_seed
+        ds = interleave(ds, sizes, settings.mix_strategy, probs, seed, str(dataset_dir))
     if kind == "sft":
         fn = _sft_batch(tokenizer, template, settings)
     elif kind == "text":
