@@ -88,6 +88,7 @@ STAGE: dict[str, tuple[str, Callable[[str], Any] | type[bool]]] = {
     "save_total_limit": ("save_total_limit", int),
     "bf16": ("bf16", bool),
     "gradient_checkpointing": ("gradient_checkpointing", bool),
+    "rope_scaling": ("rope_scaling", str),
     "lora_rank": ("lora.r", int),
     "lora_alpha": ("lora.alpha", int),
     "lora_dropout": ("lora.dropout", float),
@@ -152,7 +153,15 @@ NOT_NEEDED = {
     "include_num_input_tokens_seen": "gym counts the real (non-padding) tokens of every stage",
     "use_fast_tokenizer": "gym loads the fast (Rust) tokenizer",
     "dataloader_pin_memory": "gym's batches come from tokenized data in memory",
+    "tokenized_path": "gym keeps tokenized data in its workspace (tokenized/), named by the data, template, "
+    "tokenizer and settings: a run with the same ones reuses it",
+    "streaming": "gym reads a dataset once into Arrow files on disk, which training memory-maps: the dataset "
+    "need not fit in memory",
+    "enable_thinking": "gym does not pass it to the chat template, which decides: qwen3 renders Qwen3's "
+    "thinking turns, qwen3_nothink (gym's chatml) none",
 }
+# Names whose `false` still gets the note (LLaMA-Factory's default for them is true)
+NOTED_WHEN_FALSE = {"enable_thinking"}
 LORA_NAMES = {n for n, (path, _) in STAGE.items() if path.startswith("lora.")} | {"pissa_init"}
 # Settings gym can't honour yet: name -> what to do instead (an error when given, unless false or null).
 REFUSED = {
@@ -275,7 +284,7 @@ def notes(args: argparse.Namespace) -> list[str]:
     return [
         f"{name}: {NOT_NEEDED[name]}"
         for name, value in given(args).items()
-        if name in NOT_NEEDED and str(value).lower() not in unset
+        if name in NOT_NEEDED and (str(value).lower() not in unset or name in NOTED_WHEN_FALSE)
     ]
 
 

@@ -55,6 +55,8 @@ def test_each_stage_wide_name_sets_its_gym_setting_in_every_stage(name):
         text, value = "-3", -3
     elif name == "eval_strategy":
         text, value = "epoch", "epoch"
+    elif name == "rope_scaling":
+        text, value = "yarn", "yarn"
     elif name == "lr_scheduler_kwargs":
         text, value = '{"min_lr_rate": 0.1}', {"min_lr_rate": 0.1}
     config = parse([f"--{name}", text], SftThenDpoConfig)
@@ -393,17 +395,24 @@ def test_more_trainer_settings_gym_needs_no_value_for_get_a_note(tmp_path):
         "ddp_find_unused_parameters": "false",
         "include_num_input_tokens_seen": "true",
         "dataloader_pin_memory": "true",
+        "tokenized_path": "saves/tokenized",
+        "streaming": "true",
+        "enable_thinking": "false",
     }
     yaml.write_text("".join(f"{k}: {v}\n" for k, v in settings.items()))
     parser = runner.build_parser(TrainFlowConfig)
     notes = lf.notes(parser.parse_file(yaml, read_config_file(yaml)))
-    # `false` asks for nothing, so ddp_find_unused_parameters gets no note; the others do.
+    # `false` asks for nothing, so ddp_find_unused_parameters gets no note; the others do (enable_thinking's
+    # default is true: false is a choice gym does not follow).
     assert sorted(n.split(":")[0] for n in notes) == [
         "dataloader_pin_memory",
+        "enable_thinking",
         "include_num_input_tokens_seen",
         "logging_dir",
         "save_safetensors",
         "save_strategy",
+        "streaming",
+        "tokenized_path",
         "use_fast_tokenizer",
     ]
 

@@ -12,6 +12,7 @@ numbers, with the method's main signal (its module's optional `signal`, else the
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import sys
@@ -41,6 +42,7 @@ from gym.train import (
     reference,
     rl_common,
     rm,
+    rope,
     sft,
     simpo,
     speed,
@@ -125,7 +127,8 @@ def run(
     meta = load_meta(train_data)
     require_kind(meta["result"]["kind"], config.method, str(train_data))
     n_eval = load_meta(eval_data)["result"]["num_records"] if eval_data else 0
-    config, choices = plan(config, model, meta["result"]["num_records"], n_eval)
+    cutoff = meta["settings"]["cutoff_len"]
+    config, choices = plan(config, model, meta["result"]["num_records"], n_eval, cutoff)
     digest = stage_digest(config, model, train_data, eval_data)
     stage_dir = workspace.path("models", f"{config.method}-{digest}")
     stage_dir.mkdir(parents=True, exist_ok=True)
@@ -135,7 +138,6 @@ def run(
             return TrainResult.model_validate_json(result_file.read_text())
         for what, choice in choices.items():
             print(f"gym: {config.method}: {what}: {choice}", file=sys.stderr, flush=True)
-        cutoff = meta["settings"]["cutoff_len"]
         held_out = Path(eval_data) if eval_data else None
         if distributed.needed(config):
             result = distributed.launch(config, model, Path(train_data), held_out, digest, stage_dir, cutoff)
@@ -149,15 +151,17 @@ def run(
 
 
 def plan(
-    config: TrainConfig, model: ModelRef, n_train: int, n_eval: int
+    config: TrainConfig, model: ModelRef, n_train: int, n_eval: int, cutoff_len: int | None = None
 ) -> tuple[TrainConfig, dict[str, str]]:
     """The config made concrete before any model loads: defaults, then the choices gym makes itself
-    (QLoRA bit width and optimizer, the reference mode of DPO-style methods), with each choice in words.
+    (QLoRA bit width and optimizer, the reference mode of DPO-style methods, RoPE scaling for the data's
+    `cutoff_len`), with each choice in words.
     """
     config = with_defaults(config, model.train_defaults)
     config = config.model_copy(update={"lora": adapters.lora_settings(config)})
     check_hardware(config)
     rl_common.check(config)
+    rope.check(config)
     adapters.check(config, model)
     method_check = _hook(config.method, "check")  # a method module's own checks of its settings
     if method_check:
@@ -165,7 +169,10 @@ def plan(
     config, quant_choices = quant.resolve(config, model)
     config, reference_choices = reference.choose(config, n_train, n_eval)
     config = distributed.resolve(config)
-    return config, {**quant_choices, **reference_choices}
+    rope_choice = {}
+    if config.rope_scaling and cutoff_len is not None:
+        rope_choice["rope_scaling"] = str(rope.plan(config.rope_scaling, model, cutoff_len)[1])
+    return config, {**quant_choices, **reference_choices, **rope_choice}
 
 
 def _train(
@@ -185,7 +192,12 @@ def _train(
     tokenizer = load_tokenizer(model_ref)
     set_seed(config.seed)  # new adapter weights (and a new reward head) start the same in every attempt
     # A method module may define `load_model(model_ref, **kwargs)`: its own model class (rm: a reward model).
-    loader = _hook(config.method, "load_model") or load_model
+    # RoPE stretched to the data's cutoff_len (gym.train.rope), in the final merge's base too; the saved
+    # tokenizer then takes sequences that long (LLaMA-Factory's model_max_length)
+    stretch = rope.plan(config.rope_scaling, model_ref, max_length)[0]
+    loader = functools.partial(_hook(config.method, "load_model") or load_model, **stretch)
+    if stretch:
+        tokenizer.model_max_length = max(tokenizer.model_max_length, max_length)
     model = loader(model_ref, **quant.load_kwargs(config), **speed.load_options(speed.resolve(config)))
     # A method module may set APPLIES_ADAPTER: its trainer gets the LoRA config and wraps the model itself.
     wrap = not getattr(sys.modules[METHODS[config.method].__module__], "APPLIES_ADAPTER", False)

@@ -211,6 +211,12 @@ class TrainConfig(BaseModel):
     save_total_limit: int = Field(2, ge=1, description="Checkpoints kept in the run directory.")
     bf16: bool = Field(False, description="bfloat16 mixed precision (needs hardware support).")
     gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory.")
+    rope_scaling: Literal["linear", "dynamic", "yarn", "llama3"] | None = Field(
+        None,
+        description="Stretch the model's RoPE when the data's cutoff_len is beyond its context "
+        "(max_position_embeddings), by ceil(cutoff_len / context): linear, dynamic (NTK), yarn or llama3, as "
+        "LLaMA-Factory's rope_scaling; the saved model carries it (gym.train.rope). None: RoPE as it is.",
+    )
     lora: LoraSettings = Field(
         default_factory=LoraSettings, description="LoRA settings (every LoRA-family finetuning_type)."
     )

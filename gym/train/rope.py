@@ -1,0 +1,82 @@
+"""RoPE scaling: train on sequences longer than the model's context (LLaMA-Factory's `rope_scaling`).
+
+    gym train --method sft --train.rope_scaling linear --data.cutoff_len 8192   # a 4k-context model, 8k
+
+With `rope_scaling` set and the data's cutoff_len beyond the model's context (config.json's
+max_position_embeddings), the stage loads the model with its rotary position embedding stretched by
+factor = ceil(cutoff_len / context), one of transformers' RoPE types:
+- linear: position interpolation (positions divided by the factor);
+- dynamic: NTK-aware scaling, which changes the base only for sequences beyond the original context;
+- yarn: YaRN; llama3: Llama 3.1's (low/high frequency factors 1 and 4, as LLaMA-Factory).
+The context becomes context x factor (dynamic keeps the original one, where its scaling starts); yarn,
+dynamic and llama3 record the original context as original_max_position_embeddings. The trained
+model's config.json carries these settings, so evaluation, export, serving and a next stage use them.
+When cutoff_len fits the context, RoPE is left as it is (LLaMA-Factory does the same). A model whose
+RoPE is scaled already (Llama 3.1, or a model gym trained with rope_scaling) is not scaled again. The
+choice is printed and recorded with the stage's other choices.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from gym.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gym.models import ModelRef
+    from gym.train.config import TrainConfig
+
+TYPES = ("linear", "dynamic", "yarn", "llama3")
+# What each type needs beside rope_theta and factor (transformers' rope validation)
+_LLAMA3 = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
+
+
+def check(config: TrainConfig) -> None:
+    """A ConfigError for what rope_scaling can't go with (before any model loads)."""
+    if config.rope_scaling and config.speed.unsloth:
+        raise ConfigError(
+            "rope_scaling: Unsloth loads the model and scales its RoPE itself (to its max_seq_length); "
+            "turn off one of rope_scaling and speed.unsloth"
+        )
+
+
+def plan(rope_type: str | None, model: ModelRef, cutoff_len: int) -> tuple[dict[str, Any], str | None]:
+    """(from_pretrained keyword arguments, the choice in words) for `rope_type` at `cutoff_len`."""
+    if rope_type is None:
+        return {}, None
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(
+        model.path, revision=model.revision, trust_remote_code=model.trust_remote_code
+    )
+    context = getattr(config, "max_position_embeddings", None)
+    params = getattr(config, "rope_parameters", None)
+    if not isinstance(context, int) or not isinstance(params, dict) or "rope_theta" not in params:
+        raise ConfigError(
+            f"rope_scaling: {model.name} ({type(config).__name__}) has no single rotary position embedding "
+            "with a max_position_embeddings context to stretch (no RoPE, or one per layer type); leave "
+            "rope_scaling unset"
+        )
+    if cutoff_len <= context:
+        return (
+            {},
+            f"none: cutoff_len {cutoff_len} fits the model's context of {context} tokens, RoPE as it is",
+        )
+    current = params.get("rope_type", "default")
+    if current != "default":
+        raise ConfigError(
+            f"rope_scaling: {model.name}'s RoPE is scaled already ({current}, factor {params.get('factor')}) "
+            f"to a context of {context} tokens, and cutoff_len {cutoff_len} is beyond it: lower "
+            f"data.cutoff_len to {context}"
+        )
+    factor = float(math.ceil(cutoff_len / context))
+    scaled = {**params, "rope_type": rope_type, "factor": factor}
+    if rope_type != "linear":
+        scaled["original_max_position_embeddings"] = context
+    if rope_type == "llama3":
+        scaled |= _LLAMA3
+    stretched = int(context * factor)
+    longest = context if rope_type == "dynamic" else stretched
+    words = f"{rope_type} x{factor:g} for cutoff_len {cutoff_len}: context {context} -> {stretched} tokens"
+    return {"rope_scaling": scaled, "max_position_embeddings": longest}, words
