@@ -137,7 +137,8 @@ def check_val_size(config: Any) -> None:
 
 
 def check_mix(config: Any) -> None:
-    """`data.interleave_probs`: read by an interleaving mix_strategy, one share per dataset of each mix."""
+    """`data.interleave_probs`: read by an interleaving mix_strategy, one share per dataset of each mix a
+    training stage tokenizes (held-out exact-match data is not drawn from)."""
     data = getattr(config, "data", None)
     probs = getattr(data, "interleave_probs", None)
     if data is None or probs is None:
@@ -149,9 +150,9 @@ def check_mix(config: Any) -> None:
         )
     from gym.data.mix import names
 
-    for field, (name, _) in config.dataset_uses().items():
+    for field, (name, use) in config.dataset_uses().items():
         parts = names(name)
-        if len(parts) > 1 and len(parts) != len(probs):
+        if use not in USE_KIND and len(parts) > 1 and len(parts) != len(probs):  # data a stage tokenizes
             raise ConfigError(
                 f"data.interleave_probs: {len(probs)} share(s), but {field} mixes {len(parts)} datasets "
                 f"({name}); give one share per dataset, in the same order"

@@ -27,8 +27,7 @@ if TYPE_CHECKING:
     from gym.models import ModelRef
     from gym.train.config import TrainConfig
 
-TYPES = ("linear", "dynamic", "yarn", "llama3")
-# What each type needs beside rope_theta and factor (transformers' rope validation)
+# llama3's frequency bands, as LLaMA-Factory sets them (transformers requires them for that type)
 _LLAMA3 = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
 
 
