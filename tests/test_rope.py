@@ -22,7 +22,7 @@ from tests.helpers import tiny
 WORDS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
 
 
-def long_records(tmp_path: Path, model) -> Path:
+def long_records(tmp_path: Path, model, capfd=None) -> Path:
     """16 records of about 700 tokens (beyond gym-tiny's 512), a pattern the model can learn."""
     path = tmp_path / "long.jsonl"
     rows = [{"instruction": f"count from {WORDS[i % 10]}", "output": " ".join(WORDS * 60)} for i in range(16)]
@@ -30,6 +30,9 @@ def long_records(tmp_path: Path, model) -> Path:
     data = ingest(resolve_dataset(str(path)))
     out = tokenize(data.path, model.path, model.template, TokenizeSettings(cutoff_len=1024))
     assert out.stats["max_len"] > 600 and out.num_truncated == 0, out.stats
+    if capfd is not None:  # transformers' handler writes to stderr
+        err = capfd.readouterr().err
+        assert "indexing errors" not in err, "gym cuts to cutoff_len: no warning about the model's length"
     return Path(out.path)
 
 
@@ -78,9 +81,9 @@ def test_the_scaled_model_keeps_its_own_rope_theta(tmp_path):
     assert torch.allclose(inv_freq(scaled), inv_freq(plain) / 2), "linear x2: every frequency halved"
 
 
-def test_a_stage_trains_beyond_the_context_and_saves_the_scaling(tmp_path):
+def test_a_stage_trains_beyond_the_context_and_saves_the_scaling(tmp_path, capfd):
     model = tiny()
-    data = long_records(tmp_path, model)
+    data = long_records(tmp_path, model, capfd)
     config = TrainConfig(
         method="sft",
         learning_rate=3e-3,
@@ -129,3 +132,11 @@ def test_rope_scaling_is_refused_beside_unsloth():
     rope.check(TrainConfig(rope_scaling="linear"))
     with pytest.raises(ConfigError, match=r"turn off one of rope_scaling and speed\.unsloth"):
         rope.check(TrainConfig(rope_scaling="linear", speed={"unsloth": True}))
+
+
+def test_data_beyond_the_context_without_rope_scaling_gets_a_hint():
+    model = tiny()
+    note = rope.hint(None, model, 795)
+    assert note is not None and "795 tokens, beyond gym-tiny's context of 512" in note
+    assert "the stage's rope_scaling (linear, dynamic, yarn or llama3)" in note
+    assert rope.hint(None, model, 512) is None and rope.hint("linear", model, 795) is None

@@ -161,11 +161,15 @@ def load_tokenizer(tokenizer_dir: str | Path, revision: str | None = None) -> An
     try:
         from transformers import AutoTokenizer  # imported here: it pulls in torch
 
-        return AutoTokenizer.from_pretrained(str(tokenizer_dir), revision=revision)
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), revision=revision)
     except OSError as e:
         raise ConfigError(
             f"cannot load tokenizer {str(tokenizer_dir)!r}: {e}",
         ) from e
+    # gym cuts sequences to cutoff_len itself: transformers' warning that a text is longer than the model's
+    # max length ("will result in indexing errors") would only mislead here (gym.train.rope hints instead)
+    tokenizer.model_max_length = int(1e30)
+    return tokenizer
 
 
 def sft_labels(

@@ -138,6 +138,8 @@ def run(
             return TrainResult.model_validate_json(result_file.read_text())
         for what, choice in choices.items():
             print(f"gym: {config.method}: {what}: {choice}", file=sys.stderr, flush=True)
+        if note := rope.hint(config.rope_scaling, model, meta["result"].get("stats", {}).get("max_len")):
+            print(f"gym: {config.method}: note: {note}", file=sys.stderr, flush=True)
         held_out = Path(eval_data) if eval_data else None
         if distributed.needed(config):
             result = distributed.launch(config, model, Path(train_data), held_out, digest, stage_dir, cutoff)

@@ -40,15 +40,34 @@ def check(config: TrainConfig) -> None:
         )
 
 
+def hint(rope_type: str | None, model: ModelRef, longest: int | None) -> str | None:
+    """A note when the data holds sequences (`longest` tokens) beyond the model's context and RoPE is
+    left as it is; else None."""
+    if rope_type is not None or not longest:
+        return None
+    context = getattr(_config(model), "max_position_embeddings", None)
+    if not isinstance(context, int) or longest <= context:
+        return None
+    return (
+        f"the data's longest sequence has {longest} tokens, beyond {model.name}'s context of {context}: the "
+        "model never saw positions past it; the stage's rope_scaling (linear, dynamic, yarn or llama3) "
+        "stretches its RoPE to cutoff_len"
+    )
+
+
+def _config(model: ModelRef) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(
+        model.path, revision=model.revision, trust_remote_code=model.trust_remote_code
+    )
+
+
 def plan(rope_type: str | None, model: ModelRef, cutoff_len: int) -> tuple[dict[str, Any], str | None]:
     """(from_pretrained keyword arguments, the choice in words) for `rope_type` at `cutoff_len`."""
     if rope_type is None:
         return {}, None
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(
-        model.path, revision=model.revision, trust_remote_code=model.trust_remote_code
-    )
+    config = _config(model)
     context = getattr(config, "max_position_embeddings", None)
     params = getattr(config, "rope_parameters", None)
     if not isinstance(context, int) or not isinstance(params, dict) or "rope_theta" not in params:
