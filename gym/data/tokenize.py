@@ -302,17 +302,21 @@ def text_blocks(
     return datasets.Dataset(table), stats
 
 
+def part_sizes(meta: dict[str, Any], max_samples: int | None) -> list[int]:
+    """Records each dataset of a mix (gym.data.mix; its meta.json lists the parts) keeps under
+    `max_samples`: the first N of each, as LLaMA-Factory caps each dataset of a list."""
+    return [min(part["num_records"], max_samples or part["num_records"]) for part in meta["mix_of"]]
+
+
 def first_records(meta: dict[str, Any], max_samples: int, total: int) -> range | list[int]:
-    """Indices of the records `max_samples` keeps: the first N, or the first N of each dataset of a mix
-    (gym.data.mix; its meta.json lists the parts), as LLaMA-Factory caps each dataset of a list."""
+    """Indices of the records `max_samples` keeps: the first N, or the first N of each dataset of a mix."""
     if "mix_of" not in meta:
         return range(min(max_samples, total))  # a range: datasets selects it without an index mapping
-    sizes = [part["num_records"] for part in meta["mix_of"]]
     keep: list[int] = []
     start = 0
-    for size in sizes:
-        keep.extend(range(start, start + min(size, max_samples)))
-        start += size
+    for part, kept in zip(meta["mix_of"], part_sizes(meta, max_samples), strict=True):
+        keep.extend(range(start, start + kept))
+        start += part["num_records"]
     return keep
 
 
@@ -347,8 +351,7 @@ def tokenize(
     if settings.max_samples is not None:
         ds = ds.select(first_records(meta, settings.max_samples, len(ds)))
     if settings.mix_strategy != "concat" and "mix_of" in meta:
-        cap = settings.max_samples
-        sizes = [min(p["num_records"], cap or p["num_records"]) for p in meta["mix_of"]]
+        sizes = part_sizes(meta, settings.max_samples)
         probs, seed = settings.interleave_probs, settings.interleave_seed
         ds = interleave(ds, sizes, settings.mix_strategy, probs, seed, str(dataset_dir))
     if kind == "sft":
