@@ -163,6 +163,8 @@ def export_model(
 def _write(source: Source, out: Path, settings: ExportSettings, name: str) -> None:
     from transformers import AutoTokenizer
 
+    from gym.train import rope
+
     tokenizer_from = source.weights or (
         str(source.adapter)
         if source.adapter and (source.adapter / "tokenizer_config.json").is_file()
@@ -173,9 +175,14 @@ def _write(source: Source, out: Path, settings: ExportSettings, name: str) -> No
     )
     if source.lineage.template:
         tokenizer.chat_template = load_template(source.lineage.template)
+    # an adapter trained on a RoPE-stretched base: the tokenizer takes what the stage's did
+    stretch, max_length = rope.for_adapter(source.adapter) if source.adapter else ({}, None)
+    tokenizer.model_max_length = max(tokenizer.model_max_length, max_length or 0)
     if settings.adapter_only:
         for f in ADAPTER_FILES:
             shutil.copy2(source.adapter / f, out / f)  # type: ignore[operator]
+        if stretch:
+            shutil.copy2(source.adapter / rope.ADAPTER_FILE, out / rope.ADAPTER_FILE)  # type: ignore[operator]
         model_type = "adapter"
     else:
         model = _load(source, settings.trust_remote_code)
@@ -193,6 +200,12 @@ def _write(source: Source, out: Path, settings: ExportSettings, name: str) -> No
     card = render(name, source.lineage)
     if settings.adapter_only:
         card += f"\nThis directory holds a PEFT adapter only: load `{source.base}` and apply it with PEFT.\n"
+        if stretch:
+            card += (
+                f"It was trained on the base loaded with RoPE scaled: pass `from_pretrained(..., "
+                f"rope_scaling={stretch['rope_scaling']!r}, max_position_embeddings="
+                f"{stretch['max_position_embeddings']})` when loading the base (`{rope.ADAPTER_FILE}`).\n"
+            )
     (out / "README.md").write_text(card, encoding="utf-8")
     if settings.gguf:
         (out / "GGUF.md").write_text(gguf_notes(model_type, source.lineage.template, tokenizer.eos_token))
@@ -221,7 +234,11 @@ def _load(source: Source, trust_remote_code: bool = False) -> Any:
         return AutoModelForCausalLM.from_pretrained(source.weights, **kwargs)
     from peft import PeftModel
 
-    adapter_config = json.loads((Path(str(source.adapter)) / "adapter_config.json").read_text())
+    from gym.train import rope
+
+    adapter = Path(str(source.adapter))
+    adapter_config = json.loads((adapter / "adapter_config.json").read_text())
+    kwargs |= rope.for_adapter(adapter)[0]  # the base as its stage loaded it (RoPE stretched, if it was)
     if adapter_config.get("task_type") == "SEQ_CLS":  # a reward model's adapter (its score head inside)
         base = AutoModelForSequenceClassification.from_pretrained(str(source.base), num_labels=1, **kwargs)
     else:

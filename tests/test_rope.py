@@ -15,6 +15,7 @@ from gym.data.ingest import ingest
 from gym.data.registry import resolve_dataset
 from gym.data.tokenize import TokenizeSettings, tokenize
 from gym.errors import ConfigError
+from gym.export import ExportSettings, export_model
 from gym.models import derived, load_model
 from gym.train import TrainConfig, rope
 from tests.helpers import tiny
@@ -126,6 +127,28 @@ def test_a_lora_stage_merges_into_a_model_that_carries_the_scaling(tmp_path):
     result = train.run(config, model, long_records(tmp_path, model))
     saved = json.loads((Path(result.model_dir) / "config.json").read_text())
     assert saved["rope_parameters"]["rope_type"] == "yarn" and saved["max_position_embeddings"] == 1024
+
+    # The bare adapter merged into its base later (gym export, gym chat --adapter_name_or_path) loads the
+    # base stretched as the stage did: the same model as the stage's own merge, at 1,024 positions.
+    adapter = Path(str(result.adapter_dir))
+    merged = export_model(adapter, tmp_path / "merged", ExportSettings(), base=model.path)
+    config_out = json.loads((merged / "config.json").read_text())
+    assert {k: config_out[k] for k in ("rope_parameters", "max_position_embeddings")} == {
+        k: saved[k] for k in ("rope_parameters", "max_position_embeddings")
+    }
+    assert json.loads((merged / "tokenizer_config.json").read_text())["model_max_length"] == 1024
+    ids = torch.arange(3, 903).unsqueeze(0) % 200 + 3  # 900 positions: beyond the base's 512
+    with torch.no_grad():
+        stage = load_model(derived(model, Path(result.model_dir), "stage"))(ids).logits
+        exported = load_model(derived(model, merged, "merged"))(ids).logits
+    assert torch.allclose(stage, exported, atol=1e-5)
+    # Exported alone, the adapter keeps the record and its card says how to load the base
+    alone = export_model(adapter, tmp_path / "alone", ExportSettings(adapter_only=True), base=model.path)
+    assert (alone / rope.ADAPTER_FILE).is_file() and "rope_scaling=" in (alone / "README.md").read_text()
+    (adapter / rope.ADAPTER_FILE).write_text("{}")
+    with pytest.raises(ConfigError, match="not the RoPE record gym writes beside an adapter"):
+        export_model(adapter, tmp_path / "broken", ExportSettings(), base=model.path)
+    assert not (tmp_path / "broken").exists(), "nothing half-written"
 
 
 def test_rope_scaling_is_refused_beside_unsloth():

@@ -254,7 +254,9 @@ def _train(
     if not main:
         return None
     trainable, total = count_params(trainer.model)
-    model_dir, adapter_dir = _save_final(trainer, tokenizer, model_ref, stage_dir, loader)
+    model_dir, adapter_dir = _save_final(
+        trainer, tokenizer, model_ref, stage_dir, loader, stretch, max_length
+    )
     signal = _signal(config.method, eval_before, eval_after, trainer.state.log_history)
     result = TrainResult(
         method=config.method,
@@ -348,16 +350,19 @@ def _save_final(
     model_ref: ModelRef,
     stage_dir: Path,
     loader: Callable[..., Any] = load_model,
+    stretch: dict[str, Any] | None = None,
+    max_length: int = 0,
 ) -> tuple[Path, Path | None]:
     """Save the trained model as a plain from_pretrained directory (adapters merged in), atomically.
-    `loader` loads the base again for QLoRA's full-precision merge (the model class the stage trained)."""
+    `loader` loads the base again for QLoRA's full-precision merge (the model class the stage trained);
+    `stretch`, the base's RoPE scaling, is recorded beside the adapter for merges made later."""
     from peft import PeftModel
 
     model = trainer.model
     adapter_dir = None
     if isinstance(model, PeftModel):
         adapter_dir = stage_dir / "adapter"
-        adapters.save_adapter(model, stage_dir, adapter_dir)
+        adapters.save_adapter(model, stage_dir, adapter_dir, stretch, max_length)
         if quant.is_quantized(model):
             model = quant.merge_full_precision(model_ref, adapter_dir, loader)
         else:

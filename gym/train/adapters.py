@@ -29,6 +29,7 @@ from typing import Any
 from gym import workspace
 from gym.errors import ConfigError
 from gym.models import ModelRef
+from gym.train import rope
 from gym.train.config import LORA_TYPES, LoraSettings, TrainConfig
 
 PISSA_INIT = "pissa_init"  # the stage's copy of PiSSA's initial adapter (to save a plain LoRA at the end)
@@ -264,8 +265,11 @@ def restore_adapter(model: Any, checkpoint: str) -> None:
         model.set_adapter("default")
 
 
-def save_adapter(model: Any, stage_dir: Path, adapter_dir: Path) -> None:
+def save_adapter(
+    model: Any, stage_dir: Path, adapter_dir: Path, stretch: dict[str, Any] | None = None, max_length: int = 0
+) -> None:
     """Save a PeftModel's trained adapter to `adapter_dir` (atomically), ready to merge afterwards.
+    `stretch`: the RoPE scaling the base was loaded with (gym.train.rope), recorded beside the adapter.
 
     PiSSA's adapter is saved as the equivalent plain LoRA of the original base (PEFT's conversion
     against the initial adapter), so it applies to the base model users have.
@@ -282,3 +286,4 @@ def save_adapter(model: Any, stage_dir: Path, adapter_dir: Path) -> None:
                 model.save_pretrained(str(tmp), path_initial_model_for_weight_conversion=str(init_dir))
             else:
                 model.save_pretrained(str(tmp))
+            rope.save_for_adapter(tmp, stretch or {}, max_length)

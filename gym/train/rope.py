@@ -10,7 +10,9 @@ factor = ceil(cutoff_len / context), one of transformers' RoPE types:
 - yarn: YaRN; llama3: Llama 3.1's (low/high frequency factors 1 and 4, as LLaMA-Factory).
 The context becomes context x factor (dynamic keeps the original one, where its scaling starts); yarn,
 dynamic and llama3 record the original context as original_max_position_embeddings. The trained
-model's config.json carries these settings, so evaluation, export, serving and a next stage use them.
+model's config.json carries these settings, so evaluation, export, serving and a next stage use them;
+an adapter stage records them beside its adapter (ADAPTER_FILE), so a merge of the bare adapter made
+later (gym export, gym chat --adapter_name_or_path) loads the base stretched the same way.
 When cutoff_len fits the context, RoPE is left as it is (LLaMA-Factory does the same). A model whose
 RoPE is scaled already (Llama 3.1, or a model gym trained with rope_scaling) is not scaled again. The
 choice is printed and recorded with the stage's other choices.
@@ -18,7 +20,9 @@ choice is printed and recorded with the stage's other choices.
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gym.errors import ConfigError
@@ -98,3 +102,31 @@ def plan(rope_type: str | None, model: ModelRef, cutoff_len: int) -> tuple[dict[
     longest = context if rope_type == "dynamic" else stretched
     words = f"{rope_type} x{factor:g} for cutoff_len {cutoff_len}: context {context} -> {stretched} tokens"
     return {"rope_scaling": scaled, "max_position_embeddings": longest}, words
+
+
+# In a stage's adapter folder: how the stage loaded the base under the adapter (a PEFT adapter alone
+# can't say), so merging it later (gym export, gym chat --adapter_name_or_path) loads the same base.
+ADAPTER_FILE = "gym_base_loading.json"
+
+
+def save_for_adapter(folder: Path, stretch: dict[str, Any], model_max_length: int) -> None:
+    """Record the stage's RoPE stretch (`plan`'s keyword arguments) beside an adapter saved in `folder`."""
+    if stretch:
+        record = {"from_pretrained": stretch, "model_max_length": model_max_length}
+        (folder / ADAPTER_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+
+def for_adapter(folder: Path) -> tuple[dict[str, Any], int | None]:
+    """(from_pretrained keyword arguments, the tokenizer's model_max_length) for the base under the
+    adapter in `folder`: the stretch its stage trained with, or nothing."""
+    path = folder / ADAPTER_FILE
+    if not path.is_file():
+        return {}, None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        return dict(record["from_pretrained"]), int(record["model_max_length"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(
+            f"{path}: not the RoPE record gym writes beside an adapter ({e}); delete it only if the adapter "
+            "was trained without rope_scaling"
+        ) from e
