@@ -61,7 +61,7 @@ def sft_then_dpo(config: SftThenDpoConfig = DEFAULTS) -> dict[str, Any]:
                 dpo_raw, config.val_size, config.dpo.seed, config.dpo_dataset
             )
 
-    model = resolve_model(config.model, config.template, config.trust_remote_code)
+    model = resolve_model(config.model, config.template, config.trust_remote_code, config.new_special_tokens)
     sft_data = tokenize_dataset(sft_train_raw, model, config.data)
     sft_eval = tokenize_dataset(sft_eval_raw, model, config.data) if sft_eval_raw else None
     dpo_data = tokenize_dataset(dpo_train_raw, model, config.data)

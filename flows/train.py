@@ -53,7 +53,7 @@ def train(config: TrainFlowConfig = DEFAULTS) -> dict[str, Any]:
     held_out = ingest_dataset(held) if (held := config.exact_match_dataset()) else None
     warm_raw = ingest_dataset(config.warm_start.dataset) if config.warm_start else None
 
-    model = resolve_model(config.model, config.template, config.trust_remote_code)
+    model = resolve_model(config.model, config.template, config.trust_remote_code, config.new_special_tokens)
     warm = None
     if config.warm_start and warm_raw:  # SFT first; the method starts from its result
         warm_data = tokenize_dataset(warm_raw, model, config.data)

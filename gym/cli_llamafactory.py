@@ -10,7 +10,8 @@ to twice `lora_rank`, LoRA settings imply a LoRA adapter and `quantization_bit` 
 (QLoRA). Settings gym handles by itself (loss plots, caching, resuming) are accepted with a note.
 `--stage` and `--pref_loss`, which choose the method, are read by `gym train` (flows/commands.py).
 Model, dataset, template, output and epoch names (`model_name_or_path`, `dataset`, `template`,
-`output_dir`, `num_train_epochs`, `val_size`, `eval_dataset`) are gym's own flags already.
+`output_dir`, `num_train_epochs`, `val_size`, `eval_dataset`, `new_special_tokens`) are gym's own flags
+already.
 """
 
 from __future__ import annotations
@@ -136,6 +137,7 @@ TOP: dict[str, tuple[str, Callable[[str], Any] | type[bool]]] = {
 }
 # Settings of LLaMA-Factory's YAML files that gym needs no value for, and why (a note when given).
 NOT_NEEDED = {
+    "resize_vocab": "gym resizes the embeddings itself when new_special_tokens adds tokens",
     "do_train": "gym train always trains",
     "plot_loss": "gym always plots the loss (an artifact in Prefect and MLflow)",
     "overwrite_cache": "gym's caches are keyed by content: changed data or settings are never served stale",

@@ -17,6 +17,7 @@ from gym.hashing import hash_obj, stamp
 from gym.templates import canonical_template, load_template
 
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+MODEL_META = "gym_model.json"  # in a folder gym wrote: template, base model (and new token ids)
 
 
 class ModelRef(BaseModel):
@@ -34,6 +35,10 @@ class ModelRef(BaseModel):
     )
     train_defaults: dict[str, dict[str, float]] = Field(
         default_factory=dict, description="Per method, hyperparameters measured for this model (registry)."
+    )
+    new_token_ids: list[int] = Field(
+        default_factory=list,
+        description="Embedding rows of tokens added to the vocabulary (gym.vocab): an adapter trains them.",
     )
 
 
@@ -122,6 +127,7 @@ def _resolve(name_or_path: str, template: str | None, dry_run: bool = False) -> 
             template=local_template,
             digest=_local_digest(local),
             base_model=_base_of(local) or str(local),
+            new_token_ids=[int(i) for i in _gym_meta(local).get("new_token_ids", [])],
         )
     if template is None:
         close = difflib.get_close_matches(name_or_path, list(models), n=3)
@@ -189,7 +195,7 @@ def _check_reachable(hub_id: str, revision: str) -> None:
 
 
 def _gym_meta(directory: Path) -> dict[str, Any]:
-    meta = directory / "gym_model.json"
+    meta = directory / MODEL_META
     return json.loads(meta.read_text()) if meta.is_file() else {}
 
 

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from gym.cli_options import merge
 from gym.data.registry import AUTO, held_out
 from gym.data.tokenize import TokenizeSettings
+from gym.errors import ConfigError
 from gym.eval.suite import BenchmarkOptions
 from gym.tfgrpo.config import TfGrpoSettings
 from gym.train.config import SCORING_METHODS, TrainConfig
@@ -94,6 +95,11 @@ class FlowConfig(BaseModel):
         False,
         description="Let transformers run Python code from the model repository (off by default).",
     )
+    new_special_tokens: list[str] = Field(
+        [],
+        description="Tokens added to the model's vocabulary as special tokens, their embedding rows trained "
+        "(gym.vocab); LLaMA-Factory's comma-separated string works too.",
+    )
     eval_dataset: str | None = Field(
         AUTO,
         description="Held-out instruction data for exact match before/after (None to skip); auto: "
@@ -121,6 +127,13 @@ class FlowConfig(BaseModel):
     )
     data: TokenizeSettings = Field(default_factory=TokenizeSettings, description="Templating, tokenization.")
     output: OutputSettings = Field(default_factory=OutputSettings, description="Registration and export.")
+
+    @field_validator("new_special_tokens", mode="before")
+    @classmethod
+    def _tokens(cls, value: Any) -> list[str]:
+        from gym.vocab import parse
+
+        return parse(value)
 
     @field_validator("val_size")
     @classmethod
@@ -365,6 +378,11 @@ class TfGrpoFlowConfig(TfGrpoSettings):
         """The train flow's config with method tf_grpo: its model, data and output; its stage's
         epochs and seed over the paper's defaults."""
         epochs = config.train.num_train_epochs
+        if config.new_special_tokens:
+            raise ConfigError(
+                "new_special_tokens: tf_grpo trains no weights (it learns an experience library for the "
+                "frozen model), so new tokens would have untrained embeddings; leave new_special_tokens unset"
+            )
         return cls(
             model=config.model,
             template=config.template,

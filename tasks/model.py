@@ -5,6 +5,7 @@ from __future__ import annotations
 from prefect.cache_policies import NO_CACHE
 
 from gym.models import ModelRef, resolve
+from gym.vocab import extend
 from tasks._common import IO_RETRIES, MODEL_TIMEOUT_S, gym_task
 
 
@@ -19,5 +20,11 @@ from tasks._common import IO_RETRIES, MODEL_TIMEOUT_S, gym_task
     timeout_seconds=MODEL_TIMEOUT_S,
     **IO_RETRIES,
 )
-def resolve_model(name: str, template: str | None = None, trust_remote_code: bool = False) -> ModelRef:
-    return resolve(name, template, trust_remote_code)
+def resolve_model(
+    name: str,
+    template: str | None = None,
+    trust_remote_code: bool = False,
+    new_special_tokens: list[str] | None = None,
+) -> ModelRef:
+    """The model; with `new_special_tokens`, its copy with them in its vocabulary (gym.vocab)."""
+    return extend(resolve(name, template, trust_remote_code), new_special_tokens or [])

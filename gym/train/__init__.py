@@ -28,7 +28,7 @@ from gym.data.formats import require_kind
 from gym.data.ingest import load_meta
 from gym.errors import ConfigError
 from gym.hashing import hash_obj
-from gym.models import ModelRef, load_model, load_tokenizer
+from gym.models import MODEL_META, ModelRef, load_model, load_tokenizer
 from gym.train import (
     adapters,
     distributed,
@@ -174,7 +174,7 @@ def plan(
     rope_choice = {}
     if config.rope_scaling and cutoff_len is not None:
         rope_choice["rope_scaling"] = str(rope.plan(config.rope_scaling, model, cutoff_len)[1])
-    return config, {**quant_choices, **reference_choices, **rope_choice}
+    return config, {**quant_choices, **reference_choices, **rope_choice, **adapters.new_rows(config, model)}
 
 
 def _train(
@@ -373,6 +373,8 @@ def _save_final(
             model.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
             workspace.atomic_write_json(
-                tmp / "gym_model.json", {"template": model_ref.template, "base_model": model_ref.base_model}
+                tmp / MODEL_META,
+                {"template": model_ref.template, "base_model": model_ref.base_model}
+                | ({"new_token_ids": model_ref.new_token_ids} if model_ref.new_token_ids else {}),
             )
     return model_dir, adapter_dir

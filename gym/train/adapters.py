@@ -56,6 +56,11 @@ def check(config: TrainConfig, model_ref: ModelRef) -> None:
             "PiSSA initialisation decomposes full-precision weights and can't start from a quantized base: "
             "use finetuning_type pissa (unquantized), or qlora with lora.init default"
         )
+    if model_ref.new_token_ids and config.speed.liger == "on" and config.finetuning_type in LORA_TYPES:
+        raise ConfigError(
+            "speed.liger=on: Liger's fused loss reads the output layer's weight directly, which skips the "
+            "trainable rows of the new tokens (new_special_tokens) beside the adapter; set liger auto or off"
+        )
     if config.finetuning_type == "freeze":
         n = _model_config(model_ref).get("num_hidden_layers")
         if isinstance(n, int) and abs(config.freeze.layers) > n:
@@ -63,6 +68,20 @@ def check(config: TrainConfig, model_ref: ModelRef) -> None:
                 f"freeze.layers={config.freeze.layers}, but {model_ref.name} has {n} decoder layers; "
                 f"use a value between -{n} and {n}"
             )
+
+
+def new_rows(config: TrainConfig, model_ref: ModelRef) -> dict[str, str]:
+    """The stage's choice for rows of tokens added to the vocabulary (gym.vocab), in words."""
+    if not model_ref.new_token_ids:
+        return {}
+    how = {
+        "full": "with every weight",
+        "freeze": "with the embeddings and output layer, trained beside the chosen layers",
+    }.get(config.finetuning_type, "as PEFT trainable tokens beside the adapter (a tied output layer's too)")
+    if config.finetuning_type == "longlora" and config.longlora.trainable_modules is None:
+        how = "with the embeddings LongLoRA trains in full"
+    ids = ", ".join(map(str, model_ref.new_token_ids))
+    return {"new_special_tokens": f"{len(model_ref.new_token_ids)} new token rows (ids {ids}) train {how}"}
 
 
 def _model_config(model_ref: ModelRef) -> dict[str, Any]:
@@ -79,7 +98,7 @@ def adapt(model: Any, config: TrainConfig, model_ref: ModelRef, stage_dir: Path,
     if config.finetuning_type == "full":
         return model
     if config.finetuning_type == "freeze":
-        freeze(model, config)
+        freeze(model, config, new_tokens=bool(model_ref.new_token_ids))
         return model
     from peft import get_peft_model, prepare_model_for_kbit_training
 
@@ -127,6 +146,11 @@ def lora_config(model: Any, config: TrainConfig, model_ref: ModelRef) -> Any:
     # A reward model (rm): PEFT's SEQ_CLS task trains and saves its new score head beside the adapter.
     classifier = task_head(model) is not None
     tied = bool(getattr(model.config, "tie_word_embeddings", False)) and not classifier  # no output layer
+    # Rows of tokens added to the vocabulary (gym.vocab) train beside the adapter, unless the whole
+    # embedding matrix does (LongLoRA): PEFT's trainable tokens, the tied output layer's rows with them.
+    embed = model.get_input_embeddings()
+    whole = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if m is embed} & set(extra or [])
+    rows = model_ref.new_token_ids if model_ref.new_token_ids and not whole else None
     return LoraConfig(
         r=lora.r,
         lora_alpha=lora.alpha,
@@ -136,10 +160,18 @@ def lora_config(model: Any, config: TrainConfig, model_ref: ModelRef) -> Any:
         use_dora=lora.use_dora,
         init_lora_weights=init,
         modules_to_save=extra,
+        trainable_token_indices=rows,
         # A trained copy of tied input embeddings must stay tied to the output layer, as in the base model.
         ensure_weight_tying=tied and extra is not None,
         task_type="SEQ_CLS" if classifier else "CAUSAL_LM",
     )
+
+
+def output_layer_wrapped(model: Any) -> bool:
+    """Whether PEFT wraps the model's output layer (trainable token rows of gym.vocab's new tokens):
+    losses that read its weight directly would bypass the wrapper."""
+    get = getattr(model, "get_output_embeddings", None)
+    return type(get() if get else None).__name__ == "TrainableTokensWrapper"
 
 
 def task_head(model: Any) -> Any | None:
@@ -187,8 +219,9 @@ def decoder_layers(model: Any) -> tuple[str, Any]:
     )
 
 
-def freeze(model: Any, config: TrainConfig) -> None:
-    """Leave only the chosen layers/modules trainable (requires_grad), everything else frozen."""
+def freeze(model: Any, config: TrainConfig, new_tokens: bool = False) -> None:
+    """Leave only the chosen layers/modules trainable (requires_grad), everything else frozen;
+    `new_tokens` (gym.vocab added rows): the embeddings and output layer train too."""
     settings = config.freeze
     selected = []
     if settings.layers:
@@ -220,6 +253,9 @@ def freeze(model: Any, config: TrainConfig) -> None:
     head = task_head(model)
     if head is not None:  # a new reward head trains whatever layers do
         selected.append(head)
+    if new_tokens:  # new rows start from a draw: they must train whatever else is frozen
+        embeddings = (model.get_input_embeddings(), model.get_output_embeddings())
+        selected += [m for m in embeddings if m is not None]
     if not selected:
         raise ConfigError("freeze trains nothing: set freeze.layers to a non-zero N, or freeze.extra_modules")
     for p in model.parameters():

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gym.errors import DataError
-from gym.train import signals, speed, varlen
+from gym.train import adapters, signals, speed, varlen
 from gym.train.common import trl_args
 from gym.train.config import TrainConfig
 
@@ -73,7 +73,12 @@ def sft_trainer(
     """`trainer_cls` (SFTTrainer or a subclass) on gym's pre-tokenized data, batched as `batching` says."""
     from trl import SFTConfig
 
-    args = SFTConfig(**trl_args(config, output_dir, held_out=eval_data is not None), **batching)
+    fields = {**trl_args(config, output_dir, held_out=eval_data is not None), **batching}
+    if adapters.output_layer_wrapped(model):
+        # PEFT's trainable token rows in the output layer (gym.vocab): TRL's chunked loss and Liger's fused
+        # one read the layer's weight directly, so they would skip the new rows (and fail on the wrapper)
+        fields |= {"loss_type": "nll", "use_liger_kernel": False}
+    args = SFTConfig(**fields)
     with flash_only_warnings_dropped(model):
         return trainer_cls(
             model=model,
