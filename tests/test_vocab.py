@@ -16,6 +16,7 @@ from gym.data.ingest import ingest
 from gym.data.registry import resolve_dataset
 from gym.data.tokenize import TokenizeSettings, tokenize
 from gym.errors import ConfigError
+from gym.export import ExportSettings, export_model
 from gym.models import load_model, load_tokenizer, resolve
 from gym.pipeline import TfGrpoFlowConfig, TrainFlowConfig
 from gym.train import TrainConfig, adapters
@@ -122,6 +123,9 @@ def test_a_lora_stage_trains_the_new_rows_and_records_them(tmp_path):
     assert not torch.equal(after[new], before[new]), "the new rows trained"
     old = [i for i in range(before.shape[0]) if i not in new]
     assert torch.equal(after[old], before[old]), "every other row is the base's, bit for bit"
+    # The bare adapter (its token rows inside) merged later into its base gives the same model
+    merged = export_model(Path(str(result.adapter_dir)), tmp_path / "merged", ExportSettings())
+    assert torch.equal(embeddings(merged), after)
     trained = resolve(result.model_dir)
     assert trained.new_token_ids == new, "a next stage (or --model on the result) trains them too"
     assert "<think>" in load_tokenizer(trained).convert_ids_to_tokens(new)
