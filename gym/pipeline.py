@@ -97,7 +97,7 @@ class FlowConfig(BaseModel):
     )
     new_special_tokens: list[str] = Field(
         [],
-        description="Tokens added to the model's vocabulary as special tokens, their embedding rows trained "
+        description="Tokens added to the model's vocabulary (never split), their embedding rows trained "
         "(gym.vocab); LLaMA-Factory's comma-separated string works too.",
     )
     eval_dataset: str | None = Field(

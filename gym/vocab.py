@@ -4,8 +4,8 @@
     gym train my_lf.yaml          # new_special_tokens: "<think>,</think>" (comma-separated)
 
 `extend(ref, tokens)` writes, once per model and token list, a copy of the model in the workspace
-(models/vocab-<digest>/) whose tokenizer holds the tokens as special tokens (never split, skipped
-when decoding with skip_special_tokens) and whose embeddings have a row for each: transformers'
+(models/vocab-<digest>/) whose tokenizer holds the tokens as added tokens (never split, taken as
+written) and whose embeddings have a row for each: transformers'
 `resize_token_embeddings` with its mean initialisation (new rows drawn around the old embeddings'
 mean and covariance, seeded, so the copy is the same every time). A tied output layer stays tied.
 Tokenization, evaluation and training then use the copy like any model folder. The ModelRef it
@@ -14,6 +14,11 @@ the adapter (PEFT's trainable_token_indices, tied output layer included), freeze
 embeddings, full trains everything; a trained model records them, so a next stage trains them too.
 A model whose embedding matrix already has spare rows (padded vocabularies such as Qwen's) is not
 resized: the tokens take the next free rows, as in LLaMA-Factory.
+
+Unlike LLaMA-Factory, the tokens are not marked special: gym decodes every reply, completion and
+prediction with skip_special_tokens, which would erase them, so a `<think>` the model learnt would
+never reach a GRPO reward, an exact-match score or an API reply. Kept as text, they do (Qwen3's own
+`<think>` tokens are added the same way).
 """
 
 from __future__ import annotations
@@ -63,14 +68,14 @@ def extend(ref: ModelRef, tokens: list[str]) -> ModelRef:
 def _write(ref: ModelRef, tokens: list[str], out: Any) -> list[int]:
     """Save the tokenizer with `tokens` and the model with rows for them into `out`; their ids."""
     import torch
-    from transformers import AutoTokenizer
+    from transformers import AddedToken, AutoTokenizer
 
     from gym.models import load_model
 
     tokenizer: Any = AutoTokenizer.from_pretrained(
         ref.path, revision=ref.revision, trust_remote_code=ref.trust_remote_code
     )
-    tokenizer.add_special_tokens({"extra_special_tokens": tokens}, replace_extra_special_tokens=False)
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in tokens])
     ids = [int(tokenizer.convert_tokens_to_ids(t)) for t in tokens]
     model = load_model(ref)
     rows = model.get_input_embeddings().weight.shape[0]

@@ -1,5 +1,5 @@
 """New special tokens (LLaMA-Factory's new_special_tokens, gym.vocab): gym-tiny gains <think> and
-</think> as single special tokens with embedding rows of their own, and a stage trains those rows
+</think> as single tokens with embedding rows of their own, and a stage trains those rows
 (beside a LoRA adapter, or in freeze) while the base's rows stay bit-identical."""
 
 from __future__ import annotations
@@ -37,7 +37,10 @@ def test_the_tokens_become_single_special_tokens_with_rows_of_their_own():
     tokenizer = load_tokenizer(ref)
     assert ref.new_token_ids == [len(load_tokenizer(base)), len(load_tokenizer(base)) + 1]
     assert tokenizer("a<think>b</think>", add_special_tokens=False)["input_ids"][1] == ref.new_token_ids[0]
-    assert tokenizer.decode(ref.new_token_ids, skip_special_tokens=True) == "", "special: skipped on decode"
+    text = "<think>1 plus 2</think> 3"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert ref.new_token_ids[1] in ids
+    assert tokenizer.decode(ids, skip_special_tokens=True) == text, "kept in replies and completions"
     old, new = embeddings(base.path), embeddings(ref.path)
     assert new.shape[0] == old.shape[0] + 2
     assert torch.equal(new[: old.shape[0]], old), "the base's rows are untouched"
