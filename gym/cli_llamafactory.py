@@ -176,6 +176,18 @@ REFUSED = {
     "(--train.distributed.num_processes, default: every visible GPU). Drop the setting, or make the model "
     "fit each GPU with --finetuning_type lora or qlora",
 }
+# LLaMA-Factory's settings for vision, video and audio models: gym trains text-only language models.
+MULTIMODAL = (
+    *("image_max_pixels", "image_min_pixels", "image_do_pan_and_scan", "crop_to_patches"),
+    *("video_max_pixels", "video_min_pixels", "video_fps", "video_maxlen"),
+    *("use_audio_in_video", "audio_sampling_rate", "media_dir"),
+    *("freeze_vision_tower", "freeze_multi_modal_projector", "freeze_language_model"),
+)
+REFUSED |= {
+    name: "gym trains text-only language models (no image, video or audio inputs), so it has no use for "
+    "this multimodal setting: remove it, and train vision-language models with LLaMA-Factory"
+    for name in MULTIMODAL
+}
 
 
 def add_options(parser: argparse.ArgumentParser, stages: Sequence[str]) -> None:
@@ -198,8 +210,9 @@ def add_options(parser: argparse.ArgumentParser, stages: Sequence[str]) -> None:
     for name, why in NOT_NEEDED.items():
         kwargs = {"nargs": "?", "const": True, "metavar": "VALUE"}
         group.add_argument(f"--{name}", dest=f"{DEST}.{name}", help=f"accepted: {why}", **kwargs)
-    for name, why in REFUSED.items():
-        group.add_argument(f"--{name}", dest=f"{DEST}.{name}", metavar="VALUE", help=f"refused: {why}")
+    for name, why in REFUSED.items():  # a bare flag (a YAML `true`) is refused too
+        kwargs = {"nargs": "?", "const": True, "metavar": "VALUE"}
+        group.add_argument(f"--{name}", dest=f"{DEST}.{name}", help=f"refused: {why}", **kwargs)
     group.add_argument(
         "--dataset_dir",
         dest=f"{DEST}.dataset_dir",

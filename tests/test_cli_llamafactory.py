@@ -385,6 +385,14 @@ def test_deepspeed_and_fp16_are_refused_saying_what_gym_does_instead():
     assert "hf_secret_value" not in str(error.value)  # the token is never echoed
 
 
+@pytest.mark.parametrize("argv", [["--image_max_pixels", "262144"], ["--freeze_vision_tower"], ["--fp16"]])
+def test_multimodal_settings_and_bare_refused_flags_are_refused(argv):
+    with pytest.raises(ConfigError, match=rf"{argv[0][2:]}: gym "):
+        parse(argv)
+    if argv[0] == "--freeze_vision_tower":
+        assert parse(["--freeze_vision_tower", "false"])["train"]["finetuning_type"]  # asks for nothing
+
+
 def test_more_trainer_settings_gym_needs_no_value_for_get_a_note(tmp_path):
     yaml = tmp_path / "run.yaml"
     settings = {
