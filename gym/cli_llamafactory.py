@@ -106,6 +106,7 @@ STAGE: dict[str, tuple[str, Callable[[str], Any] | type[bool]]] = {
     "pref_beta": ("beta", float),
     "dpo_label_smoothing": ("label_smoothing", float),
     "simpo_gamma": ("simpo_gamma", float),
+    "pref_ftx": ("sft_loss_weight", float),
     "kto_chosen_weight": ("desirable_weight", float),
     "kto_rejected_weight": ("undesirable_weight", float),
     "ppo_epochs": ("rl.ppo_epochs", int),

@@ -76,38 +76,72 @@ def test_kto_raises_desirable_over_undesirable_log_probability(warm_tiny):
     assert result.tokens_seen > 20 * 16 * 5 and result.tokens_per_second
 
 
+def same_policy_eval(method: str, model_ref, data, tmp_path, **settings) -> dict[str, float]:
+    """Held-out metrics of `method` (TRL's evaluate) on `data` (one batch of 16) at a fixed LoRA policy:
+    the adapter moved away from its reference copy, the same for every call."""
+    from gym.train import METHODS, adapters
+
+    config = TrainConfig(
+        method=method, finetuning_type="lora", per_device_train_batch_size=16, max_steps=1, **settings
+    )
+    config, _ = train.plan(config.model_copy(update={"reference": "live"}), model_ref, 16, 16)
+    torch.manual_seed(0)  # the same adapter initialisation for every call
+    model = adapters.adapt(load_model(model_ref), config, model_ref, tmp_path)
+    trainer = METHODS[method](
+        model=model,
+        tokenizer=load_tokenizer(model_ref),
+        config=config,
+        train_data=data,
+        eval_data=data,
+        output_dir=tmp_path,
+        peft_config=None,
+    )
+    torch.manual_seed(0)
+    for name, p in trainer.model.named_parameters():
+        if "lora_B.default" in name:
+            p.data.normal_(std=1.0)
+    metrics = trainer.evaluate()
+    metrics["chosen_token_ce"] = chosen_token_ce(trainer.model, data)
+    return metrics
+
+
+def chosen_token_ce(model, data) -> float:
+    """Cross-entropy of the chosen answers' tokens, pooled over the batch (what an SFT loss on them is)."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for row in data:
+            prompt, chosen = row["prompt_ids"], row["chosen_ids"]
+            logits = model(torch.tensor([prompt + chosen])).logits[0, len(prompt) - 1 : -1]
+            total += float(torch.nn.functional.cross_entropy(logits, torch.tensor(chosen), reduction="sum"))
+            count += len(chosen)
+    return total / count
+
+
 def test_cdpo_is_dpo_plus_label_smoothing_times_the_margin(warm_tiny, tmp_path):
     """cDPO's loss per pair is -log sigmoid(x) + eps x (x: the reward margin), evaluated through TRL."""
     from datasets import load_from_disk
 
-    from gym.train import METHODS, adapters
-
     data = load_from_disk(str(tokenized("demo_dpo_eval", warm_tiny, max_samples=16)))
-    losses = {}
-    for method in ("dpo", "cdpo"):
-        config = TrainConfig(
-            method=method, finetuning_type="lora", per_device_train_batch_size=16, max_steps=1
-        )
-        config, _ = train.plan(config.model_copy(update={"reference": "live"}), warm_tiny, 16, 16)
-        torch.manual_seed(0)  # the same adapter initialisation for both
-        model = adapters.adapt(load_model(warm_tiny), config, warm_tiny, tmp_path)
-        trainer = METHODS[method](
-            model=model,
-            tokenizer=load_tokenizer(warm_tiny),
-            config=config,
-            train_data=data,
-            eval_data=data,
-            output_dir=tmp_path,
-            peft_config=None,
-        )
-        torch.manual_seed(0)  # the same policy for both: the adapter moved away from its reference copy
-        for name, p in trainer.model.named_parameters():
-            if "lora_B.default" in name:
-                p.data.normal_(std=1.0)
-        losses[method] = trainer.evaluate()
+    losses = {method: same_policy_eval(method, warm_tiny, data, tmp_path) for method in ("dpo", "cdpo")}
     margin = losses["dpo"]["eval_rewards/margins"]
     assert abs(margin) > 0.01 and losses["cdpo"]["eval_rewards/margins"] == pytest.approx(margin)
     assert losses["cdpo"]["eval_loss"] - losses["dpo"]["eval_loss"] == pytest.approx(0.1 * margin, rel=1e-3)
+
+
+def test_sft_loss_weight_adds_the_chosen_answers_cross_entropy(warm_tiny, tmp_path):
+    """RPO / LLaMA-Factory's pref_ftx: the loss is the preference loss + w x the chosen tokens' CE."""
+    from datasets import load_from_disk
+
+    data = load_from_disk(str(tokenized("demo_dpo_eval", warm_tiny, max_samples=16)))
+    for method in ("dpo", "cdpo", "simpo"):
+        plain = same_policy_eval(method, warm_tiny, data, tmp_path)
+        added = same_policy_eval(method, warm_tiny, data, tmp_path, sft_loss_weight=0.5)
+        ce, extra = plain["chosen_token_ce"], added["eval_loss"] - plain["eval_loss"]
+        assert ce > 1.0 and extra == pytest.approx(0.5 * ce, rel=1e-3), method
+    with pytest.raises(ValueError, match="ORPO's loss has an SFT term of its own"):
+        TrainConfig(method="orpo", sft_loss_weight=1.0)
+    with pytest.raises(ValueError, match="TRL's KTO loss has no SFT term"):
+        TrainConfig(method="kto", sft_loss_weight=1.0)
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypeVar, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gym.errors import ConfigError
 from gym.train.distributed import DistributedSettings
@@ -247,6 +247,13 @@ class TrainConfig(BaseModel):
     simpo_gamma: float | None = Field(
         None, ge=0, description="SimPO: target reward margin gamma (default: beta / 2, the paper's ratio)."
     )
+    sft_loss_weight: float = Field(
+        0.0,
+        ge=0,
+        description="dpo/ipo/cdpo/hinge/simpo: weight of an SFT loss (token cross-entropy of the chosen "
+        "answers) added to the preference loss, as RPO and LLaMA-Factory's pref_ftx; 0: none. kto and orpo "
+        "refuse it; other methods ignore it.",
+    )
     desirable_weight: float = Field(1.0, gt=0, description="KTO: weight of desirable completions' loss.")
     undesirable_weight: float = Field(1.0, gt=0, description="KTO: weight of undesirable completions' loss.")
     reference: Literal["auto", "precomputed", "live"] = Field(
@@ -266,6 +273,20 @@ class TrainConfig(BaseModel):
         default_factory=DistributedSettings,
         description="Processes training the stage (DDP; auto: every GPU when there are several).",
     )
+
+    @model_validator(mode="after")
+    def _sft_loss_where_it_applies(self) -> TrainConfig:
+        # The other preference methods can't take it; methods outside the family ignore it, as they do beta
+        # (a stage-wide setting reaches the SFT stage of sft_then_dpo too)
+        if self.sft_loss_weight and self.method in ("kto", "orpo"):
+            why = {
+                "orpo": "ORPO's loss has an SFT term of its own (beta weighs the odds-ratio term beside it)",
+                "kto": "TRL's KTO loss has no SFT term to weigh",
+            }[self.method]
+            raise ValueError(
+                f"sft_loss_weight adds an SFT loss to dpo, ipo, cdpo, hinge and simpo; {why}: leave it at 0"
+            )
+        return self
 
 
 # Optimiser defaults per method and adaptation family (full: full and freeze; lora: the LoRA family) where

@@ -80,17 +80,24 @@ def loss_terms(config: TrainConfig) -> tuple[list[str], list[float] | None]:
     ship. With x = beta * (chosen - rejected log-ratio) and logsigmoid(-x) = logsigmoid(x) - x:
         cDPO   -(1-e) logsigmoid(x) - e logsigmoid(-x)          = -logsigmoid(x) + e x
         robust (-(1-e) logsigmoid(x) + e logsigmoid(-x)) / (1-2e) = -logsigmoid(x) - e x / (1-2e)
-    so (2 - 2e) sigmoid - (1 - 2e) robust = cDPO exactly (TRL adds weighted losses).
+    so (2 - 2e) sigmoid - (1 - 2e) robust = cDPO exactly (TRL adds weighted losses). `sft_loss_weight`
+    adds TRL's sft loss (token cross-entropy of the chosen answers) with that weight.
     """
-    loss, eps = config.loss_type or "sigmoid", config.label_smoothing or 0.0
+    loss: str = config.loss_type or "sigmoid"
+    eps = config.label_smoothing or 0.0
+    losses: list[str]
     if eps == 0:
-        return [loss], None
-    if loss != "sigmoid":
+        losses, weights = [loss], [1.0]
+    elif loss != "sigmoid":
         raise ConfigError(
             f"label_smoothing applies to the sigmoid loss (conservative DPO); the {loss} loss ignores it: "
             "drop --train.label_smoothing, or use method cdpo"
         )
-    return ["sigmoid", "robust"], [2 - 2 * eps, -(1 - 2 * eps)]
+    else:
+        losses, weights = ["sigmoid", "robust"], [2 - 2 * eps, -(1 - 2 * eps)]
+    if config.sft_loss_weight:  # RPO / LLaMA-Factory's pref_ftx: TRL's sft loss on the chosen answers
+        losses, weights = [*losses, "sft"], [*weights, config.sft_loss_weight]
+    return losses, (weights if len(losses) > 1 else None)
 
 
 def signal(

@@ -3,7 +3,8 @@
 Reference-free and length-normalised: the implicit reward is beta x the mean log-probability of an
 answer, and the loss asks the chosen reward to beat the rejected one by a target margin gamma.
 Paper defaults: beta 2.0-2.5 with gamma / beta = 0.5 (gym: beta 2.0, gamma 1.0). `cpo_alpha=0`
-leaves out CPO's behaviour-cloning term, so this is SimPO itself, not CPO-SimPO.
+leaves out CPO's behaviour-cloning term, so this is SimPO itself, not CPO-SimPO; `sft_loss_weight`
+(LLaMA-Factory's pref_ftx) sets that term's weight.
 
 TRL's CPOTrainer (trl.experimental in TRL 1.12) tokenizes row by row; gym feeds it
 gym's own chat-template ids (gym.train.pairs.row_trainer).
@@ -37,7 +38,7 @@ def build_trainer(
     args = CPOConfig(
         **trl_args(config, output_dir, held_out=eval_data is not None),
         loss_type="simpo",
-        cpo_alpha=0.0,
+        cpo_alpha=config.sft_loss_weight,  # SimPO: none unless asked (CPO's NLL term = an added SFT loss)
         beta=filled(config.beta, "beta"),
         simpo_gamma=filled(config.simpo_gamma, "simpo_gamma"),
         max_length=max_length,
