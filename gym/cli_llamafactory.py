@@ -110,6 +110,7 @@ STAGE: dict[str, tuple[str, Callable[[str], Any] | type[bool]]] = {
     "kto_chosen_weight": ("desirable_weight", float),
     "kto_rejected_weight": ("undesirable_weight", float),
     "ppo_epochs": ("rl.ppo_epochs", int),
+    "reward_model": ("rl.rewards", lambda source: [f"reward_model:{source}"]),
     "shift_attn": ("longlora.shift_attention", bool),
     "additional_target": ("longlora.trainable_modules", lambda text: _modules(text) or []),
     "use_unsloth": ("speed.unsloth", bool),
@@ -138,6 +139,8 @@ TOP: dict[str, tuple[str, Callable[[str], Any] | type[bool]]] = {
 }
 # Settings of LLaMA-Factory's YAML files that gym needs no value for, and why (a note when given).
 NOT_NEEDED = {
+    "reward_model_type": "gym's reward_model is a folder of full weights with a score head (type full), as "
+    "gym train --method rm saves it",
     "resize_vocab": "gym resizes the embeddings itself when new_special_tokens adds tokens",
     "do_train": "gym train always trains",
     "plot_loss": "gym always plots the loss (an artifact in Prefect and MLflow)",
@@ -244,6 +247,12 @@ def overrides(
     for name in REFUSED.keys() & values.keys():
         if str(values[name]).lower() not in ("false", "none", "null"):  # `fp16: false` asks for nothing
             raise ConfigError(f"{name}: {REFUSED[name]}")
+    if str(values.get("reward_model_type", "full")) != "full":
+        raise ConfigError(
+            f"reward_model_type {values['reward_model_type']}: gym scores with a reward model of full "
+            "weights and a score head (reward_model_type full); merge a LoRA reward model first (gym export "
+            "--model ADAPTER --out DIR), or score with a reward function (--train.rl.rewards)"
+        )
     stage: dict[str, Any] = {}
     top: dict[str, Any] = {}
     for name, value in values.items():

@@ -59,6 +59,8 @@ def test_each_stage_wide_name_sets_its_gym_setting_in_every_stage(name):
         text, value = "yarn", "yarn"
     elif name == "lr_scheduler_kwargs":
         text, value = '{"min_lr_rate": 0.1}', {"min_lr_rate": 0.1}
+    elif name == "reward_model":
+        text, value = "saves/rm", ["reward_model:saves/rm"]
     config = parse([f"--{name}", text], SftThenDpoConfig)
     assert at(config["sft"], path) == value and at(config["dpo"], path) == value
 
@@ -383,6 +385,13 @@ def test_deepspeed_and_fp16_are_refused_saying_what_gym_does_instead():
     ) as error:
         parse(["--hf_hub_token", "hf_secret_value"])
     assert "hf_secret_value" not in str(error.value)  # the token is never echoed
+
+
+def test_a_lora_or_api_reward_model_is_refused_saying_what_to_do():
+    assert parse(["--reward_model_type", "full"])["train"]["rl"]["rewards"] == ["exact_match"]
+    for kind in ("lora", "api"):
+        with pytest.raises(ConfigError, match=f"reward_model_type {kind}: .* merge a LoRA reward model"):
+            parse(["--reward_model", "saves/rm", "--reward_model_type", kind])
 
 
 @pytest.mark.parametrize("argv", [["--image_max_pixels", "262144"], ["--freeze_vision_tower"], ["--fp16"]])
