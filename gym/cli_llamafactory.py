@@ -111,6 +111,8 @@ STAGE: dict[str, tuple[str, Callable[[str], Any] | type[bool]]] = {
     "kto_rejected_weight": ("undesirable_weight", float),
     "ppo_epochs": ("rl.ppo_epochs", int),
     "reward_model": ("rl.rewards", lambda source: [f"reward_model:{source}"]),
+    "temperature": ("rl.temperature", float),  # LLaMA-Factory's generating arguments: PPO's rollouts
+    "max_new_tokens": ("rl.max_completion_length", int),
     "shift_attn": ("longlora.shift_attention", bool),
     "additional_target": ("longlora.trainable_modules", lambda text: _modules(text) or []),
     "use_unsloth": ("speed.unsloth", bool),
@@ -142,6 +144,14 @@ NOT_NEEDED = {
     "reward_model_type": "gym's reward_model is a folder of full weights with a score head (type full), as "
     "gym train --method rm saves it",
     "resize_vocab": "gym resizes the embeddings itself when new_special_tokens adds tokens",
+    "do_eval": "gym evaluates a stage's held-out data whenever it has some (val_size, eval_dataset)",
+    "predict_with_generate": "gym generates the answers it scores on held-out data (--eval_metrics)",
+    "pissa_convert": "gym always saves a PiSSA adapter converted to a plain LoRA of the original base",
+    "pissa_iter": "gym's PiSSA initialisation takes the exact SVD (PEFT's pissa), not fast SVD iterations",
+    "run_name": "gym names each stage's MLflow run itself (a child of the flow run's)",
+    "disable_tqdm": "gym prints one progress line per stage (library progress bars only with --verbose)",
+    "top_p": "gym samples rollouts from the whole distribution at temperature, without a top-p cut",
+    "top_k": "gym samples rollouts from the whole distribution at temperature, without a top-k cut",
     "do_train": "gym train always trains",
     "plot_loss": "gym always plots the loss (an artifact in Prefect and MLflow)",
     "overwrite_cache": "gym's caches are keyed by content: changed data or settings are never served stale",
@@ -179,6 +189,28 @@ REFUSED = {
     "deepspeed": "gym does not run DeepSpeed ZeRO yet: it trains on several GPUs with DDP "
     "(--train.distributed.num_processes, default: every visible GPU). Drop the setting, or make the model "
     "fit each GPU with --finetuning_type lora or qlora",
+}
+REFUSED |= {
+    "do_predict": "gym train trains: score generated answers on held-out data with --eval_dataset FILE and "
+    "--eval_metrics exact_match bleu rouge (before and after training), or chat with gym chat",
+    "ref_model": "gym's reference for dpo/ipo/cdpo/hinge/kto is the stage's starting model (precomputed or "
+    "live, --train.reference): train from the model you want as reference, or use simpo or orpo (no "
+    "reference)",
+    "quantization_method": "gym quantizes with bitsandbytes only: leave quantization_method out (or set bnb)",
+    **{
+        name: f"gym has no {what}: train fewer weights with --finetuning_type lora, freeze or qlora instead"
+        for name, what in {
+            "use_galore": "GaLore optimizer",
+            "use_apollo": "APOLLO optimizer",
+            "use_badam": "BAdam optimizer",
+            "use_adam_mini": "Adam-mini optimizer",
+            "use_muon": "Muon optimizer",
+            "use_llama_pro": "LLaMA Pro block expansion",
+            "mixture_of_depths": "mixture-of-depths conversion",
+        }.items()
+    },
+    "train_from_scratch": "gym fine-tunes pretrained weights: build the model's weights first (as gym-tiny "
+    "is built) and give its folder as --model",
 }
 # LLaMA-Factory's settings for vision, video and audio models: gym trains text-only language models.
 MULTIMODAL = (
@@ -244,6 +276,8 @@ def overrides(
     LLaMA-Factory. Unless the user gave the LoRA alpha (`alpha_given`), lora_rank sets it to twice the rank.
     """
     values = given(args)
+    if str(values.get("quantization_method", "bnb")).lower() in ("bnb", "bitsandbytes"):
+        values.pop("quantization_method", None)  # what gym does
     for name in REFUSED.keys() & values.keys():
         if str(values[name]).lower() not in ("false", "none", "null"):  # `fp16: false` asks for nothing
             raise ConfigError(f"{name}: {REFUSED[name]}")

@@ -394,10 +394,22 @@ def test_a_lora_or_api_reward_model_is_refused_saying_what_to_do():
             parse(["--reward_model", "saves/rm", "--reward_model_type", kind])
 
 
-@pytest.mark.parametrize("argv", [["--image_max_pixels", "262144"], ["--freeze_vision_tower"], ["--fp16"]])
-def test_multimodal_settings_and_bare_refused_flags_are_refused(argv):
-    with pytest.raises(ConfigError, match=rf"{argv[0][2:]}: gym "):
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--image_max_pixels", "262144"],
+        ["--freeze_vision_tower"],
+        ["--fp16"],
+        ["--use_galore"],
+        ["--ref_model", "saves/ref"],
+        ["--quantization_method", "hqq"],
+        ["--do_predict", "true"],
+    ],
+)
+def test_settings_gym_lacks_and_bare_refused_flags_are_refused_saying_what_to_do(argv):
+    with pytest.raises(ConfigError, match=rf"{argv[0][2:]}: gym[ ']"):
         parse(argv)
+    assert parse(["--quantization_method", "bnb", "--use_galore", "false"])  # what gym does / asks nothing
     if argv[0] == "--freeze_vision_tower":
         assert parse(["--freeze_vision_tower", "false"])["train"]["finetuning_type"]  # asks for nothing
 
