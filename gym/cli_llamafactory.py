@@ -209,6 +209,9 @@ REFUSED |= {
             "mixture_of_depths": "mixture-of-depths conversion",
         }.items()
     },
+    "adapter_name_or_path": "gym train starts from full weights: merge the adapter into its base first "
+    "(gym export --model ADAPTER --out DIR) and give DIR as model_name_or_path; a new adapter then trains on "
+    "top (LLaMA-Factory's create_new_adapter)",
     "train_from_scratch": "gym fine-tunes pretrained weights: build the model's weights first (as gym-tiny "
     "is built) and give its folder as --model",
 }

@@ -404,6 +404,7 @@ def test_a_lora_or_api_reward_model_is_refused_saying_what_to_do():
         ["--ref_model", "saves/ref"],
         ["--quantization_method", "hqq"],
         ["--do_predict", "true"],
+        ["--adapter_name_or_path", "saves/lora"],
     ],
 )
 def test_settings_gym_lacks_and_bare_refused_flags_are_refused_saying_what_to_do(argv):
