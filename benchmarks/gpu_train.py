@@ -10,8 +10,9 @@ liger-kernel / flash-attn where gym's defaults should use them. Each setting tra
 process (Liger patches transformers' modeling code process-wide, and peak memory must be the
 setting's own):
 - "gym": gym.train's SFT path with TrainConfig defaults (speed "auto": Liger where installed,
-  flash-attn + padding-free where installed, no gradient checkpointing), bf16;
-- "trl": SFTTrainer with TRL 1.12's defaults (bf16, gradient checkpointing, SDPA, padded).
+  flash-attn + padding-free where installed, no gradient checkpointing), bf16 (float32 master weights);
+- "trl": SFTTrainer with TRL 1.12's defaults (model path loaded in float32, bf16 autocast, gradient
+  checkpointing, SDPA, padded).
 Same model, data, order, learning rate and batch. Tokens/s counts real tokens after the first
 `--skip` steps; MFU = 6 * params * tokens/s (+ attention) over the GPU's peak bf16 FLOP/s; peak
 memory from torch.cuda. "loss_gap" is the largest gap between the two loss curves (smoothed).
@@ -135,7 +136,7 @@ class StepClock:
 def worker(a: argparse.Namespace) -> dict[str, Any]:
     """Train one setting in this process and return its measurements."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     model_dir = Path(a.model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -159,7 +160,7 @@ def worker(a: argparse.Namespace) -> dict[str, Any]:
     }
     if a.worker == "gym":
         from gym.models import ModelRef, load_model
-        from gym.train import TrainConfig, sft, speed
+        from gym.train import TrainConfig, precision, sft, speed
         from gym.train.config import with_defaults
 
         config = TrainConfig(
@@ -175,8 +176,11 @@ def worker(a: argparse.Namespace) -> dict[str, Any]:
         config = with_defaults(config, {})  # what the user left unset: TrainConfig's method defaults
         resolved = speed.resolve(config)
         ref = ModelRef(name="gpu-bench", path=str(model_dir), template="chatml", digest="-", base_model="-")
+        # as gym.train.run loads it: float32 master weights, bf16 autocast
+        model = load_model(ref, dtype=precision.load_dtype(config), **speed.load_options(resolved))
+        precision.upcast_trainable(model, config)
         trainer = sft.build_trainer(
-            model=load_model(ref, **speed.load_options(resolved)),
+            model=model,
             tokenizer=tokenizer,
             config=config,
             train_data=data,
@@ -189,10 +193,11 @@ def worker(a: argparse.Namespace) -> dict[str, Any]:
     else:
         from trl import SFTConfig, SFTTrainer
 
-        # TRL 1.12's defaults: bf16 on, gradient checkpointing on, chunked NLL loss, SDPA, padding.
+        # TRL 1.12's defaults: the model loads in float32 (a path, as users give it), bf16 autocast on,
+        # gradient checkpointing on, chunked NLL loss, SDPA, padding.
         args = SFTConfig(**common, bf16=a.shape != "smoke", use_cpu=not torch.cuda.is_available())
         trainer = SFTTrainer(
-            model=AutoModelForCausalLM.from_pretrained(model_dir),
+            model=str(model_dir),
             args=args,
             train_dataset=data,
             processing_class=tokenizer,

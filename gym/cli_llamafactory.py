@@ -103,6 +103,7 @@ STAGE: dict[str, tuple[str, Callable[[str], Any] | type[bool]]] = {
     "quantization_bit": ("quant.bits", int),
     "quantization_type": ("quant.quant_type", str),
     "double_quantization": ("quant.double_quant", bool),
+    "pure_bf16": ("pure_bf16", bool),
     "pref_beta": ("beta", float),
     "dpo_label_smoothing": ("label_smoothing", float),
     "simpo_gamma": ("simpo_gamma", float),
@@ -152,6 +153,9 @@ NOT_NEEDED = {
     "disable_tqdm": "gym prints one progress line per stage (library progress bars only with --verbose)",
     "top_p": "gym samples rollouts from the whole distribution at temperature, without a top-p cut",
     "top_k": "gym samples rollouts from the whole distribution at temperature, without a top-k cut",
+    "upcast_layernorm": "gym's trainable weights (norms included) are float32, and transformers' norms "
+    "compute their statistics in float32 under bf16 autocast",
+    "upcast_lmhead_output": "gym's losses run in float32 (bf16 autocast computes cross-entropy in float32)",
     "do_train": "gym train always trains",
     "plot_loss": "gym always plots the loss (an artifact in Prefect and MLflow)",
     "overwrite_cache": "gym's caches are keyed by content: changed data or settings are never served stale",

@@ -61,7 +61,8 @@ def test_each_stage_wide_name_sets_its_gym_setting_in_every_stage(name):
         text, value = '{"min_lr_rate": 0.1}', {"min_lr_rate": 0.1}
     elif name == "reward_model":
         text, value = "saves/rm", ["reward_model:saves/rm"]
-    config = parse([f"--{name}", text], SftThenDpoConfig)
+    needs = ["--bf16", "true"] if name == "pure_bf16" else []
+    config = parse([f"--{name}", text, *needs], SftThenDpoConfig)
     assert at(config["sft"], path) == value and at(config["dpo"], path) == value
 
 

@@ -37,6 +37,7 @@ from gym.train import (
     kto,
     orpo,
     ppo,
+    precision,
     pt,
     quant,
     reference,
@@ -174,7 +175,8 @@ def plan(
     rope_choice = {}
     if config.rope_scaling and cutoff_len is not None:
         rope_choice["rope_scaling"] = str(rope.plan(config.rope_scaling, model, cutoff_len)[1])
-    return config, {**quant_choices, **reference_choices, **rope_choice, **adapters.new_rows(config, model)}
+    choices = {**quant_choices, **reference_choices, **rope_choice, **adapters.new_rows(config, model)}
+    return config, choices | precision.choice(config, model)
 
 
 def _train(
@@ -200,10 +202,12 @@ def _train(
     loader = functools.partial(_hook(config.method, "load_model") or load_model, **stretch)
     if stretch:
         tokenizer.model_max_length = max(tokenizer.model_max_length, max_length)
-    model = loader(model_ref, **quant.load_kwargs(config), **speed.load_options(speed.resolve(config)))
+    load = {"dtype": precision.load_dtype(config), **quant.load_kwargs(config)}  # QLoRA's dtype wins
+    model = loader(model_ref, **load, **speed.load_options(speed.resolve(config)))
     # A method module may set APPLIES_ADAPTER: its trainer gets the LoRA config and wraps the model itself.
     wrap = not getattr(sys.modules[METHODS[config.method].__module__], "APPLIES_ADAPTER", False)
     model = adapters.adapt(model, config, model_ref, stage_dir, wrap=wrap)
+    precision.upcast_trainable(model, config)
     train_ds = load_from_disk(str(train_data))
     eval_ds = load_from_disk(str(eval_data)) if eval_data else None
     checkpoints = stage_dir / "checkpoints"

@@ -209,7 +209,17 @@ class TrainConfig(BaseModel):
         100, ge=1, description="Checkpoint every N steps (training resumes from the last one)."
     )
     save_total_limit: int = Field(2, ge=1, description="Checkpoints kept in the run directory.")
-    bf16: bool = Field(False, description="bfloat16 mixed precision (needs hardware support).")
+    bf16: bool = Field(
+        False,
+        description="bfloat16 mixed precision (needs hardware support): trainable weights stay float32, "
+        "frozen ones as stored (gym.train.precision). False: the model trains in float32.",
+    )
+    pure_bf16: bool = Field(
+        False,
+        description="With bf16: weights and optimizer states in bfloat16 too, no float32 master copy (half "
+        "the memory of full fine-tuning; updates below bf16's precision are lost). LLaMA-Factory's "
+        "pure_bf16.",
+    )
     gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory.")
     rope_scaling: Literal["linear", "dynamic", "yarn", "llama3"] | None = Field(
         None,
@@ -273,6 +283,12 @@ class TrainConfig(BaseModel):
         default_factory=DistributedSettings,
         description="Processes training the stage (DDP; auto: every GPU when there are several).",
     )
+
+    @model_validator(mode="after")
+    def _pure_bf16_needs_bf16(self) -> TrainConfig:
+        if self.pure_bf16 and not self.bf16:
+            raise ValueError("pure_bf16 trains in bfloat16 without float32 master weights: set bf16=True too")
+        return self
 
     @model_validator(mode="after")
     def _sft_loss_where_it_applies(self) -> TrainConfig:

@@ -130,9 +130,11 @@ def train_online(
     data = prompt_records(train_dataset)
     if isinstance(model, (str, Path)):
         from gym.models import load_model, load_tokenizer, resolve
+        from gym.train import precision
 
-        ref = resolve(str(model), template)
-        model, tokenizer = load_model(ref), load_tokenizer(ref)
+        ref = resolve(str(model), template)  # loaded and trained in gym's precision, as gym train does
+        model, tokenizer = load_model(ref, dtype=precision.load_dtype(config)), load_tokenizer(ref)
+        precision.upcast_trainable(model, config)
     elif tokenizer is None:
         raise ConfigError("a transformers model needs tokenizer= too")
     elif template is not None:
