@@ -111,6 +111,8 @@ STAGE: dict[str, tuple[str, Callable[[str], Any] | type[bool]]] = {
     "kto_chosen_weight": ("desirable_weight", float),
     "kto_rejected_weight": ("undesirable_weight", float),
     "ppo_epochs": ("rl.ppo_epochs", int),
+    "ppo_target": ("rl.adaptive_kl_target", float),
+    "ppo_whiten_rewards": ("rl.whiten_rewards", bool),
     "reward_model": ("rl.rewards", lambda source: [f"reward_model:{source}"]),
     "temperature": ("rl.temperature", float),  # LLaMA-Factory's generating arguments: PPO's rollouts
     "max_new_tokens": ("rl.max_completion_length", int),
@@ -156,6 +158,7 @@ NOT_NEEDED = {
     "upcast_layernorm": "gym's trainable weights (norms included) are float32, and transformers' norms "
     "compute their statistics in float32 under bf16 autocast",
     "upcast_lmhead_output": "gym's losses run in float32 (bf16 autocast computes cross-entropy in float32)",
+    "create_new_adapter": "a LoRA stage always trains a new adapter on the model it starts from",
     "do_train": "gym train always trains",
     "plot_loss": "gym always plots the loss (an artifact in Prefect and MLflow)",
     "overwrite_cache": "gym's caches are keyed by content: changed data or settings are never served stale",
@@ -200,6 +203,8 @@ REFUSED |= {
     "ref_model": "gym's reference for dpo/ipo/cdpo/hinge/kto is the stage's starting model (precomputed or "
     "live, --train.reference): train from the model you want as reference, or use simpo or orpo (no "
     "reference)",
+    "ppo_score_norm": "gym's PPO has no running normalisation of scores: whiten the rewards instead "
+    "(ppo_whiten_rewards), or scale them with --train.rl.reward_weights",
     "quantization_method": "gym quantizes with bitsandbytes only: leave quantization_method out (or set bnb)",
     **{
         name: f"gym has no {what}: train fewer weights with --finetuning_type lora, freeze or qlora instead"

@@ -406,6 +406,7 @@ def test_a_lora_or_api_reward_model_is_refused_saying_what_to_do():
         ["--quantization_method", "hqq"],
         ["--do_predict", "true"],
         ["--adapter_name_or_path", "saves/lora"],
+        ["--ppo_score_norm", "true"],
     ],
 )
 def test_settings_gym_lacks_and_bare_refused_flags_are_refused_saying_what_to_do(argv):

@@ -210,6 +210,30 @@ def test_homogeneous_groups_function():
     assert homogeneous_groups([0.0, 1.0], 1) == [True, True], "G=1: every group is homogeneous"
 
 
+def test_whiten_rewards_reaches_trls_ppo(tmp_path):
+    from datasets import load_from_disk
+
+    from gym.models import load_model, load_tokenizer
+    from gym.train import ppo
+
+    ref = tiny()
+    data = tokenized("demo_prompts", ref, max_samples=8)
+    with pytest.raises(ConfigError, match="whiten_rewards needs at least 8 rollouts per batch"):
+        train.run(rl_config("ppo", 1, batch=4, whiten_rewards=True), ref, data)  # before any model loads
+    for whiten in (False, True):
+        config = with_defaults(rl_config("ppo", 1, batch=8, whiten_rewards=whiten), {})
+        trainer = ppo.build_trainer(
+            model=load_model(ref),
+            tokenizer=load_tokenizer(ref),
+            config=config,
+            train_data=load_from_disk(str(data)),
+            eval_data=None,
+            output_dir=tmp_path / str(whiten),
+            peft_config=None,
+        )
+        assert trainer.args.whiten_rewards is whiten
+
+
 def test_adaptive_kl_coefficient():
     # Ziegler et al.: e = clip(KL/target - 1, -0.2, 0.2); coef *= 1 + e * n/horizon.
     assert adaptive_kl_coef(0.1, kl=12.0, target=6.0, horizon=1000, n_steps=100) == pytest.approx(0.1 * 1.02)

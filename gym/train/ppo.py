@@ -27,7 +27,7 @@ import statistics
 from pathlib import Path
 from typing import Any, cast
 
-from gym.errors import DataError
+from gym.errors import ConfigError, DataError
 from gym.rewards import Reward, load_rewards, weighted_sum
 from gym.train.common import trl_args
 from gym.train.config import TrainConfig
@@ -45,6 +45,17 @@ def adaptive_kl_coef(coef: float, kl: float, target: float, horizon: int, n_step
 # TRL's PPOTrainer builds the value model from the plain policy: gym hands it the LoRA config to apply
 # (TRL's peft_config) instead of an adapted model (see gym.train.run).
 APPLIES_ADAPTER = True
+
+
+def check(config: TrainConfig) -> None:
+    """PPO's settings, before any model loads (gym.train.plan calls it with the defaults filled in)."""
+    batch = int(config.per_device_train_batch_size or 8) * config.gradient_accumulation_steps
+    if config.rl.whiten_rewards and batch < 8:
+        raise ConfigError(
+            f"rl.whiten_rewards needs at least 8 rollouts per batch to whiten over, and this one has {batch} "
+            "(per_device_train_batch_size x gradient_accumulation_steps): raise one of them, or leave "
+            "whiten_rewards off"
+        )
 
 
 def build_trainer(
@@ -80,6 +91,7 @@ def build_trainer(
         vf_coef=rl.vf_coef,
         gamma=rl.gamma,
         lam=rl.lam,
+        whiten_rewards=rl.whiten_rewards,
         num_ppo_epochs=rl.ppo_epochs,
         num_sample_generations=0,
         local_rollout_forward_batch_size=batch,

@@ -106,6 +106,11 @@ class RLSettings(BaseModel):
     vf_coef: float = Field(0.1, ge=0, description="PPO: weight of the value-function loss.")
     gamma: float = Field(1.0, ge=0, le=1, description="PPO: discount factor of GAE.")
     lam: float = Field(0.95, ge=0, le=1, description="PPO: lambda of generalised advantage estimation (GAE).")
+    whiten_rewards: bool = Field(
+        False,
+        description="PPO: whiten each batch's per-token rewards (zero mean, unit variance) before GAE, as "
+        "TRL's whiten_rewards (LLaMA-Factory's ppo_whiten_rewards); needs 8 or more rollouts per batch.",
+    )
 
     @model_validator(mode="after")
     def _weights_match(self) -> RLSettings:
