@@ -67,12 +67,13 @@ def sft_then_dpo(config: SftThenDpoConfig = DEFAULTS) -> dict[str, Any]:
     dpo_data = tokenize_dataset(dpo_train_raw, model, config.data)
     dpo_eval = tokenize_dataset(dpo_eval_raw, model, config.data) if dpo_eval_raw else None
 
-    limit, metrics = config.eval_limit, config.eval_metrics
-    before = exact_match(model, held_out, "before", limit, parent, uri, metrics) if held_out else None
+    # both held-out evaluations: limit, tracking, metrics, and the training data's system message
+    how = (config.eval_limit, parent, uri, config.eval_metrics, config.data.default_system)
+    before = exact_match(model, held_out, "before", *how) if held_out else None
     scores_before = [benchmark_eval(model, b.entry, options, "before", parent, uri) for b in benchmarks]
     sft, sft_model = train_stage(config.sft, model, sft_data, sft_eval, parent, uri)
     dpo, final_model = train_stage(config.dpo, sft_model, dpo_data, dpo_eval, parent, uri)
-    after = exact_match(final_model, held_out, "after", limit, parent, uri, metrics) if held_out else None
+    after = exact_match(final_model, held_out, "after", *how) if held_out else None
     scores_after = [
         benchmark_eval(final_model, b.entry, options, "after", parent, uri, baseline=score)
         for b, score in zip(benchmarks, scores_before, strict=True)

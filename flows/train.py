@@ -61,11 +61,12 @@ def train(config: TrainFlowConfig = DEFAULTS) -> dict[str, Any]:
     data = tokenize_dataset(train_raw, model, config.data)
     method_eval = tokenize_dataset(method_eval_raw, model, config.data) if method_eval_raw else None
 
-    limit, metrics = config.eval_limit, config.eval_metrics
-    before = exact_match(model, held_out, "before", limit, parent, uri, metrics) if held_out else None
+    # both held-out evaluations: limit, tracking, metrics, and the training data's system message
+    how = (config.eval_limit, parent, uri, config.eval_metrics, config.data.default_system)
+    before = exact_match(model, held_out, "before", *how) if held_out else None
     scores_before = [benchmark_eval(model, b.entry, options, "before", parent, uri) for b in benchmarks]
     result, final_model = train_stage(config.train, model, data, method_eval, parent, uri)
-    after = exact_match(final_model, held_out, "after", limit, parent, uri, metrics) if held_out else None
+    after = exact_match(final_model, held_out, "after", *how) if held_out else None
     scores_after = [
         benchmark_eval(final_model, b.entry, options, "after", parent, uri, baseline=score)
         for b, score in zip(benchmarks, scores_before, strict=True)

@@ -141,6 +141,7 @@ TOP: dict[str, tuple[str, Callable[[str], Any] | type[bool]]] = {
     "mask_history": ("data.mask_history", bool),
     "mix_strategy": ("data.mix_strategy", str),
     "interleave_probs": ("data.interleave_probs", _floats),
+    "default_system": ("data.default_system", str),
 }
 # Settings of LLaMA-Factory's YAML files that gym needs no value for, and why (a note when given).
 NOT_NEEDED = {

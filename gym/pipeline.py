@@ -383,6 +383,11 @@ class TfGrpoFlowConfig(TfGrpoSettings):
                 "new_special_tokens: tf_grpo trains no weights (it learns an experience library for the "
                 "frozen model), so new tokens would have untrained embeddings; leave new_special_tokens unset"
             )
+        if config.data.default_system is not None:
+            raise ConfigError(
+                "data.default_system: tf_grpo writes its own prompts (the question with the experience "
+                "library injected), so a default system message would not reach them; leave it unset"
+            )
         return cls(
             model=config.model,
             template=config.template,

@@ -35,10 +35,11 @@ def exact_match(
     parent_run_id: str | None = None,
     tracking_uri: str | None = None,
     metrics: Sequence[str] = ("exact_match",),
+    system: str | None = None,
 ) -> ExactMatch:
     params = {"model": model.path, "dataset_digest": dataset.digest, "limit": limit, "metrics": list(metrics)}
     with stage_run(f"eval-{label}", params, parent_run_id, tracking_uri) as run_id:
-        result = evaluate(model, Path(dataset.path), limit=limit, metrics=metrics)
+        result = evaluate(model, Path(dataset.path), limit=limit, metrics=metrics, system=system)
         if run_id:
             numbers = {**result.scores, "exact_match": result.exact_match, "n": result.n}
             tracking.log_metrics(run_id, numbers, uri=tracking_uri)

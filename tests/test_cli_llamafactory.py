@@ -75,6 +75,7 @@ def test_each_stage_wide_name_sets_its_gym_setting_in_every_stage(name):
         (["--mask_history", "true"], "data.mask_history", True),
         (["--mix_strategy", "interleave_over"], "data.mix_strategy", "interleave_over"),
         (["--interleave_probs", "0.7,0.3"], "data.interleave_probs", [0.7, 0.3]),
+        (["--default_system", "Be brief."], "data.default_system", "Be brief."),
         (["--flash_attn", "fa2"], "train.speed.attn_implementation", "flash_attention_2"),
         (["--flash_attn", "disabled"], "train.speed.attn_implementation", "eager"),
         (["--enable_liger_kernel", "false"], "train.speed.liger", "off"),

@@ -97,6 +97,36 @@ def test_mask_history_trains_only_the_last_turn(tok):
     assert "再来一个。" in text and text.endswith("11<|im_end|>\n") and "Name a prime" not in text
 
 
+def test_default_system_opens_each_conversation_that_has_none(tok, tmp_path: Path):
+    said = "Answer with digits only."
+    data = tmp_path / "chat.jsonl"
+    records = [
+        {"instruction": "Name a prime.", "output": "7"},
+        {"instruction": "Hi", "output": "2", "system": "Own."},
+    ]
+    data.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    dataset = ingest(resolve_dataset(data)).path
+    settings = TokenizeSettings(default_system=said)
+    plain, given = (rows(tokenize(dataset, TINY, "chatml", s)) for s in (TokenizeSettings(), settings))
+    text = tok.decode(given[0]["input_ids"])
+    assert text.startswith(f"<|im_start|>system\n{said}<|im_end|>\n<|im_start|>user\nName a prime.")
+    assert said not in tok.decode(plain[0]["input_ids"])
+    assert trained(tok, given[0]) == trained(tok, plain[0]) == "7<|im_end|>"  # a prompt turn: masked
+    assert given[1] == plain[1], "a record's own system message stays"
+    # It takes the place of a template's own default system message
+    own_default = tok.decode(rows(tokenize(dataset, TINY, "test_chatml_sys", settings))[0]["input_ids"])
+    assert said in own_default and "You are gym." not in own_default
+    # Preference prompts get it too
+    pairs = ingest(resolve_dataset(DATA / "preference_lf.json")).path
+    assert rows(tokenize(pairs, TINY, "chatml", settings))[0]["prompt"].startswith(
+        f"<|im_start|>system\n{said}"
+    )
+    # Online RL prompts: the messages TRL renders and gym's rendering alike
+    prompt = rows(tokenize(ingest(resolve_dataset("demo_prompts")).path, TINY, "chatml", settings))[0]
+    assert prompt["prompt"][0] == {"role": "system", "content": said}
+    assert prompt["prompt_text"].startswith(f"<|im_start|>system\n{said}")
+
+
 def test_sft_labels_helper():
     ids, mask = [1, 2, 3, 4, 5, 6, 7], [0, 1, 0, 0, 1, 1, 0]
     x = IGNORE_INDEX

@@ -84,3 +84,14 @@ def test_generation_eval_reports_every_metric_on_held_out_data():
     refs = [s["reference"] for s in result.samples]
     assert result.scores["first_words"] == first_words(preds, refs)
     assert result.exact_match == result.scores["exact_match"]
+
+
+def test_held_out_prompts_open_with_the_training_datas_default_system():
+    data = ingest(resolve_dataset("demo_sft_eval"))
+    said = "Answer in one word."
+    plain, given = (
+        evaluate(resolve("gym-tiny"), Path(data.path), limit=2, max_new_tokens=2, system=system)
+        for system in (None, said)
+    )
+    assert all(s["prompt"].startswith(f"<|im_start|>system\n{said}<|im_end|>") for s in given.samples)
+    assert not any(said in s["prompt"] for s in plain.samples)

@@ -161,6 +161,7 @@ def test_bad_input_fails_before_any_call_with_a_clear_error(tmp_path):
 
 def test_flow_configs_select_tf_grpo_and_pass_preflight():
     from gym import preflight
+    from gym.data.tokenize import TokenizeSettings
     from gym.pipeline import TfGrpoFlowConfig, TrainFlowConfig
     from gym.train.config import TrainConfig
 
@@ -174,6 +175,9 @@ def test_flow_configs_select_tf_grpo_and_pass_preflight():
     config = TfGrpoFlowConfig.from_train_flow(train_flow)
     assert (config.epochs, config.seed, config.group_size, config.dataset) == (2, 7, 5, "demo_sft")
     assert config.benchmarks == ["mmlu=./mmlu"] and config.benchmark_options.limit == 3  # not dropped
+    with pytest.raises(ConfigError, match="tf_grpo writes its own prompts"):  # would not reach them
+        data = TokenizeSettings(default_system="Be brief.")
+        TfGrpoFlowConfig.from_train_flow(train_flow.model_copy(update={"data": data}))
     preflight.check(
         TfGrpoFlowConfig(endpoint="http://127.0.0.1:9/v1", model="deepseek-chat")
     )  # remote: no lookup

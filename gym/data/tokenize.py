@@ -112,6 +112,10 @@ class TokenizeSettings(BaseModel):
     draws them in turn."""
     interleave_seed: int = 42
     """Seed of interleave_probs' random draws."""
+    default_system: str | None = None
+    """A system message for every conversation that has none (LLaMA-Factory's default_system); it replaces
+    the template's own default (qwen2.5's) there. Records with a system message keep theirs; text (pt)
+    data has no turns to put it in."""
 
     @field_validator("interleave_probs")
     @classmethod
@@ -190,10 +194,19 @@ def sft_labels(
     return [t if m else IGNORE_INDEX for t, m in zip(input_ids, assistant_mask, strict=True)]
 
 
+def with_system(conversations: list[list[dict[str, str]]], system: str | None) -> list[list[dict[str, str]]]:
+    """The conversations, each that has no system message opening with `system` (None: as they are)."""
+    if system is None:
+        return conversations
+    opening = {"role": "system", "content": system}
+    return [c if c and c[0]["role"] == "system" else [opening, *c] for c in conversations]
+
+
 def _sft_batch(tokenizer: Any, template: str, settings: TokenizeSettings) -> BatchFn:
     def fn(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
         out: dict[str, list] = {"input_ids": [], "labels": [], "truncated": []}
-        for messages, index in zip(batch["messages"], indices, strict=True):
+        conversations = with_system(batch["messages"], settings.default_system)
+        for messages, index in zip(conversations, indices, strict=True):
             enc = templates.encode(tokenizer, messages, template)
             if not any(enc.assistant_mask):
                 raise ConfigError(
@@ -217,10 +230,11 @@ def _sft_batch(tokenizer: Any, template: str, settings: TokenizeSettings) -> Bat
     return fn
 
 
-def _pair_batch(tokenizer: Any, template: str, kind: str, file: str) -> BatchFn:
+def _pair_batch(tokenizer: Any, template: str, kind: str, file: str, system: str | None) -> BatchFn:
     names = ("chosen", "rejected") if kind == "preference" else ("completion",)
 
     def fn(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
+        batch = {**batch, "prompt": with_system(batch["prompt"], system)}
         prompts, texts = completion_texts(tokenizer, template, batch, names, indices, file)
         out: dict[str, list] = {"prompt": prompts, **texts}
         if kind == "kto":
@@ -232,8 +246,9 @@ def _pair_batch(tokenizer: Any, template: str, kind: str, file: str) -> BatchFn:
     return fn
 
 
-def _prompt_batch(tokenizer: Any, template: str) -> BatchFn:
+def _prompt_batch(tokenizer: Any, template: str, system: str | None) -> BatchFn:
     def fn(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
+        batch = {**batch, "prompt": with_system(batch["prompt"], system)}  # TRL renders these messages too
         texts = [
             templates.render(tokenizer, p, template, add_generation_prompt=True) for p in batch["prompt"]
         ]
@@ -359,9 +374,9 @@ def tokenize(
     elif kind == "text":
         fn = _text_batch(tokenizer, document_end(tokenizer, template))
     elif kind == "prompt":
-        fn = _prompt_batch(tokenizer, template)
+        fn = _prompt_batch(tokenizer, template, settings.default_system)
     else:
-        fn = _pair_batch(tokenizer, template, kind, str(dataset_dir))
+        fn = _pair_batch(tokenizer, template, kind, str(dataset_dir), settings.default_system)
     # Map cache files go to a scratch dir beside the artifact: never into the dataset artifact.
     with tempfile.TemporaryDirectory(prefix=".work-", dir=final.parent) as work:
         out = ds.map(

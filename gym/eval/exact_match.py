@@ -40,9 +40,14 @@ def evaluate(
     max_new_tokens: int = 32,
     keep_samples: int = 8,
     metrics: Sequence[str] = ("exact_match",),
+    system: str | None = None,
 ) -> ExactMatch:
+    """Greedy answers to the held-out records' last user turns, scored against their last assistant turns;
+    `system` opens each conversation that has no system message (the data's default_system in training)."""
     import torch
     from datasets import load_from_disk
+
+    from gym.data.tokenize import with_system
 
     check_metrics(metrics)
     records = load_from_disk(str(dataset_dir))
@@ -54,7 +59,7 @@ def evaluate(
     lm = load_model(model).eval()
     prompts, refs = [], []
     for rec in records:
-        messages = rec["messages"][:-1]
+        messages = with_system([rec["messages"][:-1]], system)[0]
         if shipped is not None:
             messages = inject(messages, shipped.texts_for(query_of(messages)))
         prompts.append(render(tokenizer, messages, model.template, add_generation_prompt=True))
