@@ -159,6 +159,8 @@ NOT_NEEDED = {
     "upcast_layernorm": "gym's trainable weights (norms included) are float32, and transformers' norms "
     "compute their statistics in float32 under bf16 autocast",
     "upcast_lmhead_output": "gym's losses run in float32 (bf16 autocast computes cross-entropy in float32)",
+    "tool_format": "gym does not train tool calls yet (data with tool turns is refused, naming the record), "
+    "so it has no tool format to choose",
     "create_new_adapter": "a LoRA stage always trains a new adapter on the model it starts from",
     "do_train": "gym train always trains",
     "plot_loss": "gym always plots the loss (an artifact in Prefect and MLflow)",

@@ -431,6 +431,9 @@ def test_more_trainer_settings_gym_needs_no_value_for_get_a_note(tmp_path):
         "tokenized_path": "saves/tokenized",
         "streaming": "true",
         "enable_thinking": "false",
+        "tool_format": "qwen",
+        "upcast_layernorm": "true",
+        "create_new_adapter": "true",
     }
     yaml.write_text("".join(f"{k}: {v}\n" for k, v in settings.items()))
     parser = runner.build_parser(TrainFlowConfig)
@@ -438,6 +441,7 @@ def test_more_trainer_settings_gym_needs_no_value_for_get_a_note(tmp_path):
     # `false` asks for nothing, so ddp_find_unused_parameters gets no note; the others do (enable_thinking's
     # default is true: false is a choice gym does not follow).
     assert sorted(n.split(":")[0] for n in notes) == [
+        "create_new_adapter",
         "dataloader_pin_memory",
         "enable_thinking",
         "include_num_input_tokens_seen",
@@ -446,6 +450,8 @@ def test_more_trainer_settings_gym_needs_no_value_for_get_a_note(tmp_path):
         "save_strategy",
         "streaming",
         "tokenized_path",
+        "tool_format",
+        "upcast_layernorm",
         "use_fast_tokenizer",
     ]
 
