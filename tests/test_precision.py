@@ -88,3 +88,14 @@ def test_pure_bf16_keeps_bf16_weights_and_needs_bf16(bf16_tiny):
     before, after = weights(bf16_tiny.path), weights(result.model_dir)
     assert all(t.dtype == torch.bfloat16 for t in after.values())
     assert changed_share(before, after, list(before)) < 0.5, "bf16 rounds most small updates away"
+
+
+def test_a_trainer_that_adds_the_adapter_itself_gets_the_base_as_stored(bf16_tiny):
+    """PPO's trainer applies the LoRA config (TRL's peft_config): the base it gets is not upcast."""
+    from tests.test_online_rl import rl_config
+
+    config = rl_config("ppo", 1, batch=8).model_copy(update={"finetuning_type": "lora", "bf16": True})
+    result = train.run(config, bf16_tiny, tokenized("demo_prompts", bf16_tiny, max_samples=8))
+    assert "frozen ones stay bfloat16" in result.choices["precision"]
+    merged = weights(result.model_dir)
+    assert all(t.dtype == torch.bfloat16 for t in merged.values()), "the LoRA merged into the bf16 base"

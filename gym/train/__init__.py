@@ -50,7 +50,7 @@ from gym.train import (
     tf_grpo,
 )
 from gym.train.common import TrainResult, check_hardware, count_params, evals_from, losses_from
-from gym.train.config import FINETUNING_TYPES, TrainConfig, with_defaults
+from gym.train.config import FINETUNING_TYPES, LORA_TYPES, TrainConfig, with_defaults
 from gym.train.grpo import online as grpo_online
 
 METHODS: dict[str, Callable[..., Any]] = {
@@ -207,7 +207,8 @@ def _train(
     # A method module may set APPLIES_ADAPTER: its trainer gets the LoRA config and wraps the model itself.
     wrap = not getattr(sys.modules[METHODS[config.method].__module__], "APPLIES_ADAPTER", False)
     model = adapters.adapt(model, config, model_ref, stage_dir, wrap=wrap)
-    precision.upcast_trainable(model, config)
+    if wrap or config.finetuning_type not in LORA_TYPES:  # else the trainer adds (and upcasts) the adapter
+        precision.upcast_trainable(model, config)
     train_ds = load_from_disk(str(train_data))
     eval_ds = load_from_disk(str(eval_data)) if eval_data else None
     checkpoints = stage_dir / "checkpoints"
