@@ -318,6 +318,8 @@ def check(command: str, values: dict[str, Any], where: str = "") -> list[str]:
                 )
             else:
                 notes.append(f"{name}: {NOT_NEEDED[name]}")
+        elif name == "infer_dtype" and command == "export":
+            continue  # gym export's --dtype
         elif name in NOT_NEEDED:
             notes.append(f"{name}: {NOT_NEEDED[name]}")
     return notes
@@ -345,6 +347,8 @@ def _export(command: str, values: dict[str, Any], own: Sequence[str], where: str
         raise ConfigError(f"{where}export_dir is missing: the folder to write")
     if "export_size" in values:
         argv += ["--shard-size", shard_size(values["export_size"])]
+    if values.get("infer_dtype", "auto") != "auto":
+        argv += ["--dtype", str(values["infer_dtype"])]
     if template is not None:
         argv += ["--template", template]
     if values.get("trust_remote_code"):

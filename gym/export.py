@@ -1,7 +1,7 @@
 """Export a model to a hub-style directory: merged, sharded safetensors, config, generation config,
 tokenizer with its chat template, a model card, and optionally GGUF notes and an Ollama Modelfile.
 
-    gym export --model M --out DIR [--shard-size 2GB] [--adapter-only] [--gguf] [--ollama]
+    gym export --model M --out DIR [--shard-size 2GB] [--dtype bfloat16] [--adapter-only] [--gguf] [--ollama]
     gym export merge.yaml       # LLaMA-Factory's export YAML (gym/cli_llamafactory_tools.py)
 
 M is a model directory, a PEFT adapter directory (merged into its base), a training stage
@@ -22,7 +22,7 @@ import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -44,6 +44,11 @@ class ExportSettings(BaseModel):
     """What `gym export` writes besides the weights."""
 
     shard_size: str = Field("5GB", description="Largest safetensors shard (e.g. 500MB, 2GB).")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "auto",
+        description="The exported weights' dtype: auto keeps what the model stores (a full fine-tune of a "
+        "bf16 checkpoint stores float32 master weights: bfloat16 halves them). Adapters merge first.",
+    )
     adapter_only: bool = Field(False, description="Export the PEFT adapter alone, unmerged (with its card).")
     gguf: bool = Field(False, description="Add GGUF.md: how to convert with llama.cpp.")
     ollama: bool = Field(False, description="Add an Ollama Modelfile with the chat template and stop tokens.")
@@ -153,6 +158,11 @@ def export_model(
         source.lineage = source.lineage.model_copy(update={"template": template})
     if settings.adapter_only and source.adapter is None:
         raise ConfigError(f"{model} has no adapter to export alone (--adapter-only needs a PEFT adapter)")
+    if settings.adapter_only and settings.dtype != "auto":
+        raise ConfigError(
+            f"--dtype {settings.dtype} converts merged weights, and --adapter-only writes the adapter as it "
+            "was trained: drop one of them"
+        )
     if source.adapter is not None and source.weights is None and not settings.adapter_only:
         check_mergeable(source.adapter, str(source.base))
     with replace_dir(Path(output_dir), MARKER) as tmp:
@@ -161,6 +171,7 @@ def export_model(
 
 
 def _write(source: Source, out: Path, settings: ExportSettings, name: str) -> None:
+    import torch
     from transformers import AutoTokenizer
 
     from gym.train import rope
@@ -186,6 +197,8 @@ def _write(source: Source, out: Path, settings: ExportSettings, name: str) -> No
         model_type = "adapter"
     else:
         model = _load(source, settings.trust_remote_code)
+        if settings.dtype != "auto":  # after the merge, which runs in the stored precision
+            model = model.to(getattr(torch, settings.dtype))
         if getattr(model, "generation_config", None) is not None:  # a reward model (rm) generates nothing
             # generate() should stop at the end of a turn: the tokenizer's eos joins the model's own.
             eos = sorted(set(_ids(model.generation_config.eos_token_id)) | set(_ids(tokenizer.eos_token_id)))
@@ -291,6 +304,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--template", default=None, help="Chat template to ship (default: the model's).")
     parser.add_argument("--shard-size", default="5GB", help="Largest safetensors shard (e.g. 500MB).")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "bfloat16", "float16", "float32"],
+        help="Weights' dtype (default: as the model stores them; bfloat16 halves a float32 fine-tune).",
+    )
     parser.add_argument("--adapter-only", action="store_true", help="Export the adapter alone, unmerged.")
     parser.add_argument("--gguf", action="store_true", help="Add GGUF.md (llama.cpp conversion notes).")
     parser.add_argument("--ollama", action="store_true", help="Add an Ollama Modelfile.")
@@ -308,6 +327,7 @@ def cmd_export(argv: Sequence[str]) -> int:
     args = parser.parse_args(translate("export", argv, parser))
     settings = ExportSettings(
         shard_size=args.shard_size,
+        dtype=args.dtype,
         adapter_only=args.adapter_only,
         gguf=args.gguf,
         ollama=args.ollama,

@@ -116,6 +116,17 @@ export_legacy_format: false
     )
     assert main(["export", "--model_name_or_path", "gym-tiny", "--export_dir", str(tmp_path / "base")]) == 0
     assert torch.allclose(logits(AutoModelForCausalLM.from_pretrained(tmp_path / "base")), base)
+    # infer_dtype is the export's dtype (LLaMA-Factory's export casts to it)
+    half = [
+        "--model_name_or_path",
+        "gym-tiny",
+        "--infer_dtype",
+        "bfloat16",
+        "--export_dir",
+        str(tmp_path / "bf"),
+    ]
+    assert main(["export", *half]) == 0
+    assert json.loads((tmp_path / "bf" / "config.json").read_text())["dtype"] == "bfloat16"
 
     # gym's own settings in the file too, dashed or not; `x: false` leaves an on/off flag off.
     own = write_yaml(

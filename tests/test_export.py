@@ -65,6 +65,18 @@ def test_an_adapter_merges_into_its_base_exactly_in_sharded_safetensors(gym_home
     assert str(base) in card
 
 
+def test_dtype_converts_the_merged_weights_and_only_them(gym_home, tmp_path):
+    adapter, adapted, _ = trained_adapter(tmp_path / "adapter", init_lora_weights=False)
+    out = export_model(adapter, tmp_path / "bf16", ExportSettings(dtype="bfloat16"), template="chatml")
+    merged = AutoModelForCausalLM.from_pretrained(out, dtype="auto")
+    assert {p.dtype for p in merged.parameters()} == {torch.bfloat16}
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    # merged in the stored precision, then rounded once: as close as bf16 weights get
+    assert torch.allclose(logits(merged.float()), adapted, atol=0.02)  # the adapter moves them by ~1
+    with pytest.raises(ConfigError, match="drop one of them"):
+        export_model(adapter, tmp_path / "x", ExportSettings(dtype="bfloat16", adapter_only=True))
+
+
 def test_pissa_merges_only_in_converted_form(gym_home, tmp_path):
     base = resolve("gym-tiny").path
     peft = get_peft_model(
