@@ -2,7 +2,8 @@
 
 Hub checkpoints are mostly stored in bfloat16. Trained as loaded, AdamW's updates land on bf16
 weights, whose 8-bit mantissa rounds away any update below ~0.4% of a weight: at a fine-tuning
-learning rate (1e-5) most of them. So, as TRL's and LLaMA-Factory's defaults do:
+learning rate (1e-5) most of them. So, as LLaMA-Factory does (and TRL, which loads a model path in
+float32 and trains it under bf16 autocast by default):
 - bf16=False: the model loads in float32 (a bf16 checkpoint upcasts exactly) and trains in float32;
 - bf16=True: weights load as stored (frozen ones stay bf16: a LoRA base costs half the memory), the
   trainable ones are upcast to float32 (master weights) and the forward runs under bf16 autocast;
