@@ -194,8 +194,8 @@ REFUSED = {
     "hf_hub_token": "gym reads a hub token from $HF_TOKEN only, never from settings (Prefect and MLflow "
     "store those): remove it from the file and `export HF_TOKEN=...`",
     "cache_dir": "set $HF_HOME (the hub's cache folder) instead",
-    "fp16": "gym trains in fp32, or bf16 with `bf16: true` (a GPU with bfloat16: Ampere or newer); "
-    "it has no fp16 loss scaling",
+    "fp16": "gym trains in bf16 mixed precision on a GPU with bfloat16 (Ampere or newer: by default, or "
+    "`bf16: true`), else in fp32; it has no fp16 loss scaling",
     "deepspeed": "gym does not run DeepSpeed ZeRO yet: it trains on several GPUs with DDP "
     "(--train.distributed.num_processes, default: every visible GPU). Drop the setting, or make the model "
     "fit each GPU with --finetuning_type lora or qlora",

@@ -12,8 +12,9 @@ import torch
 from safetensors.torch import load_file
 
 from gym import train
+from gym.errors import ConfigError
 from gym.models import ModelRef, load_model, resolve
-from gym.train import TrainConfig
+from gym.train import TrainConfig, precision
 from tests.helpers import tiny, tokenized
 
 
@@ -81,8 +82,10 @@ def test_bf16_trains_float32_copies_and_keeps_frozen_weights_as_stored(bf16_tiny
 
 def test_pure_bf16_keeps_bf16_weights_and_needs_bf16(bf16_tiny):
     with pytest.raises(ValueError, match="set bf16=True too"):
-        sft(pure_bf16=True)
+        sft(pure_bf16=True, bf16=False)
     data = tokenized("demo_sft", bf16_tiny, max_samples=32)
+    with pytest.raises(ConfigError, match="no GPU with bfloat16"):  # bf16 unset: off on this CPU
+        train.run(sft(pure_bf16=True), bf16_tiny, data)
     result = train.run(sft(bf16=True, pure_bf16=True), bf16_tiny, data)
     assert "pure_bf16" in result.choices["precision"]
     before, after = weights(bf16_tiny.path), weights(result.model_dir)
@@ -99,3 +102,15 @@ def test_a_trainer_that_adds_the_adapter_itself_gets_the_base_as_stored(bf16_tin
     assert "frozen ones stay bfloat16" in result.choices["precision"]
     merged = weights(result.model_dir)
     assert all(t.dtype == torch.bfloat16 for t in merged.values()), "the LoRA merged into the bf16 base"
+
+
+def test_bf16_unset_is_on_where_a_gpu_supports_it(monkeypatch):
+    """No GPU here: what a GPU with bfloat16 would answer is stood in for (torch.cuda's two queries)."""
+    config = TrainConfig(method="sft")
+    assert config.bf16 is None
+    assert precision.resolve(config) == (config.model_copy(update={"bf16": False}), {})  # this CPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    resolved, choices = precision.resolve(config)
+    assert resolved.bf16 is True and choices["bf16"].startswith("on: this GPU supports bfloat16")
+    assert precision.resolve(TrainConfig(method="sft", bf16=False))[0].bf16 is False  # as set

@@ -162,7 +162,7 @@ def plan(
     """
     config = with_defaults(config, model.train_defaults)
     config = config.model_copy(update={"lora": adapters.lora_settings(config)})
-    check_hardware(config)
+    config, precision_choices = check_hardware(config)
     rl_common.check(config)
     rope.check(config)
     adapters.check(config, model)
@@ -175,7 +175,8 @@ def plan(
     rope_choice = {}
     if config.rope_scaling and cutoff_len is not None:
         rope_choice["rope_scaling"] = str(rope.plan(config.rope_scaling, model, cutoff_len)[1])
-    choices = {**quant_choices, **reference_choices, **rope_choice, **adapters.new_rows(config, model)}
+    choices = {**precision_choices, **quant_choices, **reference_choices, **rope_choice}
+    choices |= adapters.new_rows(config, model)
     return config, choices | precision.choice(config, model)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from gym.errors import ConfigError
-from gym.train import speed
+from gym.train import precision, speed
 from gym.train.config import TrainConfig
 from gym.train.rl_config import ONLINE_METHODS
 
@@ -109,7 +109,7 @@ def trl_args(config: TrainConfig, output_dir: Path, *, held_out: bool = False) -
         "save_total_limit": config.save_total_limit,
         "eval_strategy": eval_strategy(config, held_out),
         "eval_steps": config.eval_steps,  # transformers: logging_steps when unset
-        "bf16": config.bf16,
+        "bf16": bool(config.bf16),  # decided by precision.resolve (gym.train.plan, check_hardware)
         "gradient_checkpointing": config.gradient_checkpointing,
         "report_to": "none",
         # Distributed stages (gym.train.distributed): every trainable parameter takes part in the loss,
@@ -155,13 +155,16 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def check_hardware(config: TrainConfig) -> None:
-    """Fail before loading anything when the config asks for what this machine can't do."""
+def check_hardware(config: TrainConfig) -> tuple[TrainConfig, dict[str, str]]:
+    """Fail before loading anything when the config asks for what this machine can't do; return it with
+    bf16 decided (and that choice in words, when gym made it)."""
     import torch
 
     if config.bf16 and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
         raise ConfigError("bf16=True needs a GPU with bfloat16 support (Ampere or newer); set bf16=False")
+    config, choices = precision.resolve(config)
     speed.resolve(config)  # GPU-only speed options asked for where they can't run
+    return config, choices
 
 
 def count_params(model: Any) -> tuple[int, int]:

@@ -209,10 +209,11 @@ class TrainConfig(BaseModel):
         100, ge=1, description="Checkpoint every N steps (training resumes from the last one)."
     )
     save_total_limit: int = Field(2, ge=1, description="Checkpoints kept in the run directory.")
-    bf16: bool = Field(
-        False,
-        description="bfloat16 mixed precision (needs hardware support): trainable weights stay float32, "
-        "frozen ones as stored (gym.train.precision). False: the model trains in float32.",
+    bf16: bool | None = Field(
+        None,
+        description="bfloat16 mixed precision: trainable weights stay float32, frozen ones as stored, the "
+        "forward under bf16 autocast (gym.train.precision). None: on where a GPU supports bfloat16 (TRL's "
+        "default), off elsewhere; False: the model trains in float32.",
     )
     pure_bf16: bool = Field(
         False,
@@ -286,7 +287,7 @@ class TrainConfig(BaseModel):
 
     @model_validator(mode="after")
     def _pure_bf16_needs_bf16(self) -> TrainConfig:
-        if self.pure_bf16 and not self.bf16:
+        if self.pure_bf16 and self.bf16 is False:
             raise ValueError("pure_bf16 trains in bfloat16 without float32 master weights: set bf16=True too")
         return self
 

@@ -1,12 +1,14 @@
-"""The precision a stage trains in: float32 weights for the optimizer, bf16 only where asked.
+"""The precision a stage trains in: float32 weights for the optimizer, bf16 compute where a GPU has it.
 
 Hub checkpoints are mostly stored in bfloat16. Trained as loaded, AdamW's updates land on bf16
 weights, whose 8-bit mantissa rounds away any update below ~0.4% of a weight: at a fine-tuning
 learning rate (1e-5) most of them. So, as LLaMA-Factory does (and TRL, which loads a model path in
 float32 and trains it under bf16 autocast by default):
-- bf16=False: the model loads in float32 (a bf16 checkpoint upcasts exactly) and trains in float32;
-- bf16=True: weights load as stored (frozen ones stay bf16: a LoRA base costs half the memory), the
-  trainable ones are upcast to float32 (master weights) and the forward runs under bf16 autocast;
+- bf16=False (or unset on a machine without a GPU with bfloat16): the model loads in float32 (a bf16
+  checkpoint upcasts exactly) and trains in float32;
+- bf16=True (or unset where a GPU supports bfloat16, TRL's default): weights load as stored (frozen
+  ones stay bf16: a LoRA base costs half the memory), the trainable ones are upcast to float32
+  (master weights) and the forward runs under bf16 autocast;
 - pure_bf16=True (with bf16): everything, optimizer states included, stays bf16: half the memory of
   full fine-tuning, at the cost above (LLaMA-Factory's pure_bf16).
 QLoRA's loading (gym.train.quant) sets its own compute dtype; PEFT upcasts LoRA weights itself.
@@ -18,10 +20,38 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gym.errors import ConfigError
 from gym.models import ModelRef
 from gym.train.config import TrainConfig
 
 HALF = ("bfloat16", "float16")
+
+
+def gpu_bf16() -> bool:
+    """Whether this machine has a GPU with bfloat16 (Ampere or newer)."""
+    import torch
+
+    return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+
+
+def bf16_on(config: TrainConfig) -> bool:
+    """Whether the stage trains with bf16: as set, or (None) where a GPU supports it."""
+    return gpu_bf16() if config.bf16 is None else config.bf16
+
+
+def resolve(config: TrainConfig) -> tuple[TrainConfig, dict[str, str]]:
+    """The config with `bf16` decided (None: on where a GPU supports it), and the choice in words when
+    gym made it; pure_bf16 without bf16 is refused here."""
+    choices = {}
+    if config.bf16 is None:
+        config = config.model_copy(update={"bf16": gpu_bf16()})
+        if config.bf16:
+            choices["bf16"] = "on: this GPU supports bfloat16 (--train.bf16 false trains in float32)"
+    if config.pure_bf16 and not config.bf16:
+        raise ConfigError(
+            "pure_bf16 needs bf16, and this machine has no GPU with bfloat16: turn pure_bf16 off"
+        )
+    return config, choices
 
 
 def load_dtype(config: TrainConfig) -> Any:
@@ -30,7 +60,7 @@ def load_dtype(config: TrainConfig) -> Any:
 
     if config.pure_bf16:
         return torch.bfloat16
-    return "auto" if config.bf16 else torch.float32
+    return "auto" if bf16_on(config) else torch.float32
 
 
 def upcast_trainable(model: Any, config: TrainConfig) -> int:
@@ -66,7 +96,7 @@ def choice(config: TrainConfig, model: ModelRef) -> dict[str, str]:
         return {}
     if config.pure_bf16:
         how = "weights and optimizer states stay bfloat16 (pure_bf16)"
-    elif config.bf16:
+    elif bf16_on(config):
         how = f"trainable weights train in float32 (master weights), frozen ones stay {stored}, bf16 autocast"
     else:
         how = "the model loads in float32 and trains in float32 (with bf16, frozen weights stay as stored)"

@@ -101,13 +101,15 @@ def _cuda() -> bool:
 
 def resolve(config: TrainConfig) -> Resolved:
     """Turn "auto" into choices and reject what this machine or method can't do, before any model loads."""
+    from gym.train.precision import bf16_on  # it builds on TrainConfig, which builds on this module
+
     s, method = config.speed, config.method
     cuda = _cuda()
     attn = s.attn_implementation
     if attn == "auto":
-        attn = "flash_attention_2" if cuda and config.bf16 and _installed("flash_attn") else "sdpa"
+        attn = "flash_attention_2" if cuda and bf16_on(config) and _installed("flash_attn") else "sdpa"
     elif attn in FLASH:
-        _require_flash(attn, cuda, config.bf16)
+        _require_flash(attn, cuda, bf16_on(config))
     if s.unsloth:
         _require_gpu_package("Unsloth", "unsloth", "gym[unsloth]", cuda)
         if attn in FLASH:

@@ -80,7 +80,7 @@ def config_of(args: Any, finetuning_args: Any, reward_funcs: Any, rl: dict[str, 
         config = config.model_copy(update={"per_device_train_batch_size": config.rl.group_size})
     if config.num_train_epochs is None:  # transformers needs a number (max_steps, when set, wins)
         config = config.model_copy(update={"num_train_epochs": 1.0})
-    check_hardware(config)
+    config, _ = check_hardware(config)
     rl_common.check(config)
     return config
 
