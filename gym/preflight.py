@@ -50,6 +50,7 @@ def check_methods(config: BaseModel) -> None:
                 f"{field}.method: {stage.method!r} is not implemented yet; available: {', '.join(METHODS)}"
             )
         check_speed(field, stage)
+        check_precision(field, stage)
         check_online(field, stage)
         check_distributed(field, stage)
         check_schedule(field, stage)
@@ -65,6 +66,17 @@ def check_speed(field: str, stage: Any) -> None:
             speed.resolve(stage)
         except ConfigError as exc:
             raise ConfigError(f"{field}.speed: {exc}") from exc
+
+
+def check_precision(field: str, stage: Any) -> None:
+    """pure_bf16 where bf16 can't run (only when it was asked for: torch is imported only then)."""
+    if stage.pure_bf16:
+        from gym.train import precision
+
+        try:
+            precision.resolve(stage)
+        except ConfigError as exc:
+            raise ConfigError(f"{field}.{exc}") from exc
 
 
 def check_distributed(field: str, stage: Any) -> None:

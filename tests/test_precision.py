@@ -86,6 +86,11 @@ def test_pure_bf16_keeps_bf16_weights_and_needs_bf16(bf16_tiny):
     data = tokenized("demo_sft", bf16_tiny, max_samples=32)
     with pytest.raises(ConfigError, match="no GPU with bfloat16"):  # bf16 unset: off on this CPU
         train.run(sft(pure_bf16=True), bf16_tiny, data)
+    from gym import preflight
+    from gym.pipeline import TrainFlowConfig
+
+    with pytest.raises(ConfigError, match=r"^train\.pure_bf16 needs bf16"):  # a flow: before anything runs
+        preflight.check(TrainFlowConfig(train=sft(pure_bf16=True)))
     result = train.run(sft(bf16=True, pure_bf16=True), bf16_tiny, data)
     assert "pure_bf16" in result.choices["precision"]
     before, after = weights(bf16_tiny.path), weights(result.model_dir)

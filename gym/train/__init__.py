@@ -175,9 +175,8 @@ def plan(
     rope_choice = {}
     if config.rope_scaling and cutoff_len is not None:
         rope_choice["rope_scaling"] = str(rope.plan(config.rope_scaling, model, cutoff_len)[1])
-    choices = {**precision_choices, **quant_choices, **reference_choices, **rope_choice}
-    choices |= adapters.new_rows(config, model)
-    return config, choices | precision.choice(config, model)
+    choices = {**precision_choices, **precision.choice(config, model), **quant_choices, **reference_choices}
+    return config, {**choices, **rope_choice, **adapters.new_rows(config, model)}
 
 
 def _train(
