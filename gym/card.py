@@ -23,6 +23,14 @@ def _table(header: tuple[str, str], rows: list[tuple[str, str]]) -> list[str]:
     return [f"| {header[0]} | {header[1]} |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)]
 
 
+def _system_row(system: str | None) -> list[tuple[str, str]]:
+    """The default system message as a table cell (one line, pipes escaped), when the model has one."""
+    if system is None:
+        return []
+    cell = json.dumps(system, ensure_ascii=False).replace("|", "\\|")
+    return [("default system message", f"`{cell}` (added to conversations that open without one)")]
+
+
 def _flat(prefix: str, value: Any) -> list[tuple[str, str]]:
     if isinstance(value, dict):
         return [row for k, v in value.items() for row in _flat(f"{prefix}.{k}" if prefix else k, v)]
@@ -56,6 +64,7 @@ def render(name: str, lineage: Lineage, stop_tokens: list[str] | None = None) ->
         ("base model", f"`{lineage.base_model}`"),
         ("method", lineage.method or "(not recorded)"),
         ("chat template", f"`{lineage.template}`" if lineage.template else "(the tokenizer's own)"),
+        *_system_row(lineage.default_system),
         ("gym registry entry", entry),
         ("config digest", f"`{lineage.config_digest}`" if lineage.config_digest else "(not recorded)"),
         ("stages", ", ".join(f"{s} `{d}`" for s, d in lineage.stages.items()) or "(none)"),

@@ -300,8 +300,9 @@ def check(command: str, values: dict[str, Any], where: str = "") -> list[str]:
         elif name == "default_system" and command == "serve":
             refuse(
                 name,
-                "gym serve adds no system message of its own: remove default_system and send it as "
-                "the first message of each request (`gym chat` takes it, as --system)",
+                "gym serve adds only the system message the model was trained with (its data's "
+                "default_system, recorded with the model), no other: remove default_system and send it "
+                "as the first message of each request (`gym chat` takes it, as --system)",
             )
         elif name.startswith(("vllm_", "sglang_")):
             engine = name.partition("_")[0]

@@ -31,7 +31,7 @@ from gym.card import render
 from gym.errors import ConfigError
 from gym.lineage import Lineage
 from gym.ollama import gguf_notes, modelfile
-from gym.templates import load_template
+from gym.templates import load_template, with_default_system
 from gym.tfgrpo.injection import EXPERIENCE_FILE
 
 MARKER = "gym_model.json"
@@ -75,7 +75,10 @@ def locate(model: str, base: str | None = None, template: str | None = None) -> 
 
         served = resolve_served(model, template)
         name, _, _, tags = tracking.resolve_model_uri(model)
-        return Source(name, served.path, None, None, Lineage.from_tags(tags), Path(served.path))
+        lineage = Lineage.from_tags(tags)
+        if lineage.default_system is None:  # registered before lineage recorded it: the model's files say
+            lineage = lineage.model_copy(update={"default_system": served.ref.default_system})
+        return Source(name, served.path, None, None, lineage, Path(served.path))
     local = Path(model).expanduser()
     if not local.is_dir():
         from gym.serve.loading import resolve_served
@@ -106,6 +109,7 @@ def _local_lineage(directory: Path, base: str | None, template: str | None) -> L
     lineage = Lineage(
         base_model=meta.get("base_model") or base or str(directory),
         template=template or meta.get("template"),
+        default_system=meta.get("default_system"),
     )
     result = directory.parent / "result.json"  # inside a stage directory: what training reported
     if result.is_file():
@@ -184,8 +188,9 @@ def _write(source: Source, out: Path, settings: ExportSettings, name: str) -> No
     tokenizer: Any = AutoTokenizer.from_pretrained(
         str(tokenizer_from), trust_remote_code=settings.trust_remote_code
     )
+    system = source.lineage.default_system
     if source.lineage.template:
-        tokenizer.chat_template = load_template(source.lineage.template)
+        tokenizer.chat_template = with_default_system(load_template(source.lineage.template), system)
     # an adapter trained on a RoPE-stretched base: the tokenizer takes what the stage's did
     stretch, max_length = rope.for_adapter(source.adapter) if source.adapter else ({}, None)
     tokenizer.model_max_length = max(tokenizer.model_max_length, max_length or 0)
@@ -207,6 +212,8 @@ def _write(source: Source, out: Path, settings: ExportSettings, name: str) -> No
         model_type = str(model.config.model_type)
     tokenizer.save_pretrained(out)
     meta = {"template": source.lineage.template, "base_model": source.lineage.base_model}
+    if system is not None:
+        meta["default_system"] = system
     workspace.atomic_write_json(out / MARKER, meta)
     if source.meta_dir is not None and (source.meta_dir / EXPERIENCE_FILE).is_file():
         shutil.copy2(source.meta_dir / EXPERIENCE_FILE, out / EXPERIENCE_FILE)
@@ -224,7 +231,7 @@ def _write(source: Source, out: Path, settings: ExportSettings, name: str) -> No
         (out / "GGUF.md").write_text(gguf_notes(model_type, source.lineage.template, tokenizer.eos_token))
     if settings.ollama:
         (out / "Modelfile").write_text(
-            modelfile(source.lineage.template, tokenizer.eos_token), encoding="utf-8"
+            modelfile(source.lineage.template, tokenizer.eos_token, system=system), encoding="utf-8"
         )
     out.chmod(0o755)  # mkdtemp makes it 0700; an exported model is meant to be shared
 

@@ -44,6 +44,9 @@ class Lineage(BaseModel):
 
     base_model: str = Field(description="Registry name or hub id the weights descend from.")
     template: str | None = Field(None, description="gym chat template the model was trained with.")
+    default_system: str | None = Field(
+        None, description="System message the model was trained with where a conversation had none."
+    )
     method: str | None = Field(None, description="Training method(s), e.g. sft or sft+dpo.")
     registry_entry: str | None = Field(None, description="gym registry entry of the base model.")
     registry_digest: str | None = Field(None, description="Digest of that entry when the model was trained.")
@@ -182,6 +185,7 @@ def describe(
     after: Any | None = None,
     flow_run_id: str | None = None,
     benchmarks: Mapping[str, Sequence[Any]] | None = None,
+    default_system: str | None = None,
 ) -> Lineage:
     """A Lineage from what a flow has at its end: `lineage` is the flow's own {role: digest} map
     (`sft_dataset`, `dataset`, `sft_stage`...), `config` its configuration (dataset names and
@@ -204,6 +208,7 @@ def describe(
     return Lineage(
         base_model=base_model,
         template=template,
+        default_system=default_system,
         method="+".join(stages) or None,
         registry_entry=entry,
         registry_digest=entry_digest,

@@ -17,7 +17,7 @@ from gym.hashing import hash_obj, stamp
 from gym.templates import canonical_template, load_template
 
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-MODEL_META = "gym_model.json"  # in a folder gym wrote: template, base model (and new token ids)
+MODEL_META = "gym_model.json"  # in a folder gym wrote: template, base model (new token ids, default system)
 
 
 class ModelRef(BaseModel):
@@ -39,6 +39,11 @@ class ModelRef(BaseModel):
     new_token_ids: list[int] = Field(
         default_factory=list,
         description="Embedding rows of tokens added to the vocabulary (gym.vocab): an adapter trains them.",
+    )
+    default_system: str | None = Field(
+        None,
+        description="System message the model was trained to expect where a conversation has none (the "
+        "training data's default_system): serving and evaluation add it the same way.",
     )
 
 
@@ -128,6 +133,7 @@ def _resolve(name_or_path: str, template: str | None, dry_run: bool = False) -> 
             digest=_local_digest(local),
             base_model=_base_of(local) or str(local),
             new_token_ids=[int(i) for i in _gym_meta(local).get("new_token_ids", [])],
+            default_system=_gym_meta(local).get("default_system"),
         )
     if template is None:
         close = difflib.get_close_matches(name_or_path, list(models), n=3)
@@ -176,6 +182,7 @@ def _resolve_mlflow(model_uri: str, template: str | None, dry_run: bool = False)
         template=tmpl,
         digest=digest,
         base_model=tags.get("base_model", pinned),
+        default_system=_gym_meta(local).get("default_system"),
     )
 
 
@@ -208,13 +215,15 @@ def _base_of(directory: Path) -> str | None:
 
 
 def derived(ref: ModelRef, directory: Path, digest: str) -> ModelRef:
-    """A ModelRef for weights trained from `ref` into `directory`; `digest` names the training stage."""
+    """A ModelRef for weights trained from `ref` into `directory`; `digest` names the training stage.
+    The system message it expects is the one the stage recorded there (its data's, else `ref`'s)."""
     return ref.model_copy(
         update={
             "name": str(directory),
             "path": str(directory),
             "revision": None,
             "digest": digest,
+            "default_system": _gym_meta(directory).get("default_system", ref.default_system),
         }
     )
 

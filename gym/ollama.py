@@ -101,8 +101,11 @@ def stop_sequences(template: str | None, eos_token: str | None) -> list[str]:
     return stops
 
 
-def modelfile(template: str | None, eos_token: str | None, source: str = ".") -> str:
-    """An Ollama Modelfile for the exported directory (`ollama create NAME -f Modelfile` inside it)."""
+def modelfile(
+    template: str | None, eos_token: str | None, source: str = ".", system: str | None = None
+) -> str:
+    """An Ollama Modelfile for the exported directory (`ollama create NAME -f Modelfile` inside it); `system`:
+    the default system message the model was trained with (Ollama's SYSTEM, used when a chat has none)."""
     lines = [
         "# Ollama Modelfile written by gym export. Inside this directory: ollama create NAME -f Modelfile",
         "# FROM . imports these safetensors (Ollama converts supported architectures itself); to use a",
@@ -113,6 +116,8 @@ def modelfile(template: str | None, eos_token: str | None, source: str = ".") ->
         lines.append(f'TEMPLATE """{TEMPLATES[template][0]}"""')
     else:
         lines.append("# No TEMPLATE: Ollama uses the chat template stored with the model's tokenizer.")
+    if system is not None:  # a triple-quoted block unless the text holds three quotes itself
+        lines.append(f'SYSTEM """{system}"""' if '"""' not in system else f"SYSTEM {json.dumps(system)}")
     lines += [
         f"PARAMETER stop {json.dumps(s, ensure_ascii=False)}" for s in stop_sequences(template, eos_token)
     ]

@@ -14,6 +14,7 @@ LLaMA-Factory's template names are accepted where they render exactly what a gym
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
 from functools import cache
@@ -77,6 +78,32 @@ def load_template(name: str) -> str:
     if not f.is_file():
         raise ConfigError(unknown_template_message(name, list_templates()))
     return f.read_text(encoding="utf-8")
+
+
+def with_system(conversations: list[list[dict[str, str]]], system: str | None) -> list[list[dict[str, str]]]:
+    """The conversations, each that has no system message opening with `system` (None: as they are)."""
+    if system is None:
+        return conversations
+    opening = {"role": "system", "content": system}
+    return [c if c and c[0]["role"] == "system" else [opening, *c] for c in conversations]
+
+
+def with_default_system(template_text: str, system: str | None) -> str:
+    """`template_text` that opens every conversation without a system message with `system` (None: as
+    it is), as training with `default_system` did (`with_system`).
+
+    The message is written into the Jinja source, as LLaMA-Factory's export writes its default_system
+    into the tokenizer's template, so any renderer of the saved template (vLLM, transformers, MLflow's
+    pyfunc) adds it too."""
+    if system is None:
+        return template_text
+    literal = json.dumps(system, ensure_ascii=False)  # a Jinja string literal: its escapes are Python's
+    prelude = (
+        "{%- if not messages or messages[0]['role'] != 'system' -%}"
+        f"{{%- set messages = [{{'role': 'system', 'content': {literal}}}] + messages -%}}"
+        "{%- endif -%}\n"
+    )
+    return prelude + template_text
 
 
 def unknown_template_message(name: str, available: list[str]) -> str:

@@ -58,6 +58,8 @@ def extend(ref: ModelRef, tokens: list[str]) -> ModelRef:
         with workspace.atomic_dir(folder) as tmp:
             ids = _write(ref, tokens, tmp)
             record = {"template": ref.template, "base_model": ref.base_model, "new_special_tokens": tokens}
+            if ref.default_system is not None:
+                record["default_system"] = ref.default_system
             workspace.atomic_write_json(tmp / MODEL_META, record | {"new_token_ids": ids})
     ids = [int(i) for i in json.loads(meta.read_text(encoding="utf-8"))["new_token_ids"]]
     return ref.model_copy(

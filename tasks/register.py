@@ -45,7 +45,16 @@ def register_model(
     add dataset names, hyperparameters, the config digest and scores.
     """
     facts = describe(
-        model.base_model, model.template, lineage, config, stages, before, after, flow_run_id, benchmarks
+        model.base_model,
+        model.template,
+        lineage,
+        config,
+        stages,
+        before,
+        after,
+        flow_run_id,
+        benchmarks,
+        default_system=model.default_system,
     )
     params = {"registered_model": name, "alias": alias}
     # Registration logs the model into a run: a nested one under the flow's run, or its own.

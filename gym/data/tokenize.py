@@ -194,18 +194,10 @@ def sft_labels(
     return [t if m else IGNORE_INDEX for t, m in zip(input_ids, assistant_mask, strict=True)]
 
 
-def with_system(conversations: list[list[dict[str, str]]], system: str | None) -> list[list[dict[str, str]]]:
-    """The conversations, each that has no system message opening with `system` (None: as they are)."""
-    if system is None:
-        return conversations
-    opening = {"role": "system", "content": system}
-    return [c if c and c[0]["role"] == "system" else [opening, *c] for c in conversations]
-
-
 def _sft_batch(tokenizer: Any, template: str, settings: TokenizeSettings) -> BatchFn:
     def fn(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
         out: dict[str, list] = {"input_ids": [], "labels": [], "truncated": []}
-        conversations = with_system(batch["messages"], settings.default_system)
+        conversations = templates.with_system(batch["messages"], settings.default_system)
         for messages, index in zip(conversations, indices, strict=True):
             enc = templates.encode(tokenizer, messages, template)
             if not any(enc.assistant_mask):
@@ -234,7 +226,7 @@ def _pair_batch(tokenizer: Any, template: str, kind: str, file: str, system: str
     names = ("chosen", "rejected") if kind == "preference" else ("completion",)
 
     def fn(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
-        batch = {**batch, "prompt": with_system(batch["prompt"], system)}
+        batch = {**batch, "prompt": templates.with_system(batch["prompt"], system)}
         prompts, texts = completion_texts(tokenizer, template, batch, names, indices, file)
         out: dict[str, list] = {"prompt": prompts, **texts}
         if kind == "kto":
@@ -248,7 +240,8 @@ def _pair_batch(tokenizer: Any, template: str, kind: str, file: str, system: str
 
 def _prompt_batch(tokenizer: Any, template: str, system: str | None) -> BatchFn:
     def fn(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
-        batch = {**batch, "prompt": with_system(batch["prompt"], system)}  # TRL renders these messages too
+        # TRL renders these messages too
+        batch = {**batch, "prompt": templates.with_system(batch["prompt"], system)}
         texts = [
             templates.render(tokenizer, p, template, add_generation_prompt=True) for p in batch["prompt"]
         ]

@@ -43,13 +43,15 @@ def evaluate(
     system: str | None = None,
 ) -> ExactMatch:
     """Greedy answers to the held-out records' last user turns, scored against their last assistant turns;
-    `system` opens each conversation that has no system message (the data's default_system in training)."""
+    `system` opens each conversation that has no system message (the data's default_system in training;
+    None: the one the model was trained with, if any)."""
     import torch
     from datasets import load_from_disk
 
-    from gym.data.tokenize import with_system
+    from gym.templates import with_system
 
     check_metrics(metrics)
+    system = model.default_system if system is None else system
     records = load_from_disk(str(dataset_dir))
     if limit is not None:
         records = records.select(range(min(limit, len(records))))

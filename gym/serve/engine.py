@@ -33,6 +33,7 @@ from gym.errors import GymError
 from gym.serve.params import SamplingParams
 from gym.serve.requests import Delta, Event, Failed, Finished, Request, RequestError, Result, Row, RowTracker
 from gym.serve.sampling import RowSampler, row_generator
+from gym.templates import with_system
 from gym.tfgrpo.injection import ShippedLibrary, inject, inject_text, query_of
 
 __all__ = ["Delta", "Engine", "Event", "Failed", "Finished", "Request", "RequestError", "Result"]
@@ -50,8 +51,10 @@ class Engine:
         chat_template: str,
         experiences: list[str] | ShippedLibrary | None = None,
         max_batch_size: int = 32,
+        default_system: str | None = None,
     ) -> None:
         self.model, self.name, self.chat_template = model.eval(), name, chat_template
+        self.default_system = default_system  # conversations without a system message open with it
         if isinstance(experiences, list):
             experiences = ShippedLibrary(texts=experiences)
         self.library = experiences
@@ -114,6 +117,7 @@ class Engine:
             chat_template=served.chat_template,
             experiences=served.library,
             max_batch_size=max_batch_size,
+            default_system=served.ref.default_system,
         )
 
     # ---- prompts --------------------------------------------------------------------------------------
@@ -128,13 +132,15 @@ class Engine:
         return self.library.texts_for(query) if self.library is not None else []
 
     def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
-        """The prompt for `messages`: experiences injected, chat template applied, assistant cue added."""
+        """The prompt for `messages`: the model's default system message where they have none, experiences
+        injected (after it), chat template applied, assistant cue added."""
         from jinja2 import TemplateError
 
+        messages = with_system([list(messages)], self.default_system)[0]
         try:
             with self._encode_lock:
                 text = self._encoder.apply_chat_template(
-                    inject(list(messages), self.experiences_for(query_of(list(messages)))),
+                    inject(messages, self.experiences_for(query_of(messages))),
                     chat_template=self.chat_template,
                     add_generation_prompt=True,
                     tokenize=False,

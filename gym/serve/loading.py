@@ -4,7 +4,8 @@ A model is a gym registry name, a local model directory, or an MLflow model URI
 (`models:/name@alias`, `models:/name/3`). Its chat template is, in order: `--template`; the one
 the registry entry, the directory's gym metadata or the registered version's tags name; else the
 tokenizer's own chat template (as vLLM does for a directory gym knows nothing about). Only when
-none of these exists does loading stop, with a message saying to pass `--template`.
+none of these exists does loading stop, with a message saying to pass `--template`. A model trained
+with a default system message (gym metadata) gets it in every conversation that opens without one.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 from gym.errors import ConfigError
 from gym.hashing import hash_obj
 from gym.models import ModelRef, resolve
-from gym.templates import load_template
+from gym.templates import load_template, with_default_system
 from gym.tfgrpo.injection import ShippedLibrary, shipped_library
 
 
@@ -45,7 +46,7 @@ def resolve_served(model: str, template: str | None = None, trust_remote_code: b
     ref = _own_template_ref(model, template)
     if ref is None:
         ref = resolve(model, template, trust_remote_code)
-        text, name = load_template(ref.template), ref.template
+        text, name = with_default_system(load_template(ref.template), ref.default_system), ref.template
     else:
         text, name = _tokenizer_template(Path(ref.path), model), None
     if trust_remote_code:

@@ -29,6 +29,7 @@ from gym.data.ingest import load_meta
 from gym.errors import ConfigError
 from gym.hashing import hash_obj
 from gym.models import MODEL_META, ModelRef, load_model, load_tokenizer
+from gym.templates import with_default_system
 from gym.train import (
     adapters,
     distributed,
@@ -259,9 +260,11 @@ def _train(
     if not main:
         return None
     trainable, total = count_params(trainer.model)
-    model_dir, adapter_dir = _save_final(
-        trainer, tokenizer, model_ref, stage_dir, loader, stretch, max_length
-    )
+    # the system message the data's conversations opened with, else the one the base already expects
+    system = load_meta(train_data).get("settings", {}).get("default_system")
+    system = model_ref.default_system if system is None else system
+    saved = model_ref.model_copy(update={"default_system": system})
+    model_dir, adapter_dir = _save_final(trainer, tokenizer, saved, stage_dir, loader, stretch, max_length)
     signal = _signal(config.method, eval_before, eval_after, trainer.state.log_history)
     result = TrainResult(
         method=config.method,
@@ -360,7 +363,9 @@ def _save_final(
 ) -> tuple[Path, Path | None]:
     """Save the trained model as a plain from_pretrained directory (adapters merged in), atomically.
     `loader` loads the base again for QLoRA's full-precision merge (the model class the stage trained);
-    `stretch`, the base's RoPE scaling, is recorded beside the adapter for merges made later."""
+    `stretch`, the base's RoPE scaling, is recorded beside the adapter for merges made later. A system
+    message the model was trained with (`model_ref.default_system`) is recorded in gym's metadata and
+    written into the saved tokenizer's chat template, so other tools that render with it add it too."""
     from peft import PeftModel
 
     model = trainer.model
@@ -374,12 +379,15 @@ def _save_final(
             model = model.merge_and_unload()
     model_dir = stage_dir / "model"
     if not model_dir.exists():
+        system = model_ref.default_system
+        tokenizer.chat_template = with_default_system(tokenizer.chat_template, system)
         with workspace.atomic_dir(model_dir) as tmp:
             model.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
             workspace.atomic_write_json(
                 tmp / MODEL_META,
                 {"template": model_ref.template, "base_model": model_ref.base_model}
-                | ({"new_token_ids": model_ref.new_token_ids} if model_ref.new_token_ids else {}),
+                | ({"new_token_ids": model_ref.new_token_ids} if model_ref.new_token_ids else {})
+                | ({"default_system": system} if system is not None else {}),
             )
     return model_dir, adapter_dir
