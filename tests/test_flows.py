@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
+from gym.lineage import Lineage
+
 REPO = Path(__file__).resolve().parents[1]
 KEYS = {
     "sft_loss_first",
@@ -99,6 +101,8 @@ def test_gym_train_cli_runs_a_single_method_flow(gym_home):
             "8",
             "--output_dir",
             str(gym_home / "export"),
+            "--data.default_system",
+            "Answer briefly.",
             "--json",
         ],
         gym_home,
@@ -108,6 +112,11 @@ def test_gym_train_cli_runs_a_single_method_flow(gym_home):
     assert out["sft_loss_first"] is None and out["dpo_reward_accuracy"] is not None
     exported = gym_home / "export"
     assert (exported / "model.safetensors").is_file() and (exported / "gym_model.json").is_file()
+    # the system message it trained with goes with the model: into the export and the registered version
+    assert json.loads((exported / "gym_model.json").read_text())["default_system"] == "Answer briefly."
+    uri = f"sqlite:///{gym_home / 'mlflow' / 'mlflow.db'}"
+    version = MlflowClient(uri).get_model_version_by_alias("gym-tiny-dpo", "challenger")
+    assert Lineage.from_tags(version.tags).default_system == "Answer briefly."
 
 
 def test_gym_train_accepts_the_papers_flags_on_a_custom_dataset(gym_home, tmp_path):
