@@ -216,14 +216,15 @@ def _base_of(directory: Path) -> str | None:
 
 def derived(ref: ModelRef, directory: Path, digest: str) -> ModelRef:
     """A ModelRef for weights trained from `ref` into `directory`; `digest` names the training stage.
-    The system message it expects is the one the stage recorded there (its data's, else `ref`'s)."""
+    The system message it expects is the one the stage recorded there (a training stage records its
+    data's, else `ref`'s; TF-GRPO, whose rollouts render without one, none)."""
     return ref.model_copy(
         update={
             "name": str(directory),
             "path": str(directory),
             "revision": None,
             "digest": digest,
-            "default_system": _gym_meta(directory).get("default_system", ref.default_system),
+            "default_system": _gym_meta(directory).get("default_system"),
         }
     )
 

@@ -122,3 +122,14 @@ def test_export_and_registration_carry_it(trained, tmp_path):
     assert resolve("models:/tiny-system@challenger").default_system == SAID
     with Engine.load("models:/tiny-system@challenger") as engine:
         assert opens_with_said(engine.render_chat(USER))
+
+
+def test_a_folder_that_records_none_expects_none(trained, tmp_path):
+    """A TF-GRPO model ships its base's files with gym metadata naming no default system: its rollouts
+    rendered prompts without one, so evaluating or serving it must not add the base's."""
+    base, result = trained
+    first = derived(base, Path(result.model_dir), result.digest)
+    shipped = tmp_path / "tf_grpo"
+    shipped.mkdir()
+    (shipped / MODEL_META).write_text(json.dumps({"template": "chatml", "base_model": "gym-tiny"}))
+    assert first.default_system == SAID and derived(first, shipped, "tf").default_system is None
