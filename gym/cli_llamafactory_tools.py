@@ -97,7 +97,7 @@ INFERENCE: dict[str, Parse] = {  # gym chat and gym serve
     "temperature": float,  # chat --temperature
     "top_p": float,  # chat --top-p
     "max_new_tokens": int,  # chat --max-tokens; serve --limits.max_tokens
-    "default_system": str,  # chat --system
+    "default_system": str,  # chat and serve --system
     "top_k": int,
     "num_beams": int,
     "max_length": int,
@@ -297,13 +297,6 @@ def check(command: str, values: dict[str, Any], where: str = "") -> list[str]:
                 f"{name}: each request to gym serve sets its own sampling (OpenAI's API: temperature "
                 "1.0 and top_p 1.0 when a request names none)"
             )
-        elif name == "default_system" and command == "serve":
-            refuse(
-                name,
-                "gym serve adds only the system message the model was trained with (its data's "
-                "default_system, recorded with the model), no other: remove default_system and send it "
-                "as the first message of each request (`gym chat` takes it, as --system)",
-            )
         elif name.startswith(("vllm_", "sglang_")):
             engine = name.partition("_")[0]
             if command == "chat":
@@ -382,6 +375,8 @@ def _inference(command: str, values: dict[str, Any], own: Sequence[str], where: 
             argv += ["--backend", BACKENDS[values["infer_backend"]]]
         if "max_new_tokens" in values:
             argv += ["--limits.max_tokens", str(values["max_new_tokens"])]
+        if values.get("default_system") is not None:
+            argv += ["--system", values["default_system"]]
         return argv
     if "temperature" in values:
         argv += ["--temperature", str(values["temperature"])]

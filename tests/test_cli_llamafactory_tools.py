@@ -157,10 +157,12 @@ def test_an_inference_yaml_gives_chat_and_serve_settings_with_the_adapter_merged
     yaml = write_yaml(
         tmp_path / "infer.yaml",
         INFERENCE.format(adapter=folder, backend="huggingface")
-        + "temperature: 0.3\ntop_p: 0.9\nmax_new_tokens: 64\nvllm_enforce_eager: true\n",
+        + "temperature: 0.3\ntop_p: 0.9\nmax_new_tokens: 64\nvllm_enforce_eager: true\n"
+        + "default_system: Answer in one word.\n",
     )
     settings = parse_settings(translate("serve", [yaml, "--port", "0"], serve_parser(), out=notes))
     assert settings.backend == "transformers" and settings.port == 0 and settings.trust_remote_code
+    assert settings.system == "Answer in one word."  # LLaMA-Factory's api opens chats with it; so does gym
     assert settings.template == "qwen3_nothink" and settings.limits.max_tokens == 64
     assert settings.served_model_name == str(folder)  # clients name the adapter, not the merge's folder
     merged = Path(settings.model)
@@ -288,7 +290,6 @@ def test_gym_serve_answers_the_openai_client_from_an_inference_yaml(adapter, tmp
         ("chat", "top_k: 50", "top_k: gym samples with temperature and top_p only"),
         ("chat", "infer_backend: ktransformers", "gym has no ktransformers backend"),
         ("chat", "temprature: 0.5", "unknown setting 'temprature'; did you mean temperature"),
-        ("serve", "default_system: Be brief.", "send it as the first message of each request"),
         ("serve", "infer_backend: vllm\nvllm_gpu_util: 0.5", "gym serve starts vllm with its own defaults"),
         ("serve", "adapter_name_or_path: a,b", "gym merges one adapter at a time"),
         ("serve", "max_new_tokens: many", "argument --max_new_tokens: invalid int value"),

@@ -103,6 +103,12 @@ def test_serving_and_evaluation_open_conversations_with_it(trained):
         engine.library = ShippedLibrary(texts=["Check the units."])
         system_turn = engine.render_chat(USER).split("<|im_end|>")[0]
     assert system_turn.startswith(f"<|im_start|>system\n{SAID}\n\n") and "Check the units." in system_turn
+    # `gym serve --system` replaces it, in the engine and in the template a vLLM backend would get
+    other = "Be terse."
+    assert resolve_served(result.model_dir, system=other).chat_template.count(other) == 1
+    with Engine.load(result.model_dir, system=other) as engine:
+        prompt = engine.render_chat(USER)
+    assert prompt.startswith(f"<|im_start|>system\n{other}<|im_end|>") and SAID not in prompt
     data = ingest(resolve_dataset("demo_sft_eval"))
     scored = evaluate(resolve(result.model_dir), Path(data.path), limit=2, max_new_tokens=2)
     assert all(opens_with_said(s["prompt"]) for s in scored.samples)

@@ -1,4 +1,5 @@
-"""`gym serve` as a process: starts on a free port, answers the openai client, stops cleanly on SIGTERM."""
+"""`gym serve` as a process: starts on a free port, answers the openai client (a chat without a system message
+gets --system's), stops cleanly on SIGTERM."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ import pytest
 from tests.conftest import REPO
 
 KEY = "serve-cli-secret-4242"
+SYSTEM = "Answer every question in one short word, please."
+USER = [{"role": "user", "content": "hi"}]
 
 
 def test_gym_serve_answers_then_exits_cleanly_on_sigterm(gym_home):
     env = {**os.environ, "GYM_TEST_KEY": KEY, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "flows.cli", "serve", "--model", "gym-tiny", "--port", "0"]
-    cmd += ["--api-key-env", "GYM_TEST_KEY", "--served-model-name", "tiny"]
+    cmd += ["--api-key-env", "GYM_TEST_KEY", "--served-model-name", "tiny", "--system", SYSTEM]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()  # printed once the socket listens
@@ -32,6 +35,16 @@ def test_gym_serve_answers_then_exits_cleanly_on_sigterm(gym_home):
             model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0
         )
         assert reply.choices[0].finish_reason in ("stop", "length")
+        # --system opens each chat without a system message: that prompt is the one sent with it
+        prompts = [
+            client.chat.completions.create(model="tiny", messages=m, max_tokens=1).usage.prompt_tokens
+            for m in (
+                USER,
+                [{"role": "system", "content": SYSTEM}, *USER],
+                [{"role": "system", "content": "x"}, *USER],
+            )
+        ]
+        assert prompts[0] == prompts[1] > prompts[2], prompts
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
     finally:

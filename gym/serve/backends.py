@@ -48,7 +48,7 @@ def exec_backend(settings: ServeSettings, api_key: str | None) -> int:
     require(settings.backend)
     from gym.serve.loading import resolve_served
 
-    served = resolve_served(settings.model, settings.template, settings.trust_remote_code)
+    served = resolve_served(settings.model, settings.template, settings.trust_remote_code, settings.system)
     if served.experiences:
         raise ConfigError(
             f"{settings.model} ships a TF-GRPO experience library that {settings.backend} would not inject "

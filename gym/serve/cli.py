@@ -73,6 +73,7 @@ def cmd_serve(argv: Sequence[str]) -> int:
         name=settings.served_model_name,
         trust_remote_code=settings.trust_remote_code,
         max_batch_size=settings.max_batch_size,
+        system=settings.system,
     )
 
     def ready(url: str) -> None:

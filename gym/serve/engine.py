@@ -99,14 +99,16 @@ class Engine:
         trust_remote_code: bool = False,
         max_batch_size: int = 32,
         dtype: str = "auto",
+        system: str | None = None,
     ) -> Engine:
-        """Load a registry name, model directory or MLflow model URI (gym/serve/loading.py)."""
+        """Load a registry name, model directory or MLflow model URI (gym/serve/loading.py); `system`
+        replaces the default system message the model was trained with."""
         from transformers import AutoTokenizer
 
         from gym.models import load_model
         from gym.serve.loading import resolve_served
 
-        served = resolve_served(model, template, trust_remote_code)
+        served = resolve_served(model, template, trust_remote_code, system)
         tokenizer = AutoTokenizer.from_pretrained(
             served.path, revision=served.ref.revision, trust_remote_code=served.ref.trust_remote_code
         )

@@ -5,7 +5,8 @@ A model is a gym registry name, a local model directory, or an MLflow model URI
 the registry entry, the directory's gym metadata or the registered version's tags name; else the
 tokenizer's own chat template (as vLLM does for a directory gym knows nothing about). Only when
 none of these exists does loading stop, with a message saying to pass `--template`. A model trained
-with a default system message (gym metadata) gets it in every conversation that opens without one.
+with a default system message (gym metadata), or served with `--system`, gets it in every
+conversation that opens without one.
 """
 
 from __future__ import annotations
@@ -41,14 +42,20 @@ class ServedModel:
         return self.library.texts if self.library is not None else None
 
 
-def resolve_served(model: str, template: str | None = None, trust_remote_code: bool = False) -> ServedModel:
-    """Resolve `model` for serving (see the module docstring for where the template comes from)."""
+def resolve_served(
+    model: str, template: str | None = None, trust_remote_code: bool = False, system: str | None = None
+) -> ServedModel:
+    """Resolve `model` for serving (see the module docstring for where the template comes from); `system`
+    replaces the default system message the model was trained with."""
     ref = _own_template_ref(model, template)
     if ref is None:
         ref = resolve(model, template, trust_remote_code)
-        text, name = with_default_system(load_template(ref.template), ref.default_system), ref.template
+        text, name = load_template(ref.template), ref.template
     else:
         text, name = _tokenizer_template(Path(ref.path), model), None
+    if system is not None:
+        ref = ref.model_copy(update={"default_system": system})
+    text = with_default_system(text, ref.default_system)
     if trust_remote_code:
         ref = ref.model_copy(update={"trust_remote_code": True})
     library = shipped_library(ref.path) if Path(ref.path).is_dir() else None

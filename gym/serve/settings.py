@@ -30,6 +30,11 @@ class ServeSettings(BaseModel):
     template: str | None = Field(
         None, description="Chat template (registry/templates); default: the model's, else its tokenizer's."
     )
+    system: str | None = Field(
+        None,
+        description="System message for each conversation that opens without one; default: the one the "
+        "model was trained with (its data's default_system), if any.",
+    )
     served_model_name: str | None = Field(None, description="Name clients pass as `model`; default: --model.")
     host: str = Field("127.0.0.1", description="Interface to listen on.")
     port: int = Field(8000, ge=0, le=65535, description="Port (0: any free port, printed at start).")
