@@ -116,8 +116,10 @@ def modelfile(
         lines.append(f'TEMPLATE """{TEMPLATES[template][0]}"""')
     else:
         lines.append("# No TEMPLATE: Ollama uses the chat template stored with the model's tokenizer.")
-    if system is not None:  # a triple-quoted block unless the text holds three quotes itself
-        lines.append(f'SYSTEM """{system}"""' if '"""' not in system else f"SYSTEM {json.dumps(system)}")
+    if system is not None and '"""' in system:  # Ollama's Modelfile strings have no escapes
+        lines.append('# No SYSTEM: the default system message holds """, which no Modelfile string can.')
+    elif system is not None:
+        lines.append(f'SYSTEM """{system}"""')
     lines += [
         f"PARAMETER stop {json.dumps(s, ensure_ascii=False)}" for s in stop_sequences(template, eos_token)
     ]

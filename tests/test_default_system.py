@@ -139,3 +139,13 @@ def test_a_folder_that_records_none_expects_none(trained, tmp_path):
     shipped.mkdir()
     (shipped / MODEL_META).write_text(json.dumps({"template": "chatml", "base_model": "gym-tiny"}))
     assert first.default_system == SAID and derived(first, shipped, "tf").default_system is None
+
+
+def test_the_modelfile_holds_the_system_message_verbatim_or_says_why_not():
+    """Ollama's Modelfile strings have no escapes: a triple-quoted block holds any text but \"\"\"."""
+    from gym.ollama import modelfile
+
+    two_lines = 'Be brief.\nSay "yes" or "no".'
+    assert f'SYSTEM """{two_lines}"""\n' in modelfile("chatml", "<|im_end|>", system=two_lines)
+    refused = modelfile("chatml", "<|im_end|>", system='Quote """this"""')
+    assert "SYSTEM" not in refused.replace("# No SYSTEM", "") and "# No SYSTEM: the default" in refused
