@@ -217,7 +217,7 @@ def _base_of(directory: Path) -> str | None:
 def derived(ref: ModelRef, directory: Path, digest: str) -> ModelRef:
     """A ModelRef for weights trained from `ref` into `directory`; `digest` names the training stage.
     The system message it expects is the one the stage recorded there (a training stage records its
-    data's, else `ref`'s; TF-GRPO, whose rollouts render without one, none)."""
+    data's, else `ref`'s; TF-GRPO its local policy's)."""
     return ref.model_copy(
         update={
             "name": str(directory),

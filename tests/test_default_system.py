@@ -130,15 +130,57 @@ def test_export_and_registration_carry_it(trained, tmp_path):
         assert opens_with_said(engine.render_chat(USER))
 
 
+def test_training_free_grpo_on_it_rolls_out_and_ships_with_it(trained, tmp_path):
+    """A TF-GRPO policy run locally opens its rollout prompts with the system message (the library's
+    block after it), and the model it ships expects it, so serving and evaluation render as it learnt."""
+    from gym.tfgrpo.config import TfGrpoSettings
+    from gym.tfgrpo.data import Question
+    from gym.tfgrpo.library import Library
+    from gym.tfgrpo.ops import Add, apply
+    from gym.tfgrpo.runtime import Runtime
+    from gym.tfgrpo.stages import policy_messages
+
+    _, result = trained
+    rt = Runtime(TfGrpoSettings(), model=result.model_dir, run_dir=tmp_path / "run")
+    library = apply(Library(), [Add(text="Check the units.")]).library
+    messages = policy_messages(rt, Question(id="q", prompt=USER), library)
+    assert messages[0]["role"] == "system" and messages[0]["content"].startswith(f"{SAID}\n\n")
+    assert "Check the units." in messages[0]["content"] and messages[1:] == USER
+    own = policy_messages(rt, Question(id="q", prompt=OWN), library)
+    assert own[0]["content"].startswith("Talk like a pirate.") and SAID not in own[0]["content"]
+    assert Runtime(TfGrpoSettings(), model="gym-tiny", run_dir=tmp_path / "base").default_system is None
+
+    # the shipped model (weights linked, library beside them) expects it too
+    from gym.tfgrpo.engine import RunResult
+    from gym.train.tf_grpo import prepare, ship
+
+    run = prepare(TfGrpoSettings(reward="majority"), result.model_dir, [Question(id="q", prompt=USER)], "d")
+    library_file = tmp_path / "library.json"
+    library.save(library_file)
+    counts = dict.fromkeys(("library_size", "library_version", "steps", "degraded_steps", "llm_calls"), 1)
+    counts |= dict.fromkeys(("tokens", "paid_calls", "cached_calls", "cost_usd", "seconds"), 0)
+    done = RunResult(
+        run_dir=run.run_dir,
+        library_file=str(library_file),
+        library_hash="h",
+        mean_at_k=[],
+        pass_at_k=[],
+        train_reward_first=None,
+        train_reward_last=None,
+        **counts,
+    )
+    shipped = ship(run, done, resolve(result.model_dir))
+    assert resolve(str(shipped)).default_system == SAID
+
+
 def test_a_folder_that_records_none_expects_none(trained, tmp_path):
-    """A TF-GRPO model ships its base's files with gym metadata naming no default system: its rollouts
-    rendered prompts without one, so evaluating or serving it must not add the base's."""
+    """What a folder's gym metadata says wins over what the model it came from expected."""
     base, result = trained
     first = derived(base, Path(result.model_dir), result.digest)
-    shipped = tmp_path / "tf_grpo"
-    shipped.mkdir()
-    (shipped / MODEL_META).write_text(json.dumps({"template": "chatml", "base_model": "gym-tiny"}))
-    assert first.default_system == SAID and derived(first, shipped, "tf").default_system is None
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / MODEL_META).write_text(json.dumps({"template": "chatml", "base_model": "gym-tiny"}))
+    assert first.default_system == SAID and derived(first, other, "x").default_system is None
 
 
 def test_the_modelfile_holds_the_system_message_verbatim_or_says_why_not():

@@ -132,6 +132,8 @@ class LocalClient:
             model if isinstance(model, ModelRef) else resolve(str(model), template, trust_remote_code)
         )
         self.identity = f"local:{self.ref.base_model}@{self.ref.digest}"
+        # the system message the model was trained with, opening prompts that have none
+        self.default_system = self.ref.default_system
         self.max_n = max_n
         self._lock = threading.Lock()
         self._loaded: tuple[Any, Any] | None = None

@@ -78,6 +78,9 @@ class Runtime:
             client = client or client_for(role, template, trust_remote_code)
             callers[name] = Caller(client, role, self.cache, self.ledger)
         self.policy, self.optimizer, self.judge = callers["policy"], callers["optimizer"], callers["judge"]
+        # A local policy trained with a default system message: its prompts open with it, as the served
+        # model's will (a model behind an endpoint applies its own).
+        self.default_system: str | None = getattr(self.policy.client, "default_system", None)
         self.config_hash = hash_obj(
             {
                 "settings": settings.learning_fields(),

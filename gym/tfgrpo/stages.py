@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
+from gym.templates import with_system
 from gym.tfgrpo import prompts
 from gym.tfgrpo.calls import Caller, CallRecord
 from gym.tfgrpo.data import Question, StepPlan, derive_seed
@@ -108,7 +109,10 @@ def chunk_sizes(group_size: int, max_n: int) -> list[int]:
 
 
 def policy_messages(rt: Runtime, question: Question, library: Library) -> list[dict[str, str]]:
-    return inject(question.prompt, rt.experiences_for(question, library))
+    """The question's prompt, opened by the policy's default system message if it has none, with the
+    experiences injected after it (as serving and evaluating the shipped model render it)."""
+    prompt = with_system([question.prompt], rt.default_system)[0]
+    return inject(prompt, rt.experiences_for(question, library))
 
 
 def rollout(rt: Runtime, step: StepPlan, question: Question, library: Library, chunk: int) -> RolloutChunk:

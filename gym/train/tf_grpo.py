@@ -157,9 +157,9 @@ def ship(run: TfGrpoRun, result: RunResult, model: ModelRef | None) -> Path:
         meta: dict[str, Any] = {"method": "tf_grpo", "tf_grpo_run": run.config_hash}
         if model is not None:
             _link_tree(_model_files(model), tmp)
-            # no default_system: the rollouts that learnt the library rendered prompts without the base's,
-            # and serving renders them as the rollouts did
             meta.update(template=model.template, base_model=model.base_model)
+            if model.default_system is not None:  # the rollouts opened with it; serving does too
+                meta["default_system"] = model.default_system
         else:  # a model behind an API: the library is all there is to ship
             meta.update(endpoint=run.settings.endpoint, model=run.model)
         workspace.atomic_write_json(tmp / "gym_model.json", meta)
