@@ -120,7 +120,8 @@ def _resolve(name_or_path: str, template: str | None, dry_run: bool = False) -> 
     if local.is_dir():
         if not (local / "config.json").is_file():
             raise ConfigError(f"{local} is not a model directory (no config.json)")
-        local_template = template or _template_of(local)
+        meta = _gym_meta(local)  # what gym recorded when it wrote this folder (nothing for others)
+        local_template = template or meta.get("template")
         if local_template is None:
             raise ConfigError(
                 f"model {local} is not in the registry: pass --template (one of registry/templates)"
@@ -131,9 +132,9 @@ def _resolve(name_or_path: str, template: str | None, dry_run: bool = False) -> 
             path=str(local.resolve()),
             template=local_template,
             digest=_local_digest(local),
-            base_model=_base_of(local) or str(local),
-            new_token_ids=[int(i) for i in _gym_meta(local).get("new_token_ids", [])],
-            default_system=_gym_meta(local).get("default_system"),
+            base_model=meta.get("base_model") or str(local),
+            new_token_ids=[int(i) for i in meta.get("new_token_ids", [])],
+            default_system=meta.get("default_system"),
         )
     if template is None:
         close = difflib.get_close_matches(name_or_path, list(models), n=3)
@@ -204,14 +205,6 @@ def _check_reachable(hub_id: str, revision: str) -> None:
 def _gym_meta(directory: Path) -> dict[str, Any]:
     meta = directory / MODEL_META
     return json.loads(meta.read_text()) if meta.is_file() else {}
-
-
-def _template_of(directory: Path) -> str | None:
-    return _gym_meta(directory).get("template")
-
-
-def _base_of(directory: Path) -> str | None:
-    return _gym_meta(directory).get("base_model")
 
 
 def derived(ref: ModelRef, directory: Path, digest: str) -> ModelRef:
