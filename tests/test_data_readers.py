@@ -6,6 +6,8 @@ Run: .venv/bin/pytest tests/test_data_readers.py
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -70,6 +72,34 @@ def test_arrow_file_and_stream(tmp_path: Path, writer):
     with pa.OSFile(str(tmp_path / "a.arrow"), "wb") as sink, writer(sink, table.schema) as w:
         w.write_table(table)
     assert [r for _, _, r in rows(tmp_path / "a.arrow")] == table.to_pylist()
+
+
+def test_reading_parquet_and_arrow_starts_no_thread(tmp_path: Path):
+    # Arrow's reader threads outlive a read and now and then abort the process at exit (exit -6,
+    # apache/arrow#34314), so gym's readers must not start any. Counted in a fresh process, after
+    # pyarrow's import has started its own allocator thread; a path or memory-map source starts 1-2.
+    table = pa.Table.from_pylist([{"text": f"row {i}"} for i in range(3000)])
+    pq.write_table(table, tmp_path / "a.parquet", row_group_size=1000)
+    for name, writer in (("file.arrow", pa.ipc.new_file), ("stream.arrow", pa.ipc.new_stream)):
+        with pa.OSFile(str(tmp_path / name), "wb") as sink, writer(sink, table.schema) as w:
+            w.write_table(table)
+    script = (
+        "import os, sys\nfrom gym.data.readers import read_source\n"
+        "threads = lambda: len(os.listdir('/proc/self/task'))\n"
+        "for path in sys.argv[1:]:\n"
+        "    before = threads()\n"
+        "    print(path, len(list(read_source(path))), threads() - before)\n"
+    )
+    names = ("a.parquet", "file.arrow", "stream.arrow")
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *(str(tmp_path / n) for n in names)],
+        cwd=Path(__file__).parents[1],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == [part for n in names for part in (str(tmp_path / n), "3000", "0")]
 
 
 def test_save_to_disk_folder_and_dataset_dict(tmp_path: Path):

@@ -34,9 +34,13 @@ def cached_repo(cache: Path, repo_id: str) -> Path:
 
 
 def offline_load(cache: Path, benchmark: str) -> list[list[dict]]:
+    # The thread count: reading parquet must start none of Arrow's threads, which now and then
+    # aborted this process at exit after it had printed everything (exit -6, apache/arrow#34314).
     script = (
-        "import json, sys\nfrom gym.eval.mc_data import load_benchmark\n"
+        "import json, os, sys\nimport pyarrow.parquet\nfrom gym.eval.mc_data import load_benchmark\n"
+        "threads = lambda: len(os.listdir('/proc/self/task'))\nbefore = threads()\n"
         f"data = load_benchmark({benchmark!r}, subjects={list(SUBJECTS[benchmark])!r})\n"
+        "print('new threads:', threads() - before)\n"
         "print(json.dumps([[q.__dict__ for q in s.questions] for s in data.subjects], default=list))\n"
     )
     env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
@@ -44,7 +48,9 @@ def offline_load(cache: Path, benchmark: str) -> list[list[dict]]:
         [sys.executable, "-c", script], env=env, cwd=cache, capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    *_, threads, questions = proc.stdout.strip().splitlines()
+    assert threads == "new threads: 0"
+    return json.loads(questions)
 
 
 def as_json(benchmark: str, path: Path) -> list[list[dict]]:

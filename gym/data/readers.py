@@ -128,13 +128,27 @@ def _batches(batches: Iterator[pa.RecordBatch]) -> Records:
             yield no, row
 
 
+def parquet_file(data: bytes | pa.Buffer) -> pq.ParquetFile:
+    """A parquet file over bytes in memory (or a memory map's buffer): reading it starts no thread.
+
+    Arrow starts I/O threads for a file-backed source (a path, `memory_map`, `read_table`, threaded
+    reads); they outlive the read, and now and then one aborts the process as it exits, after all
+    its work is done ("terminate called without an active exception", exit -6; apache/arrow#34314).
+    `gym eval` on hub MMLU did so. A buffer source read with `use_threads=False` starts none.
+    """
+    return pq.ParquetFile(pa.BufferReader(data))
+
+
 def read_parquet(path: Path) -> Records:
-    yield from _batches(pq.ParquetFile(path).iter_batches(batch_size=_BATCH))
+    with pa.memory_map(str(path)) as mapped:  # zero-copy; see `parquet_file` for why a buffer
+        parquet = parquet_file(mapped.read_buffer())
+        yield from _batches(parquet.iter_batches(batch_size=_BATCH, use_threads=False))
 
 
 def read_arrow(path: Path) -> Records:
     """An Arrow IPC file (random-access format) or stream (what `save_to_disk` writes)."""
-    with pa.memory_map(str(path)) as source:
+    with pa.memory_map(str(path)) as mapped:
+        source = pa.BufferReader(mapped.read_buffer())  # see `parquet_file`: a buffer starts no thread
         try:
             reader = pa.ipc.open_file(source)
         except pa.ArrowInvalid:

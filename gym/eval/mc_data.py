@@ -266,15 +266,11 @@ def _read_split(spec: BenchmarkSpec, tree: _Tree, rel: str) -> list[Question]:
 
 
 def _read_parquet(spec: BenchmarkSpec, tree: _Tree, rel: str) -> list[Question]:
-    import pyarrow.parquet as pq
+    from gym.data.readers import parquet_file
 
     shown = tree.show(rel)
     try:
-        # One subject's file is small. pyarrow's reader threads, once started, can outlive the read and
-        # abort the process as it exits ("terminate called without an active exception", exit -6,
-        # apache/arrow#34314): a quarter of the time here, after `gym eval` had printed its scores.
-        table = pq.read_table(io.BytesIO(tree.read(rel)), use_threads=False)
-        rows: list[dict[str, Any]] = table.to_pylist()
+        rows: list[dict[str, Any]] = parquet_file(tree.read(rel)).read(use_threads=False).to_pylist()
     except Exception as exc:  # pyarrow raises several types for a damaged file
         raise DataError(f"not a readable parquet file ({exc})", file=shown) from None
     out = []
