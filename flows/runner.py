@@ -29,6 +29,7 @@ from gym import cli_llamafactory, preflight, progress
 from gym.cli_options import (
     ArgumentParser,
     add_config_options,
+    comma_separated,
     dotlist,
     merge,
     overrides_from,
@@ -82,7 +83,7 @@ def build_parser(config_cls: type[BaseModel], prog: str | None = None) -> argpar
         help="Optimiser steps for every stage.",
     )
     if "dataset" not in config_cls.model_fields:
-        paper.add_argument("--dataset", dest="alias_dataset", help="Same as --sft_dataset.")
+        comma_separated(paper.add_argument("--dataset", dest="alias_dataset", help="Same as --sft_dataset."))
     if stages := stage_fields(config_cls):
         cli_llamafactory.add_options(parser, stages)
     add_config_options(parser, config_cls)

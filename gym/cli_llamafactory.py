@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from gym.cli_options import SEP, Switch, json_mapping
+from gym.cli_options import SEP, Switch, comma_separated, json_mapping
 from gym.errors import ConfigError
 
 DEST = "llamafactory"  # argparse dests are f"{DEST}.{name}"
@@ -121,6 +121,15 @@ STAGE: dict[str, tuple[str, Callable[[str], Any] | type[bool]]] = {
     "use_unsloth": ("speed.unsloth", bool),
     "packing": ("speed.packing", bool),
     "neat_packing": ("speed.packing", bool),  # gym's packing never attends across sequences
+}
+# Names whose one value is a comma-separated list, which a YAML file may write as a list (LLaMA-Factory
+# splits a text value and keeps a list)
+COMMA_LISTS = {
+    "lora_target",
+    "freeze_trainable_modules",
+    "freeze_extra_modules",
+    "additional_target",
+    "interleave_probs",
 }
 # Names whose value gym stores differently (a flag of LLaMA-Factory -> a setting of gym's).
 TRANSLATED: dict[str, tuple[str, Callable[[Any], Any], str]] = {
@@ -254,7 +263,9 @@ def add_options(parser: argparse.ArgumentParser, stages: Sequence[str]) -> None:
         if parse is bool:
             group.add_argument(flag, dest=dest, action=Switch, help=target)
         else:
-            group.add_argument(flag, dest=dest, type=parse, metavar=metavar, help=target)
+            action = group.add_argument(flag, dest=dest, type=parse, metavar=metavar, help=target)
+            if name in COMMA_LISTS:
+                comma_separated(action)
     for name, (path, _, what) in TRANSLATED.items():
         kwargs: dict[str, Any] = {"action": Switch} if name != "flash_attn" else {"choices": list(ATTENTION)}
         group.add_argument(f"--{name}", dest=f"{DEST}.{name}", help=f"{what}: {same_as(path)}", **kwargs)

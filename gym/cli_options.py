@@ -13,7 +13,7 @@ import json
 import sys
 import types
 import typing
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, NoReturn, get_args, get_origin
 
@@ -110,7 +110,19 @@ def add_config_options(parser: argparse.ArgumentParser, model: type[BaseModel], 
         elif tp is dict or get_origin(tp) is dict:
             kwargs["type"] = json_mapping
             kwargs["metavar"] = "JSON"
-        group.add_argument(*flags, **kwargs)
+        action = group.add_argument(*flags, **kwargs)
+        if tp is str and name.endswith("dataset"):  # every dataset setting takes a comma-separated mix
+            comma_separated(action)
+
+
+COMMA_SEPARATED = "comma_separated"
+
+
+def comma_separated(action: argparse.Action) -> argparse.Action:
+    """Mark option `action` as one text value that lists items with commas (`--dataset a,b`): a config
+    file may give it as a list (`dataset: [a, b]`), as LLaMA-Factory's YAML files may."""
+    setattr(action, COMMA_SEPARATED, True)
+    return action
 
 
 def _optional(tp: type) -> Any:
@@ -212,7 +224,9 @@ def file_argv(path: Path, settings: dict[str, Any], known: Collection[str]) -> l
     `learning_rate: 1.0e-4` is `--learning_rate=0.0001`; a mapping nests (`train: {lora: {r: 16}}` is
     `--train.lora.r=16`, as is the key `train.lora.r`); a list gives several values; true, false and
     null are `--flag`, `--flag=false` and `--flag=none`. An unknown key fails, naming the file and the
-    closest known names.
+    closest known names. When `known` maps the option strings to their actions (as a parser's
+    `_option_string_actions` does), a list for a setting that takes one value is joined with commas if
+    that value is a comma-separated list (`comma_separated`), else it fails.
     """
     argv: list[str] = []
 
@@ -221,6 +235,11 @@ def file_argv(path: Path, settings: dict[str, Any], known: Collection[str]) -> l
             name = f"{prefix}{key}"
             flag = f"--{name}"
             if flag in known:
+                action = known.get(flag) if isinstance(known, Mapping) else None
+                if isinstance(value, list) and isinstance(action, argparse.Action) and action.nargs is None:
+                    if not getattr(action, COMMA_SEPARATED, False):
+                        raise ConfigError(f"{path}: {name} takes one value, not a list ({value!r})")
+                    value = ",".join(str(v) for v in value)  # `dataset: [a, b]` is `--dataset=a,b`
                 argv.extend(_as_flag(flag, value))
             elif isinstance(value, dict):
                 walk(value, f"{name}{SEP}")

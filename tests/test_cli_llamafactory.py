@@ -243,6 +243,24 @@ def test_config_file_keys_nest_or_dot_and_lists_and_nulls_work(tmp_path):
     assert config["method_eval_dataset"] is None and config["train"]["num_train_epochs"] == 2
 
 
+def test_yaml_lists_for_comma_separated_settings_read_as_llamafactory_reads_them(tmp_path):
+    # LLaMA-Factory splits `dataset: a,b` (and lora_target, interleave_probs...) at commas and keeps a
+    # YAML list as it is, so its files may write either; gym's own dataset settings take both too.
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        "dataset: [demo_sft, alpaca_en_demo]\ninterleave_probs: [0.7, 0.3]\nmix_strategy: interleave_under\n"
+        "finetuning_type: lora\nlora_target: [q_proj, v_proj]\nmethod_eval_dataset: [a, b]\n"
+    )
+    config = parse([], file=read_config_file(path))
+    assert config["dataset"] == "demo_sft,alpaca_en_demo"
+    assert config["method_eval_dataset"] == "a,b"
+    assert config["data"]["interleave_probs"] == [0.7, 0.3]
+    assert config["train"]["lora"]["target_modules"] == ["q_proj", "v_proj"]
+    path.write_text("dataset: [demo_sft, demo_sft]\ndpo_dataset: [demo_dpo]\n")
+    paper = parse([], SftThenDpoConfig, file=read_config_file(path))
+    assert (paper["sft_dataset"], paper["dpo_dataset"]) == ("demo_sft,demo_sft", "demo_dpo")
+
+
 @pytest.mark.parametrize(
     ("text", "says"),
     [
@@ -251,6 +269,8 @@ def test_config_file_keys_nest_or_dot_and_lists_and_nulls_work(tmp_path):
         ("learning_rate: abc\n", "run.yaml: argument --learning_rate: invalid float value: 'abc'"),
         ("- a\n- b\n", "run.yaml: expected a mapping of settings"),
         ("a: [\n", "run.yaml is not valid YAML or JSON"),
+        ("default_system: [Be brief., Be kind.]\n", "run.yaml: default_system takes one value, not a list"),
+        ("learning_rate: [1.0e-4]\n", "run.yaml: learning_rate takes one value, not a list ([0.0001])"),
     ],
 )
 def test_config_file_mistakes_name_the_file_and_the_setting(tmp_path, text, says):
