@@ -226,7 +226,8 @@ def file_argv(path: Path, settings: dict[str, Any], known: Collection[str]) -> l
     null are `--flag`, `--flag=false` and `--flag=none`. An unknown key fails, naming the file and the
     closest known names. When `known` maps the option strings to their actions (as a parser's
     `_option_string_actions` does), a list for a setting that takes one value is joined with commas if
-    that value is a comma-separated list (`comma_separated`), else it fails.
+    that value is a comma-separated list (`comma_separated`), else it fails, as does a mapping for a
+    setting that isn't one.
     """
     argv: list[str] = []
 
@@ -236,10 +237,13 @@ def file_argv(path: Path, settings: dict[str, Any], known: Collection[str]) -> l
             flag = f"--{name}"
             if flag in known:
                 action = known.get(flag) if isinstance(known, Mapping) else None
-                if isinstance(value, list) and isinstance(action, argparse.Action) and action.nargs is None:
-                    if not getattr(action, COMMA_SEPARATED, False):
+                if isinstance(action, argparse.Action) and action.nargs is None:
+                    if isinstance(value, list) and not getattr(action, COMMA_SEPARATED, False):
                         raise ConfigError(f"{path}: {name} takes one value, not a list ({value!r})")
-                    value = ",".join(str(v) for v in value)  # `dataset: [a, b]` is `--dataset=a,b`
+                    if isinstance(value, list):  # `dataset: [a, b]` is `--dataset=a,b`
+                        value = ",".join(str(v) for v in value)
+                    if isinstance(value, dict) and action.type is not json_mapping:
+                        raise ConfigError(f"{path}: {name} takes one value, not a mapping ({value!r})")
                 argv.extend(_as_flag(flag, value))
             elif isinstance(value, dict):
                 walk(value, f"{name}{SEP}")

@@ -271,6 +271,7 @@ def test_yaml_lists_for_comma_separated_settings_read_as_llamafactory_reads_them
         ("a: [\n", "run.yaml is not valid YAML or JSON"),
         ("default_system: [Be brief., Be kind.]\n", "run.yaml: default_system takes one value, not a list"),
         ("learning_rate: [1.0e-4]\n", "run.yaml: learning_rate takes one value, not a list ([0.0001])"),
+        ("default_system: {be: brief}\n", "run.yaml: default_system takes one value, not a mapping"),
     ],
 )
 def test_config_file_mistakes_name_the_file_and_the_setting(tmp_path, text, says):
