@@ -238,12 +238,7 @@ def file_argv(path: Path, settings: dict[str, Any], known: Collection[str]) -> l
             if flag in known:
                 action = known.get(flag) if isinstance(known, Mapping) else None
                 if isinstance(action, argparse.Action) and action.nargs is None:
-                    if isinstance(value, list) and not getattr(action, COMMA_SEPARATED, False):
-                        raise ConfigError(f"{path}: {name} takes one value, not a list ({value!r})")
-                    if isinstance(value, list):  # `dataset: [a, b]` is `--dataset=a,b`
-                        value = ",".join(str(v) for v in value)
-                    if isinstance(value, dict) and action.type is not json_mapping:
-                        raise ConfigError(f"{path}: {name} takes one value, not a mapping ({value!r})")
+                    value = _one_value(f"{path}: {name}", action, value)
                 argv.extend(_as_flag(flag, value))
             elif isinstance(value, dict):
                 walk(value, f"{name}{SEP}")
@@ -255,6 +250,18 @@ def file_argv(path: Path, settings: dict[str, Any], known: Collection[str]) -> l
 
     walk(settings, "")
     return argv
+
+
+def _one_value(where: str, action: argparse.Action, value: Any) -> Any:
+    """A config file's value for an option that takes one: a list joined with commas for a
+    comma-separated option (`dataset: [a, b]` is `--dataset=a,b`); any other list, or a mapping for an
+    option that isn't a JSON mapping, fails."""
+    if isinstance(value, list) and getattr(action, COMMA_SEPARATED, False):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, list) or (isinstance(value, dict) and action.type is not json_mapping):
+        kind = "list" if isinstance(value, list) else "mapping"
+        raise ConfigError(f"{where} takes one value, not a {kind} ({value!r})")
+    return value
 
 
 def _as_flag(flag: str, value: Any) -> list[str]:
