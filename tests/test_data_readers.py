@@ -138,6 +138,21 @@ def test_broken_json_array_names_line(tmp_path: Path):
         rows(tmp_path / "a.json")
 
 
+@pytest.mark.parametrize(
+    ("name", "content", "says"),
+    [
+        ("a.parquet", b"", "not a readable parquet file"),
+        ("a.parquet", b'{"a": 1}\n', "not a readable parquet file"),  # JSON Lines named .parquet
+        ("a.arrow", b"PAR1 not arrow", "not a readable Arrow IPC file"),
+    ],
+)
+def test_an_unreadable_parquet_or_arrow_file_names_the_file(tmp_path: Path, name, content, says):
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(DataError, match=says) as e:
+        rows(tmp_path / name)
+    assert e.value.file == str(tmp_path / name)
+
+
 def test_non_object_record(tmp_path: Path):
     (tmp_path / "a.json").write_text('[{"a": 1}, [1, 2]]')
     with pytest.raises(DataError) as e:

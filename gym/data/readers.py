@@ -14,6 +14,7 @@ record per line, as `datasets.load_dataset("text")` reads it, blank lines skippe
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -139,15 +140,28 @@ def parquet_file(data: bytes | pa.Buffer) -> pq.ParquetFile:
     return pq.ParquetFile(pa.BufferReader(data))
 
 
+@contextlib.contextmanager
+def _readable(path: Path, kind: str) -> Iterator[None]:
+    """Arrow's errors for a damaged or mislabelled file as a DataError naming the file."""
+    try:
+        yield
+    except pa.ArrowException as exc:
+        raise DataError(
+            f"not a readable {kind} file ({exc})",
+            file=str(path),
+            hint=f"write it again, or give it the extension of its real format ({', '.join(EXTENSIONS)})",
+        ) from None
+
+
 def read_parquet(path: Path) -> Records:
-    with pa.memory_map(str(path)) as mapped:  # zero-copy; see `parquet_file` for why a buffer
+    with _readable(path, "parquet"), pa.memory_map(str(path)) as mapped:  # zero-copy: see parquet_file
         parquet = parquet_file(mapped.read_buffer())
         yield from _batches(parquet.iter_batches(batch_size=_BATCH, use_threads=False))
 
 
 def read_arrow(path: Path) -> Records:
     """An Arrow IPC file (random-access format) or stream (what `save_to_disk` writes)."""
-    with pa.memory_map(str(path)) as mapped:
+    with _readable(path, "Arrow IPC"), pa.memory_map(str(path)) as mapped:
         source = pa.BufferReader(mapped.read_buffer())  # see `parquet_file`: a buffer starts no thread
         try:
             reader = pa.ipc.open_file(source)
