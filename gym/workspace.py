@@ -59,16 +59,20 @@ def atomic_dir(final: Path) -> Iterator[Path]:
         raise
 
 
-def atomic_write_text(target: Path, text: str) -> None:
+def atomic_write_bytes(target: Path, data: bytes) -> None:
     """Write a file through a temp name and `os.replace`, so readers never see half of it."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
     try:
-        tmp.write_text(text, encoding="utf-8")
+        tmp.write_bytes(data)
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def atomic_write_text(target: Path, text: str) -> None:
+    atomic_write_bytes(target, text.encode("utf-8"))
 
 
 def atomic_write_json(target: Path, obj: Any) -> None:
