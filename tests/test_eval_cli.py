@@ -32,6 +32,13 @@ def test_gym_eval_prints_a_table_and_one_json_line(tmp_path, capsys):
     full = json.loads((tmp_path / "r.json").read_text())
     assert [len(p) for p in full["predictions"].values()] == [6, 6]
 
+    # The flows' form of the same benchmark, NAME=DATA: the same run.
+    short = ["eval", "--model", "gym-tiny", "--benchmark", f"ceval={data}", "--no-progress", "--shots", "2"]
+    assert main([*short, "--json"]) == 0
+    assert {k: v for k, v in last_json(capsys.readouterr().out).items() if k != "seconds"} == {
+        k: v for k, v in summary.items() if k != "seconds"
+    }
+
     # lm-eval itself on the same files, through the same command: the same scores.
     assert main([*argv, "--shots", "2", "--engine", "lm-eval", "--json"]) == 0
     theirs = last_json(capsys.readouterr().out)
@@ -108,6 +115,21 @@ def test_user_errors_end_with_error_and_status_2(tmp_path, capsys, extra, messag
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and "Traceback" not in err
     assert not (tmp_path / "gym_home" / "models").exists()  # failed before resolving (building) the model
+
+
+@pytest.mark.parametrize(
+    ("benchmark", "extra", "message"),
+    [
+        ("mmmlu", [], "invalid choice: 'mmmlu' (choose from mmlu, ceval, cmmlu, optionally as NAME=DATA)"),
+        ("mmlu=", [], "--benchmark mmlu=: name the data after '='"),
+        ("mmlu=a", ["--data-dir", "b"], "--benchmark mmlu=a and --data-dir b name two data sources"),
+    ],
+)
+def test_a_benchmark_and_its_data_are_checked_as_arguments(capsys, benchmark, extra, message):
+    with pytest.raises(SystemExit) as exit_:
+        main(["eval", "--model", "gym-tiny", "--benchmark", benchmark, *extra])
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
 
 
 def test_an_mlflow_model_version_scores_like_the_model_it_registered(tmp_path, capsys):

@@ -4,6 +4,7 @@
     gym eval --model models:/gym-tiny-sft@champion --benchmark ceval --data-dir ./ceval --shots 0
     gym eval --model ./my-model --template chatml --lm-eval-task arc_easy --limit 100
     gym eval --model gym-tiny --benchmark mmlu --data-dir D --engine lm-eval   # lm-eval on D
+    gym eval --model gym-tiny --benchmark mmlu=D       # the flows' form: the same as --data-dir D
     gym eval llama3_lora_eval.yaml      # LLaMA-Factory's eval YAML (gym/cli_llamafactory_tools.py)
 
 `--model` is a registry name, a model folder or an MLflow model version (`models:/name@alias`).
@@ -38,7 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--template", help="Chat template for a model gym can't find one for.")
     parser.add_argument("--trust-remote-code", action="store_true", help="Let the model repo run its code.")
     what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--benchmark", choices=list(BENCHMARKS), help="gym's own multiple-choice evaluator.")
+    what.add_argument(
+        "--benchmark",
+        type=_benchmark,
+        metavar="{" + ",".join(BENCHMARKS) + "}[=DATA]",
+        help="gym's own multiple-choice evaluator; NAME=DATA (as in a flow's benchmarks) sets --data-dir.",
+    )
     what.add_argument("--lm-eval-task", nargs="+", metavar="TASK", help="lm-eval task/group names.")
     parser.add_argument("--data-dir", help="Benchmark files: folder, .zip or hub dataset id (default: hub).")
     parser.add_argument("--subjects", nargs="+", help="Only these subjects.")
@@ -64,6 +70,7 @@ def cmd_eval(argv: Sequence[str]) -> int:
 
     parser = build_parser()
     args = parser.parse_args(translate("eval", argv, parser))
+    _split_benchmark(parser, args)
     try:
         run = _prepare(args)  # settings, data and task names checked before the model is resolved
     except ValidationError as exc:
@@ -79,6 +86,29 @@ def cmd_eval(argv: Sequence[str]) -> int:
     if args.json:
         print(json.dumps(result.summary(), ensure_ascii=False, sort_keys=True))
     return 0
+
+
+def _benchmark(text: str) -> str:
+    if text.partition("=")[0] not in BENCHMARKS:
+        raise argparse.ArgumentTypeError(
+            f"invalid choice: {text!r} (choose from {', '.join(BENCHMARKS)}, optionally as NAME=DATA)"
+        )
+    return text
+
+
+def _split_benchmark(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """`--benchmark mmlu=DIR` (a flow's `benchmarks` entry) is `--benchmark mmlu --data-dir DIR`."""
+    if not args.benchmark or "=" not in args.benchmark:
+        return
+    args.benchmark, _, data = args.benchmark.partition("=")
+    if not data:
+        parser.error(f"--benchmark {args.benchmark}=: name the data after '=' (a folder, .zip or hub id)")
+    if args.data_dir is not None and args.data_dir != data:
+        parser.error(
+            f"--benchmark {args.benchmark}={data} and --data-dir {args.data_dir} name two data sources: "
+            "give one"
+        )
+    args.data_dir = data
 
 
 def _prepare(args: argparse.Namespace) -> Callable[[ModelRef], EvalResult]:
