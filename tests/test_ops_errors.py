@@ -86,6 +86,14 @@ def test_bad_flag_values_end_with_one_error_line(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: train.learning_rate: Input should be greater than 0 (got -1.0)"]
 
+    # HF's Trainer would read 0 (or -5) steps as "train the epochs": a slip, not a request.
+    for steps in ("0", "-5"):
+        assert main(train, TrainFlowConfig, ["--max-steps", steps]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [
+            f"error: train.max_steps: give 1 or more steps, or -1 to train num_train_epochs (got {steps})"
+        ]
+
     with pytest.raises(SystemExit) as caught:
         main(train, TrainFlowConfig, ["--train.method", "sftt"])
     assert caught.value.code == 2

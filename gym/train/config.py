@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypeVar, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gym.errors import ConfigError
 from gym.train.distributed import DistributedSettings
@@ -284,6 +284,14 @@ class TrainConfig(BaseModel):
         default_factory=DistributedSettings,
         description="Processes training the stage (DDP; auto: every GPU when there are several).",
     )
+
+    @field_validator("max_steps")
+    @classmethod
+    def _steps_or_epochs(cls, steps: int) -> int:
+        # HF's Trainer reads any value below 1 as "use the epochs"; 0 or -5 is more likely a slip than that
+        if steps == 0 or steps < -1:
+            raise ValueError("give 1 or more steps, or -1 to train num_train_epochs")
+        return steps
 
     @model_validator(mode="after")
     def _pure_bf16_needs_bf16(self) -> TrainConfig:
