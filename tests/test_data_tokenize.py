@@ -17,6 +17,7 @@ from transformers import AutoTokenizer
 from gym import templates, workspace
 from gym.data.ingest import ingest
 from gym.data.registry import resolve_dataset
+from gym.data.split import split
 from gym.data.tokenize import IGNORE_INDEX, TokenizeSettings, sft_labels, tokenize
 from gym.errors import ConfigError, DataError
 from gym.paths import registry_dir
@@ -152,9 +153,15 @@ def test_cutoff_truncates_and_drops_untrainable_records(tok):
 def test_nothing_trainable_is_an_error_and_leaves_nothing():
     dataset = chat_dataset()
     before = tokenized_area()
-    with pytest.raises(DataError, match="no record has a trainable token within cutoff_len=2"):
+    with pytest.raises(DataError, match="no record has a trainable token within cutoff_len=2") as err:
         tokenize(dataset, TINY, "chatml", TokenizeSettings(cutoff_len=2))
     assert tokenized_area() == before
+    # Named as the user named it (not gym's workspace copy), here and for the parts a split writes.
+    message = str(err.value)
+    assert message.startswith(f"dataset {DATA / 'sharegpt.json'}: ") and str(dataset) not in message
+    train, _ = split(ingest(resolve_dataset("demo_sft")), 0.5, seed=1)
+    with pytest.raises(DataError, match=r"^dataset demo_sft \(training part, val_size=0.5\): no record"):
+        tokenize(train.path, TINY, "chatml", TokenizeSettings(cutoff_len=2))
 
 
 def test_preference_columns_are_the_templates_rendering(tok):

@@ -185,6 +185,7 @@ def test_too_little_text_for_one_block_says_so(tmp_path: Path):
     with pytest.raises(DataError, match=r"fewer than one block of cutoff_len=1024") as err:
         tokenize(data.path, TINY, "chatml", TokenizeSettings())
     assert "lower cutoff_len" in str(err.value)
+    assert str(err.value).startswith(f"dataset {tmp_path / 't.jsonl'}: ")  # the user's file, not gym's copy
 
 
 def test_every_block_starts_with_bos_when_the_tokenizer_adds_one():

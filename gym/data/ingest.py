@@ -169,6 +169,25 @@ def ingest(spec: DatasetSpec) -> IngestResult:
     return IngestResult(path=final, digest=digest, kind=kind, num_records=count)
 
 
+def origin(dataset_dir: str | Path) -> str:
+    """What the user called an ingested dataset folder, for messages: its file, hub id or registry name
+    (with the part of it a val_size split kept, or the datasets a mix joined); else the folder."""
+    try:
+        meta = load_meta(dataset_dir)
+    except (DataError, ValueError):
+        return str(dataset_dir)
+    if "spec" in meta:
+        spec = meta["spec"]
+        return str(spec.get("file") or spec.get("hub_id") or spec.get("name") or dataset_dir)
+    if "mix_of" in meta and "split_of" not in meta:
+        return " + ".join(str(part["dataset"]) for part in meta["mix_of"])
+    if "split_of" in meta:
+        of = meta["split_of"]
+        part = "training part" if of["part"] == "train" else "held-out part"
+        return f"{origin(workspace.path('datasets', of['digest']))} ({part}, val_size={of['val_size']})"
+    return str(dataset_dir)
+
+
 def load_meta(dataset_dir: str | Path) -> dict[str, Any]:
     """The meta.json of an ingested dataset folder."""
     meta_file = Path(dataset_dir) / "meta.json"

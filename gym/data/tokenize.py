@@ -45,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gym import templates, workspace
 from gym.data.completions import completion_texts, stats_for
-from gym.data.ingest import load_meta
+from gym.data.ingest import load_meta, origin
 from gym.data.mix import interleave
 from gym.data.readers import looks_like_hub_id
 from gym.errors import ConfigError, DataError
@@ -391,15 +391,14 @@ def tokenize(
             out, text_stats = text_blocks(out, settings.cutoff_len, block_start(tokenizer))
             if len(out) == 0:
                 raise DataError(
-                    f"the texts hold {text_stats['num_text_tokens']} tokens (each with its eos), fewer than "
-                    f"one block of cutoff_len={settings.cutoff_len}",
-                    file=str(dataset_dir),
+                    f"dataset {origin(dataset_dir)}: the texts hold {text_stats['num_text_tokens']} tokens "
+                    f"(each with its eos), fewer than one block of cutoff_len={settings.cutoff_len}",
                     hint="lower cutoff_len, or add text",
                 )
         if len(out) == 0:
             raise DataError(
-                f"no record has a trainable token within cutoff_len={settings.cutoff_len}",
-                file=str(dataset_dir),
+                f"dataset {origin(dataset_dir)}: no record has a trainable token within "
+                f"cutoff_len={settings.cutoff_len}",
                 hint="raise cutoff_len, or check the template marks assistant turns",
             )
         result = TokenizeResult(
