@@ -128,7 +128,7 @@ def get_model(name: str, *, path: Path | str | None = None) -> ModelSpec:
     hint = f"did you mean {', '.join(repr(c) for c in close)}?" if close else f"known: {', '.join(models)}."
     raise RegistryError(
         f"unknown model {name!r} in {path or models_file()}; {hint} "
-        "List them with `python -m gym.registry`, or add an entry to registry/models.json."
+        "List them with `gym registry list`, or add an entry to registry/models.json."
     )
 
 
