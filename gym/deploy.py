@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field
 
 from gym import workspace
 from gym.errors import ConfigError, GymError
-from gym.export import export_model, replace_dir
+from gym.export import export_model, locate, replace_dir
 from gym.hashing import hash_obj
 from gym.space import write_space
 from gym.tfgrpo.injection import load_shipped
@@ -131,6 +131,7 @@ def cmd_deploy(argv: Sequence[str]) -> int:
 def _push(args: argparse.Namespace) -> int:
     from huggingface_hub import HfApi, constants
 
+    locate(args.model, args.base)  # a model that isn't there is the first thing to fix, before token or hub
     token = _token(args.hf_token, args.hf_token_env)
     if token is None:
         raise ConfigError(f"--push_to_hub needs a token: --hf_token or ${args.hf_token_env}")

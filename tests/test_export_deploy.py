@@ -99,3 +99,7 @@ def test_pushing_needs_a_token_and_the_network_and_never_shows_the_token(gym_hom
     assert "HF_HUB_OFFLINE" in captured.err and secret not in captured.err + captured.out
     assert main(["deploy", "--model", "gym-tiny"]) == 2
     assert "--target DIR" in capsys.readouterr().err
+    # A model that isn't there is said first: no token or network would have made the push work.
+    missing = str(gym_home / "output" / "qwen3-lora")
+    assert main(["deploy", "--model", missing, "--hf_token", secret, "--push_to_hub"]) == 2
+    assert f"unknown model {missing!r}" in capsys.readouterr().err
