@@ -233,6 +233,25 @@ def test_freeze_names_what_exists_when_a_module_is_unknown():
         adapters.check(TrainConfig(finetuning_type="freeze", freeze={"layers": 3}), ref)
 
 
+def test_lora_names_the_linear_layers_when_a_target_is_unknown():
+    ref = tiny()
+    model = load_model(ref)
+    linear = "down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj"
+    config = TrainConfig(finetuning_type="lora", lora={"target_modules": ["q_proj", "qv_proj"]})
+    with pytest.raises(ConfigError, match=f"no module named 'qv_proj'; its linear layers: {linear}$"):
+        adapters.lora_config(model, config, ref)
+    # A model with none of the registry's default targets (an architecture that names them otherwise).
+    other = ref.model_copy(update={"lora_target_modules": ["c_attn", "c_proj"]})
+    with pytest.raises(ConfigError, match=r"none of the modules LoRA adapts by default \(c_attn, c_proj\)"):
+        adapters.lora_config(model, TrainConfig(finetuning_type="lora"), other)
+    # Full module names (PEFT matches suffixes) and the registry's defaults pass as before.
+    full = TrainConfig(finetuning_type="lora", lora={"target_modules": ["layers.0.self_attn.q_proj"]})
+    assert adapters.lora_config(model, full, ref).target_modules == {"layers.0.self_attn.q_proj"}
+    assert adapters.lora_config(model, TrainConfig(finetuning_type="lora"), ref).target_modules == set(
+        ref.lora_target_modules
+    )
+
+
 def test_bad_adaptation_settings_fail_before_the_stage_starts(gym_home):
     model = tiny()
     data = tokenized("demo_sft", model, max_samples=8)

@@ -155,7 +155,7 @@ def lora_config(model: Any, config: TrainConfig, model_ref: ModelRef) -> Any:
         r=lora.r,
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
-        target_modules=lora.target_modules or model_ref.lora_target_modules,
+        target_modules=lora_targets(model, lora.target_modules, model_ref),
         use_rslora=lora.use_rslora,
         use_dora=lora.use_dora,
         init_lora_weights=init,
@@ -164,6 +164,27 @@ def lora_config(model: Any, config: TrainConfig, model_ref: ModelRef) -> Any:
         # A trained copy of tied input embeddings must stay tied to the output layer, as in the base model.
         ensure_weight_tying=tied and extra is not None,
         task_type="SEQ_CLS" if classifier else "CAUSAL_LM",
+    )
+
+
+def lora_targets(model: Any, given: list[str] | None, model_ref: ModelRef) -> list[str]:
+    """The module names LoRA adapts: `given` (lora.target_modules), else the registry's for the model;
+    a name the model doesn't have is a ConfigError listing the linear layers it does have."""
+    import torch
+
+    targets = given or model_ref.lora_target_modules
+    names = [n for n, _ in model.named_modules() if n]
+    found = [t for t in targets if any(n == t or n.endswith("." + t) for n in names)]
+    if (given and found == targets) or (not given and found):
+        return targets
+    linear = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if n and isinstance(m, torch.nn.Linear)}
+    there = f"its linear layers: {', '.join(sorted(linear))}"
+    if given:
+        missing = next(t for t in targets if t not in found)
+        raise ConfigError(f"lora.target_modules: {model_ref.name} has no module named {missing!r}; {there}")
+    raise ConfigError(
+        f"{model_ref.name} has none of the modules LoRA adapts by default ({', '.join(targets)}); {there}: "
+        "name them in lora.target_modules (--lora_target)"
     )
 
 
