@@ -174,18 +174,16 @@ def origin(dataset_dir: str | Path) -> str:
     (with the part of it a val_size split kept, or the datasets a mix joined); else the folder."""
     try:
         meta = load_meta(dataset_dir)
-    except (DataError, ValueError):
+    except ValueError:  # DataError, or a damaged meta.json
         return str(dataset_dir)
-    if "spec" in meta:
-        spec = meta["spec"]
-        return str(spec.get("file") or spec.get("hub_id") or spec.get("name") or dataset_dir)
-    if "mix_of" in meta and "split_of" not in meta:
-        return " + ".join(str(part["dataset"]) for part in meta["mix_of"])
-    if "split_of" in meta:
+    if "split_of" in meta:  # checked first: a split of a mix keeps its parts' `mix_of` too
         of = meta["split_of"]
         part = "training part" if of["part"] == "train" else "held-out part"
         return f"{origin(workspace.path('datasets', of['digest']))} ({part}, val_size={of['val_size']})"
-    return str(dataset_dir)
+    if "mix_of" in meta:
+        return " + ".join(str(part["dataset"]) for part in meta["mix_of"])
+    spec = meta.get("spec", {})
+    return str(spec.get("file") or spec.get("hub_id") or spec.get("name") or dataset_dir)
 
 
 def load_meta(dataset_dir: str | Path) -> dict[str, Any]:

@@ -173,19 +173,24 @@ def lora_targets(model: Any, given: list[str] | None, model_ref: ModelRef) -> li
     import torch
 
     targets = given or model_ref.lora_target_modules
-    names = [n for n, _ in model.named_modules() if n]
-    found = [t for t in targets if any(n == t or n.endswith("." + t) for n in names)]
-    if (given and found == targets) or (not given and found):
+    modules = dict(model.named_modules())
+    missing = [t for t in targets if not _named(modules, t)]
+    if not missing or (not given and len(missing) < len(targets)):  # defaults: those the model has
         return targets
-    linear = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if n and isinstance(m, torch.nn.Linear)}
+    linear = {n.rsplit(".", 1)[-1] for n, m in modules.items() if n and isinstance(m, torch.nn.Linear)}
     there = f"its linear layers: {', '.join(sorted(linear))}"
     if given:
-        missing = next(t for t in targets if t not in found)
-        raise ConfigError(f"lora.target_modules: {model_ref.name} has no module named {missing!r}; {there}")
+        name = missing[0]
+        raise ConfigError(f"lora.target_modules: {model_ref.name} has no module named {name!r}; {there}")
     raise ConfigError(
         f"{model_ref.name} has none of the modules LoRA adapts by default ({', '.join(targets)}); {there}: "
         "name them in lora.target_modules (--lora_target)"
     )
+
+
+def _named(modules: dict[str, Any], name: str) -> list[Any]:
+    """The modules called `name`, in full or as the last parts of their dotted names (as PEFT matches)."""
+    return [m for n, m in modules.items() if n and (n == name or n.endswith("." + name))]
 
 
 def output_layer_wrapped(model: Any) -> bool:
@@ -209,7 +214,7 @@ def longlora_modules(model: Any, config: TrainConfig) -> list[str]:
     if config.longlora.trainable_modules is not None:
         wanted = config.longlora.trainable_modules
         for w in wanted:
-            if not any(n == w or n.endswith("." + w) for n in names):
+            if not _named(names, w):
                 raise ConfigError(
                     f"longlora.trainable_modules: no module named {w!r} in the model; "
                     f"leaf names there: {', '.join(sorted(_leaf_names(model)))}"
@@ -264,7 +269,7 @@ def freeze(model: Any, config: TrainConfig, new_tokens: bool = False) -> None:
                     ) from None
     names = dict(model.named_modules())
     for extra in settings.extra_modules:
-        found = [m for n, m in names.items() if n == extra or n.endswith("." + extra)]
+        found = _named(names, extra)
         if not found:
             raise ConfigError(
                 f"freeze.extra_modules: no module named {extra!r}; "
