@@ -323,7 +323,7 @@ def overrides(
             _put(stage, path, translate(value))
         elif name in TOP:
             _put(top, TOP[name][0], value)
-    if "lora_rank" in values and not alpha_given:
+    if "lora_rank" in values and not alpha_given and values["lora_rank"] >= 1:  # a bad rank: its own error
         _put(stage, "lora.alpha", 2 * values["lora_rank"])  # LLaMA-Factory's default: lora_rank * 2
     if "quantization_bit" in values:
         if finetuning_type not in (None, "lora", "qlora"):

@@ -149,6 +149,10 @@ def test_lora_names_mean_an_adapter_with_alpha_twice_the_rank_as_in_llamafactory
     assert train["lora"]["alpha"] == 64 and train["finetuning_type"] == "dora"
     assert train_of(["--finetuning_type", "rslora", "--lora_dropout", "0.1"])["finetuning_type"] == "rslora"
     assert train_of(["--learning_rate", "1e-4"])["finetuning_type"] == "full", "no LoRA name: gym's default"
+    # A rank below 1 is reported alone, not also as an alpha of 0 the user never gave.
+    with pytest.raises(ValueError, match=r"lora\.r\b") as bad:
+        parse(["--lora_rank", "0"])
+    assert "alpha" not in str(bad.value)
 
 
 def test_quantization_bit_means_qlora_and_refuses_full_weights():
