@@ -128,6 +128,8 @@ def test_conversation_rules():
         with pytest.raises(DataError) as e:
             normalize({"messages": messages}, "openai", W)
         assert e.value.field == "messages", name
+    with pytest.raises(DataError, match="must end with an assistant turn"):
+        normalize({"messages": bad["ends with user"]}, "openai", W)
 
 
 def test_tool_turns_are_rejected_with_a_reason():

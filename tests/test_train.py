@@ -215,6 +215,11 @@ def test_warmup_steps_ramp_the_learning_rate_up_instead_of_warmup_ratio(gym_home
     # Unset, warmup_ratio (5% of 8 steps: 1 step) applies.
     default = logged(train.run(TrainConfig(**short), model, data).stage_dir, "learning_rate")
     assert default[:2] == pytest.approx([0, 1e-3]) and default[2] < default[1]
+    # One step (a smoke test) would be that 0: it gets no warmup and trains at the peak.
+    once = train.run(TrainConfig(**(short | {"max_steps": 1, "save_steps": 1})), model, data)
+    assert logged(once.stage_dir, "learning_rate") == pytest.approx([1e-3])
+    before, after = weights(model.path), weights(once.model_dir)
+    assert all(not before[k].equal(after[k]) for k in before)
 
 
 def test_adam_settings_and_scheduler_arguments_reach_the_optimizer_and_the_schedule(gym_home):

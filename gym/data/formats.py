@@ -240,7 +240,8 @@ def check_turns(msgs: list[dict[str, str]], name: str, w: Where, *, ends_with: s
                 name,
             )
     if not turns or turns[-1]["role"] != ends_with:
-        raise w.error(f"the conversation must end with a {ends_with} turn", name)
+        article = "an" if ends_with[0] in "aeiou" else "a"
+        raise w.error(f"the conversation must end with {article} {ends_with} turn", name)
 
 
 def _chat_field(rec: dict[str, Any]) -> str | None:

@@ -92,8 +92,7 @@ def trl_args(config: TrainConfig, output_dir: Path, *, held_out: bool = False) -
         "gradient_accumulation_steps": config.gradient_accumulation_steps,
         "lr_scheduler_type": config.lr_scheduler_type,
         "lr_scheduler_kwargs": config.lr_scheduler_kwargs,
-        # transformers 5: warmup_steps takes a float < 1 as a ratio of the total steps
-        "warmup_steps": config.warmup_ratio if config.warmup_steps is None else config.warmup_steps,
+        "warmup_steps": warmup(config),
         "neftune_noise_alpha": config.neftune_noise_alpha,
         "weight_decay": config.weight_decay,
         "max_grad_norm": config.max_grad_norm,
@@ -121,6 +120,17 @@ def trl_args(config: TrainConfig, output_dir: Path, *, held_out: bool = False) -
         **({"optim": config.optim} if config.optim else {}),  # else transformers' default AdamW
         **speed.trainer_args(speed.resolve(config), config.method),
     }
+
+
+def warmup(config: TrainConfig) -> float | int:
+    """TrainingArguments' warmup_steps (transformers 5 takes a float < 1 as a ratio of the total steps).
+
+    Warmup's first step has learning rate 0, so warmup_ratio would make a one-step run (a smoke test)
+    change nothing: it gets none. Warmup steps the user set are kept as they are.
+    """
+    if config.warmup_steps is not None:
+        return config.warmup_steps
+    return 0 if config.max_steps == 1 else config.warmup_ratio
 
 
 def eval_strategy(config: TrainConfig, held_out: bool) -> str:

@@ -170,7 +170,10 @@ class TrainConfig(BaseModel):
         '{"min_lr_rate": 0.1} with cosine_with_min_lr.',
     )
     warmup_ratio: float = Field(
-        0.05, ge=0, lt=1, description="Fraction of steps spent warming the learning rate up."
+        0.05,
+        ge=0,
+        lt=1,
+        description="Fraction of steps spent warming the learning rate up (none in a one-step run).",
     )
     warmup_steps: int | None = Field(
         None, ge=0, description="Steps spent warming the learning rate up; when set, instead of warmup_ratio."
