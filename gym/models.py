@@ -75,7 +75,7 @@ def check(name_or_path: str, template: str | None = None) -> None:
 
 
 def _resolve(name_or_path: str, template: str | None, dry_run: bool = False) -> ModelRef | None:
-    from gym import registry
+    from gym import registry, tracking
 
     template = canonical_template(template) if template else template  # LLaMA-Factory's names too
     if name_or_path.startswith("models:/"):
@@ -137,6 +137,11 @@ def _resolve(name_or_path: str, template: str | None, dry_run: bool = False) -> 
             default_system=meta.get("default_system"),
         )
     if template is None:
+        if registered := tracking.registered_uri_hint(name_or_path):
+            raise ConfigError(
+                f"model {name_or_path!r} is registered in MLflow, not in gym's registry: "
+                f"give it as {registered}"
+            )
         close = difflib.get_close_matches(name_or_path, list(models), n=3)
         hint = f" Did you mean: {', '.join(close)}?" if close else ""
         raise ConfigError(

@@ -31,12 +31,15 @@ REDACTED = "***"
 MODEL_REQUIREMENTS = ["torch", "transformers==5.17.0", "accelerate==1.15.0", "safetensors"]
 
 
-def tracking_uri(uri: str | None = None) -> str:
+def tracking_uri(uri: str | None = None, create: bool = True) -> str:
+    """`uri`, else $MLFLOW_TRACKING_URI, else the workspace's SQLite store (its folder made unless
+    `create` is off)."""
     if uri:
         return uri
     if env := os.environ.get("MLFLOW_TRACKING_URI"):
         return env
-    return f"sqlite:///{workspace.path('mlflow') / 'mlflow.db'}"
+    folder = workspace.path("mlflow") if create else workspace.home(create=False) / "mlflow"
+    return f"sqlite:///{folder / 'mlflow.db'}"
 
 
 def check_store(uri: str | None = None) -> None:
@@ -361,6 +364,27 @@ def register_model(
         client.set_model_version_tag(name, version, k, str(v))
     client.set_registered_model_alias(name, alias, version)
     return version
+
+
+def registered_uri_hint(name: str) -> str | None:
+    """`models:/name@alias` (or `/version`) when `name` is a model registered in the local SQLite store:
+    a hint for an error that was given the bare name. None otherwise; only a store that already
+    exists is read (no network, nothing created)."""
+    uri = tracking_uri(create=False)
+    db = _sqlite_file(uri)
+    if db is None or not db.is_file():
+        return None
+    try:
+        model = _client(uri).get_registered_model(name)
+    except Exception:  # not registered, or a store this hint can't read: no hint
+        return None
+    aliases = sorted(model.aliases or {})
+    if aliases:
+        return f"models:/{name}@{aliases[0]}" + (
+            f" (its aliases: {', '.join(aliases)})" if len(aliases) > 1 else ""
+        )
+    versions = [int(v.version) for v in model.latest_versions or []]
+    return f"models:/{name}/{max(versions)}" if versions else None
 
 
 def resolve_model_uri(model_uri: str, uri: str | None = None) -> tuple[str, str, str, dict[str, str]]:

@@ -20,10 +20,11 @@ from typing import Any
 KINDS = ("datasets", "tokenized", "models", "runs", "mlflow", "prefect", "services")
 
 
-def home() -> Path:
-    """Workspace root: `$GYM_HOME`, else `./.gym` in the current directory."""
+def home(create: bool = True) -> Path:
+    """Workspace root: `$GYM_HOME`, else `./.gym` in the current directory (made unless `create` is off)."""
     root = Path(os.environ.get("GYM_HOME") or Path.cwd() / ".gym").expanduser().resolve()
-    root.mkdir(parents=True, exist_ok=True)
+    if create:
+        root.mkdir(parents=True, exist_ok=True)
     return root
 
 

@@ -24,6 +24,29 @@ def test_unknown_name_suggests_and_asks_for_a_template():
     assert "--template" in str(err.value)
 
 
+def test_a_model_registered_in_mlflow_given_by_its_bare_name_is_pointed_to_its_models_uri(gym_home, tmp_path):
+    from mlflow import MlflowClient
+
+    from gym import tracking
+
+    resolve_unknown = pytest.raises(ConfigError, match="not a registry name or a local directory")
+    with resolve_unknown:
+        resolve("my-sft")
+    assert not (gym_home / "mlflow").exists(), "the hint reads a store that exists, never creates one"
+    uri = tracking.tracking_uri()
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    client.create_registered_model("my-sft")
+    client.create_model_version("my-sft", source=str(tmp_path))
+    client.create_model_version("my-sft", source=str(tmp_path))
+    with pytest.raises(ConfigError, match=r"'my-sft' is registered in MLflow.*give it as models:/my-sft/2$"):
+        resolve("my-sft")
+    client.set_registered_model_alias("my-sft", "champion", "1")
+    with pytest.raises(ConfigError, match=r"give it as models:/my-sft@champion$"):
+        resolve("my-sft")
+    with resolve_unknown:  # other names are unknown as before
+        resolve("my-dpo")
+
+
 def test_gym_tiny_loads_like_a_downloaded_model():
     ref = resolve("gym-tiny")
     assert Path(ref.path).is_dir() and ref.template == "chatml" and ref.revision is None
