@@ -272,6 +272,16 @@ def _ids(value: Any) -> list[int]:
     return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
 
+def check_output_dir(output_dir: Path, marker: str = MARKER) -> Path:
+    """`output_dir`, resolved, if gym may write it: new, empty, or written by gym (it holds `marker`)."""
+    output_dir = output_dir.expanduser().resolve()
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ConfigError(f"{output_dir} is a file, not a directory; choose an empty or new directory")
+    if output_dir.exists() and any(output_dir.iterdir()) and not (output_dir / marker).is_file():
+        raise ConfigError(f"{output_dir} exists and was not written by gym; choose an empty or new directory")
+    return output_dir
+
+
 @contextlib.contextmanager
 def replace_dir(output_dir: Path, marker: str) -> Iterator[Path]:
     """Yield a staging directory that replaces `output_dir` if the block succeeds.
@@ -279,9 +289,7 @@ def replace_dir(output_dir: Path, marker: str) -> Iterator[Path]:
     An existing, non-empty `output_dir` is replaced only if it holds `marker` (gym wrote it);
     a failure leaves it as it was.
     """
-    output_dir = output_dir.expanduser().resolve()
-    if output_dir.exists() and any(output_dir.iterdir()) and not (output_dir / marker).is_file():
-        raise ConfigError(f"{output_dir} exists and was not written by gym; choose an empty or new directory")
+    output_dir = check_output_dir(output_dir, marker)
     staged = output_dir.with_name(f".{output_dir.name}.staged")
     shutil.rmtree(staged, ignore_errors=True)
     with workspace.atomic_dir(staged) as tmp:

@@ -7,9 +7,10 @@ Checks what can be checked without doing the work: every training method is impl
 model name resolves (registry name, local folder, registered MLflow version, or hub id present
 in the cache when offline) with a known chat template, and every dataset named by the config
 resolves and holds the record kind its consumer trains on (the format is read from the first
-record), and a SQLite MLflow store can be created where the config puts it. Errors name the
-config field, so `--<field>` is what to fix. A record that is broken further into a file is
-reported by ingest, which flows run before loading any model.
+record), a SQLite MLflow store can be created where the config puts it, and the output_dir is one
+gym may write (new, empty, or an export gym wrote). Errors name the config field, so `--<field>` is
+what to fix. A record that is broken further into a file is reported by ingest, which flows run
+before loading any model.
 """
 
 from __future__ import annotations
@@ -240,3 +241,18 @@ def check(config: FlowInputs) -> None:
         from gym.tracking import check_store
 
         check_store(output.tracking_uri)
+        check_output_dir(output.output_dir)
+
+
+def check_output_dir(output_dir: str | None) -> None:
+    """The folder a flow exports its final model to is one gym may write (it is checked again, and
+    written, only after training)."""
+    if output_dir:
+        from pathlib import Path
+
+        from gym.export import check_output_dir as check_dir
+
+        try:
+            check_dir(Path(output_dir))
+        except ConfigError as exc:
+            raise ConfigError(f"output.output_dir: {exc}") from None

@@ -156,6 +156,10 @@ def test_gym_export_refuses_to_overwrite_foreign_folders(gym_home, tmp_path, cap
     (foreign / "notes.txt").write_text("keep me")
     assert main(["export", "--model", "gym-tiny", "--out", str(foreign)]) == 2
     assert "was not written by gym" in capsys.readouterr().err and (foreign / "notes.txt").is_file()
+    (tmp_path / "a_file").write_text("keep me")
+    assert main(["export", "--model", "gym-tiny", "--out", str(tmp_path / "a_file")]) == 2
+    assert "is a file, not a directory" in capsys.readouterr().err
+    assert (tmp_path / "a_file").read_text() == "keep me"
     assert main(["export", "--model", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
     assert "neither a model" in capsys.readouterr().err
     assert main(["export", "--model", "gym-tiny", "--out", str(tmp_path / "ok"), "--ollama"]) == 0

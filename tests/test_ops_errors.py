@@ -193,3 +193,30 @@ def test_an_mlflow_store_that_cannot_be_created_is_caught_before_the_run(gym_hom
     preflight.check(config(f"sqlite:///{nested}/mlflow.db"))
     assert not (tmp_path / "new").exists(), "the check leaves nothing behind"
     assert not (gym_home / "models").exists()
+
+
+def test_an_output_dir_gym_may_not_write_is_caught_before_the_run(gym_home, tmp_path):
+    """A folder of the user's or a file as output_dir failed only at export, after training and
+    registration; now before anything runs. New, empty and gym's own exports pass."""
+    from gym.pipeline import OutputSettings
+
+    def config(output_dir: Path) -> TrainFlowConfig:
+        return TrainFlowConfig(output=OutputSettings(output_dir=str(output_dir)))
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(ConfigError, match=r"^output\.output_dir: .*mine exists and was not written by gym"):
+        preflight.check(config(mine))
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    with pytest.raises(ConfigError, match=r"^output\.output_dir: .*a_file is a file, not a directory"):
+        preflight.check(config(a_file))
+    assert (mine / "notes.txt").read_text() == "keep me" and a_file.read_text() == "x"
+    (tmp_path / "empty").mkdir()
+    gyms = tmp_path / "exported"
+    gyms.mkdir()
+    (gyms / "gym_model.json").write_text("{}")
+    for fine in (tmp_path / "new", tmp_path / "empty", gyms):
+        preflight.check(config(fine))
+    assert not (tmp_path / "new").exists()
