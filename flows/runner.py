@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import importlib
 import json
+import signal
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -194,10 +195,19 @@ def main(
         return user_error(describe(exc))
     except GymError as exc:
         return user_error(str(exc))
+    except KeyboardInterrupt:
+        print(INTERRUPTED, file=sys.stderr)
+        return 128 + signal.SIGINT
     print_summary(summary)
     if any(ns.json for ns in sources):
         print(json.dumps(summary, sort_keys=True, default=str))
     return 0
+
+
+INTERRUPTED = (
+    "interrupted: run the same command again to go on (finished tasks are cached, and training resumes "
+    "from its last checkpoint)"
+)
 
 
 def user_error(message: str) -> int:

@@ -166,7 +166,10 @@ class TemporaryApi:
             "--lifespan",
             "on",
         ]
-        self.process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
+        # Its own session: Ctrl-C in the terminal reaches the run, not the API. The run then records
+        # its interruption and sends its last logs before it stops the API (`stop`); an API that died
+        # with the run's Ctrl-C left the run's process hanging at exit, retrying to send them.
+        self.process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, start_new_session=True)
         assert self.process.stderr is not None
         self.stderr = HeldBack(self.process.stderr)
         return self

@@ -1,9 +1,9 @@
 """Fixed cost of a run: with no Prefect server, the run's process starts Prefect's temporary API as a
 separate process (Prefect's own server command) without importing Prefect's server, uses it for the
 whole run (task states, cache, logs), makes no links to a UI it doesn't have, sends it no heartbeats,
-and stops it at the end (it stops itself if the run is killed); the heavy imports of a run don't set
-off full garbage collections; and bitsandbytes, which peft imports whenever it is installed, loads
-only when something uses it."""
+and stops it at the end (it stops itself if the run is killed, and Ctrl-C doesn't reach it); the
+heavy imports of a run don't set off full garbage collections; and bitsandbytes, which peft imports
+whenever it is installed, loads only when something uses it."""
 
 from __future__ import annotations
 
@@ -165,6 +165,62 @@ def _alive(psutil: Any, pid: int) -> bool:
         return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return False
+
+
+CTRL_C = """
+import signal, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, however pytest was started
+from prefect import flow
+from prefect.settings import PREFECT_API_URL
+from flows.runner import main
+from gym.cli import run_console
+from gym.pipeline import TrainFlowConfig
+
+@flow(name="waits")
+def waits(config: TrainFlowConfig) -> dict:
+    print(PREFECT_API_URL.value(), flush=True)
+    time.sleep(600)
+    return {}
+
+run_console(lambda: main(waits, TrainFlowConfig, argv=[]))
+"""
+
+
+def test_ctrl_c_ends_the_run_at_once_with_a_line_saying_how_to_go_on(gym_home):
+    """Ctrl-C reaches the terminal's whole process group. The temporary API used to stop with it, and
+    the run's process then hung for over a minute at exit retrying to send it its logs, and ended with
+    a traceback. Now the API is out of that group: the run records the interruption, stops its API,
+    and ends with status 130 and one line."""
+    import signal
+
+    import httpx
+
+    (gym_home / "prefect-home").mkdir(parents=True)
+    env = {**os.environ, "GYM_HOME": str(gym_home), "PREFECT_HOME": str(gym_home / "prefect-home")}
+    env.pop("PREFECT_API_URL", None)
+    run = subprocess.Popen(
+        [sys.executable, "-c", CTRL_C],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )
+    try:
+        assert run.stdout is not None
+        url = run.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), run.communicate(timeout=60)
+        os.killpg(run.pid, signal.SIGINT)
+        _, err = run.communicate(timeout=60)  # before the fix: 70+ s, then a traceback
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    assert run.returncode == 130, err[-3000:]
+    assert err.strip().splitlines()[-1].startswith("interrupted: run the same command again")
+    assert "Traceback" not in err and "Crashed(" in err, "the run recorded its interruption"
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{url}/health", timeout=2)  # the run stopped its API
 
 
 CANNOT_START = """
