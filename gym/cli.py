@@ -86,11 +86,15 @@ def run_console(command: Callable[[], int]) -> NoReturn:
     """Run a console script's `command` and end the process with its status (see `exit_process`).
 
     A reader that goes away early (`gym registry list | head -3`) ends the command quietly with
-    SIGPIPE's status, as a shell command does, instead of a BrokenPipeError traceback.
+    SIGPIPE's status, as a shell command does, instead of a BrokenPipeError traceback. Ctrl-C ends it
+    with one line and SIGINT's status (a run says how to go on: flows/runner.py).
     """
     try:
         code = command()
         sys.stdout.flush()
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        code = 128 + signal.SIGINT
     except BrokenPipeError:
         # Python would report the pipe again when it flushes stdout at exit; point it at /dev/null.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

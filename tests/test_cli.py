@@ -82,6 +82,30 @@ def test_output_piped_into_a_reader_that_stops_early_ends_quietly(tmp_path):
     assert proc.returncode == 141
 
 
+def test_ctrl_c_ends_a_command_with_one_line_and_sigints_status(tmp_path):
+    """Ctrl-C at `gym chat`'s prompt (as in `gym eval` or `gym export`) printed a KeyboardInterrupt
+    traceback; it ends the command with one line and status 130, as a shell command does."""
+    import signal
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "chat", "--model", "gym-tiny"],
+        cwd=REPO,
+        env={**os.environ, "GYM_HOME": str(tmp_path)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal
+    )
+    assert proc.stdout is not None
+    shown = b""
+    while b"you> " not in shown and proc.poll() is None:  # the prompt: the model is loaded, input awaited
+        shown += os.read(proc.stdout.fileno(), 4096)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert b"Traceback" not in err and err.strip().endswith(b"interrupted"), err.decode()[-2000:]
+    assert proc.returncode == 130
+
+
 def test_library_progress_bars_stay_off_the_console_unless_verbose(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text('{"instruction": "a", "output": "b"}\n')
