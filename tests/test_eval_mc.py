@@ -88,3 +88,31 @@ def test_groups_weigh_subjects_by_question_count():
     groups = {"a": "STEM", "b": "STEM", "c": "Other"}
     assert weighted(correct, sizes, groups) == {"STEM": 31 / 50, "Other": 0.5}
     assert weighted(correct, sizes, dict.fromkeys(sizes, "all")) == {"all": 36 / 60}
+
+
+def test_prompts_longer_than_the_tokenizers_limit_raise_no_indexing_errors_warning(tiny):
+    """transformers warns that a too-long sequence "will result in indexing errors"; the evaluator cuts
+    prompts to the window itself (and notes how many), so that warning only misled."""
+
+    class Collect(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__(logging.WARNING)
+            self.messages: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.messages.append(record.getMessage())
+
+    tokenizer = load_tokenizer(tiny)
+    long = "word " * (tokenizer.model_max_length + 50)
+    collect = Collect()
+    library = logging.getLogger("transformers")
+    library.addHandler(collect)
+    try:
+        encoded = Encoder(tokenizer).pair(long, [" A", " B"])
+        by_encoder = list(collect.messages)
+        tokenizer(long)  # the library's own call warns (once per tokenizer): the check can see it
+    finally:
+        library.removeHandler(collect)
+    assert len(encoded.context) > tokenizer.model_max_length
+    assert by_encoder == [], by_encoder
+    assert len(collect.messages) == 1 and "indexing errors" in collect.messages[0], collect.messages

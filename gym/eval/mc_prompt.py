@@ -113,8 +113,10 @@ class Encoder:
             return {"add_special_tokens": False}
         return {}
 
+    # verbose=False: no "longer than the maximum sequence length ... indexing errors" warning from
+    # transformers; prompts are cut to the window on the left afterwards, and the run's note counts them.
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, **self.special(text)))
+        return list(self.tokenizer.encode(text, verbose=False, **self.special(text)))
 
     def question(self, spec: BenchmarkSpec, subject: SubjectData, q: Question, style: PromptStyle) -> Encoded:
         context, delimiter = self.context(spec, subject, q, style), "" if style == "chat" else " "
@@ -141,7 +143,7 @@ class Encoder:
         if not self.windowed:
             ids = self.encode(context)
             return Encoded(ids, tuple(self.encode(context + moved + c)[len(ids) :] for c in continuations))
-        enc = self.tokenizer(context, return_offsets_mapping=True, **special)
+        enc = self.tokenizer(context, return_offsets_mapping=True, verbose=False, **special)
         ids, offsets = list(enc["input_ids"]), enc["offset_mapping"]
         start = self._window_start(ids, offsets, special)
         conts = []
@@ -149,7 +151,9 @@ class Encoder:
             tail = self._window(context, ids, offsets, start, moved + cont) if start is not None else None
             if tail is None:
                 self.whole_encodes += 1
-                tail = list(self.tokenizer.encode(context + moved + cont, **special))[len(ids) :]
+                tail = list(self.tokenizer.encode(context + moved + cont, verbose=False, **special))[
+                    len(ids) :
+                ]
             conts.append(tail)
         return Encoded(ids, tuple(conts))
 
@@ -164,11 +168,11 @@ class Encoder:
         cut = offsets[k][0]
         window = context[cut:]
         if self._checked[0] != window:  # the same for every choice of a question
-            fresh = list(self.tokenizer.encode(window, add_special_tokens=False))
+            fresh = list(self.tokenizer.encode(window, add_special_tokens=False, verbose=False))
             self._checked = (window, fresh == ids[k:])
         if not self._checked[1]:
             return None
-        tail = list(self.tokenizer.encode(window + cont, add_special_tokens=False))
+        tail = list(self.tokenizer.encode(window + cont, add_special_tokens=False, verbose=False))
         if not tail or tail[0] != ids[k]:
             return None
         return tail[len(ids) - k :]
