@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--template", default=None, help="Chat template (default: the model's).")
     parser.add_argument("--ui", action="store_true", help="Open a Gradio web chat instead of the terminal.")
     parser.add_argument("--host", default="127.0.0.1", help="--ui: interface to listen on.")
-    parser.add_argument("--port", type=int, default=7860, help="--ui: port.")
+    parser.add_argument("--port", type=_port, default=7860, help="--ui: port.")
     parser.add_argument(
         "--temperature", type=float, default=DEFAULTS["temperature"], help="Sampling temperature."
     )
@@ -121,6 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _port(value: str) -> int:
+    """A fixed port for Gradio (it cannot take 0, any free port, as `gym serve` does)."""
+    if not value.isdigit() or not 1 <= int(value) <= 65535:
+        raise argparse.ArgumentTypeError(f"a port from 1 to 65535 (got {value!r})")
+    return int(value)
+
+
 def cmd_chat(argv: Sequence[str]) -> int:
     from gym.cli_llamafactory_tools import translate
 
@@ -131,6 +138,9 @@ def cmd_chat(argv: Sequence[str]) -> int:
 
         if importlib.util.find_spec("gradio") is None:  # before the model loads
             raise MissingExtraError('gym chat --ui needs Gradio: pip install -e ".[ui]"')
+        from gym.serve.server import bind
+
+        bind(args.host, args.port, hint="choose another --port").close()  # a busy port: before the model
     from gym.serve.engine import Engine
 
     params = {"temperature": args.temperature, "max_tokens": args.max_tokens, "top_p": args.top_p}

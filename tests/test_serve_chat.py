@@ -79,3 +79,24 @@ def _nonempty_reply():
     import re
 
     return re.compile(r"^bot's message: \S")
+
+
+def test_the_web_chat_on_a_busy_port_fails_before_loading_the_model(gym_home, capsys):
+    """Gradio's own error came as an OSError traceback, after the model had loaded; port 0 (which
+    `gym serve` takes as any free port) means nothing to Gradio."""
+    from flows.cli import main
+
+    pytest.importorskip("gradio")
+    busy = bind("127.0.0.1", 0)
+    try:
+        port = str(busy.getsockname()[1])
+        assert main(["chat", "--ui", "--model", "no-such-model", "--port", port]) == 2
+    finally:
+        busy.close()
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use (choose another --port)" in (
+        capsys.readouterr().err
+    ), "the port is checked before the model is resolved"
+    for bad in ("0", "70000", "x"):
+        with pytest.raises(SystemExit):
+            main(["chat", "--ui", "--model", "gym-tiny", "--port", bad])
+        assert "a port from 1 to 65535" in capsys.readouterr().err

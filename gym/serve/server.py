@@ -20,8 +20,8 @@ import uvicorn
 from gym.errors import ConfigError
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on (host, port); port 0 takes any free port."""
+def bind(host: str, port: int, hint: str = "choose another --port, or 0") -> socket.socket:
+    """A listening TCP socket on (host, port); port 0 takes any free port. `hint`: what to do instead."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -29,9 +29,7 @@ def bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise ConfigError(
-            f"cannot listen on {host}:{port}: {exc.strerror} (choose another --port, or 0)"
-        ) from exc
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror} ({hint})") from exc
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
