@@ -63,28 +63,37 @@ def build_parser(config_cls: type[BaseModel], prog: str | None = None) -> argpar
         help="Run every task instead of reading Prefect's task cache (gym still reuses artifacts it finds).",
     )
     paper = parser.add_argument_group("Gym paper flag names")
-    paper.add_argument("--model_name_or_path", dest="alias_model", help="Same as --model.")
+    paper.add_argument("--model_name_or_path", dest="alias_model", metavar="MODEL", help="Same as --model.")
     paper.add_argument(
         "--finetuning_type",
         dest="alias_finetuning_type",
+        metavar="TYPE",
         help=f"{'/'.join(FINETUNING_TYPES)} for every stage, or a method name ({', '.join(METHODS)}).",
     )
     paper.add_argument(
         "--num_train_epochs",
         dest="alias_epochs",
+        metavar="EPOCHS",
         type=float,
         help="Epochs for every stage (max_steps is then ignored unless given).",
     )
-    paper.add_argument("--output_dir", dest="alias_output_dir", help="Same as --output.output_dir.")
+    paper.add_argument(
+        "--output_dir", dest="alias_output_dir", metavar="DIR", help="Same as --output.output_dir."
+    )
     paper.add_argument(
         "--max-steps",
         "--max_steps",
         dest="alias_max_steps",
+        metavar="STEPS",
         type=int,
         help="Optimiser steps for every stage.",
     )
     if "dataset" not in config_cls.model_fields:
-        comma_separated(paper.add_argument("--dataset", dest="alias_dataset", help="Same as --sft_dataset."))
+        comma_separated(
+            paper.add_argument(
+                "--dataset", dest="alias_dataset", metavar="DATASET", help="Same as --sft_dataset."
+            )
+        )
     if stages := stage_fields(config_cls):
         cli_llamafactory.add_options(parser, stages)
     add_config_options(parser, config_cls)

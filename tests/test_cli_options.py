@@ -124,3 +124,9 @@ def test_a_bad_flag_value_gets_a_short_usage_and_says_what_it_expects(capsys, ar
 def test_a_dict_setting_takes_a_json_mapping():
     cfg = parse(TrainFlowConfig, ["--train.lr_scheduler_kwargs", '{"min_lr_rate": 0.1}'])
     assert cfg.train.lr_scheduler_kwargs == {"min_lr_rate": 0.1}
+
+
+def test_help_shows_the_paper_flags_with_their_values_not_internal_names():
+    text = build_parser(TrainFlowConfig, prog="gym train --method sft").format_help()
+    assert "--model_name_or_path MODEL" in text and "--max-steps STEPS" in text and "--output_dir DIR" in text
+    assert "ALIAS_" not in text
