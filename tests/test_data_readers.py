@@ -174,6 +174,11 @@ def test_hub_id_offline_fails_fast_with_clear_message():
         rows("gym-test-org/no-such-dataset")
     assert time.monotonic() - start < 10
     assert "gym-test-org/no-such-dataset" in str(e.value) and "HF_HUB_OFFLINE" in str(e.value)
+    assert "dataset_info.json" not in str(e.value)
+    # A bare name (LLaMA-Factory's `identity`) is a hub id only because nothing else has it: say so.
+    with pytest.raises(DataError) as e:
+        rows("identity")
+    assert "'identity' was read as a hub id" in str(e.value) and "set dataset_dir" in str(e.value)
 
 
 def test_hub_id_detection(tmp_path: Path):

@@ -255,6 +255,12 @@ def read_hub(hub_id: str, split: str, revision: str | None, subset: str | None =
             if offline
             else "check the hub id, split and revision, your network and HF_TOKEN for private datasets"
         )
+        if "/" not in hub_id:  # a bare name is read as a hub id only when nothing else has it
+            hint += (
+                f". {hub_id!r} was read as a hub id: no registry entry, file, or dataset_info.json entry in "
+                "the data dir has that name; LLaMA-Factory's own datasets are named in its "
+                "data/dataset_info.json: set dataset_dir (or $GYM_DATA_DIR) to that folder"
+            )
         which = f"split {split!r}" + (f", subset {subset!r}" if subset else "")
         raise DataError(f"cannot load hub dataset {hub_id!r} ({which}): {e}", hint=hint) from e
     yield from enumerate(loaded, 1)
