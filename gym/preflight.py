@@ -241,7 +241,7 @@ def check(config: FlowInputs) -> None:
         from gym.tracking import check_store
 
         check_store(output.tracking_uri)
-        check_output_dir(output.output_dir)
+        check_output_dir(getattr(output, "output_dir", None))  # evaluation exports nothing
 
 
 def check_output_dir(output_dir: str | None) -> None:
