@@ -28,6 +28,7 @@ from prefect.utilities.annotations import opaque, quote
 
 from gym.eval.suite import benchmark_summary
 from gym.pipeline import TfGrpoFlowConfig
+from gym.progress import Progress
 from gym.tfgrpo.data import Question, StepPlan
 from gym.tfgrpo.library import LibraryRef
 from gym.train.tf_grpo import TfGrpoRun, summary
@@ -134,16 +135,20 @@ def tf_grpo(config: TfGrpoFlowConfig = DEFAULTS) -> dict[str, Any]:
     # Held-out evaluations and each step's publication depend on a library version only: they run beside
     # the steps that follow (the endpoint's concurrency limit still holds), and the run waits for them here.
     evals = [evaluate_library.submit(quote(run), quote(library), "before")] if held_out else []
-    published = []
+    published, bar = [], None
     for planned in run.steps:
         step, done = resume_step(run, planned, library)
-        if done is None:
+        if done is None:  # the console's progress counts the steps this run makes (resumed ones are read)
+            bar = bar or Progress("tf_grpo", len(run.steps), start=step.index)
             library, publication = run_step(run, step, library, questions, tracked, uri)
             published.append(publication)
+            bar.update(step.index + 1, note=f"library {library.size} items")
         else:
             library = done
         if held_out and (step.index + 1 == len(run.steps) or run.steps[step.index + 1].epoch != step.epoch):
             evals.append(evaluate_library.submit(quote(run), quote(library), f"epoch{step.epoch + 1}"))
+    if bar is not None:
+        bar.done()
     raise_first_failure([*published, *evals])
     result = finish_run(run, library, [opaque(e) for e in evals], tracked, uri, started)
 

@@ -85,6 +85,7 @@ class Progress:
         self.loss: float | None = None
         self.first_loss: float | None = None
         self.tokens_per_s: float | None = None
+        self.note: str | None = None  # what else the stage reports (a TF-GRPO library's size)
         self._drawn = -1.0
         self._next_quarter = (start * 4 // self.total) + 1
         self._last_line = self.began
@@ -98,9 +99,12 @@ class Progress:
         loss: float | None = None,
         tokens_per_s: float | None = None,
         now: float | None = None,
+        note: str | None = None,
     ) -> None:
         now = time.monotonic() if now is None else now
         self.step = step
+        if note is not None:
+            self.note = note
         if loss is not None:
             self.loss = loss
             self.first_loss = loss if self.first_loss is None else self.first_loss
@@ -126,7 +130,10 @@ class Progress:
         if self.first_loss is not None and self.loss is not None:
             losses = f", loss {self.first_loss:.4g} -> {self.loss:.4g}"
         speed = f", {rate(self.tokens_per_s)} tok/s" if self.tokens_per_s else ""
-        self._write(f"{self.stage}: done, {self.step} steps in {clock(now - self.began)}{losses}{speed}\n")
+        note = f", {self.note}" if self.note else ""
+        self._write(
+            f"{self.stage}: done, {self.step} steps in {clock(now - self.began)}{losses}{speed}{note}\n"
+        )
 
     def eta(self, now: float) -> float | None:
         done = self.step - self.start
@@ -140,6 +147,8 @@ class Progress:
             parts.append(f"loss {self.loss:.4g}")
         if self.tokens_per_s:
             parts.append(f"{rate(self.tokens_per_s)} tok/s")
+        if self.note:
+            parts.append(self.note)
         eta = self.eta(now)
         if eta is not None and self.step < self.total:
             parts.append(f"ETA {clock(eta)}")

@@ -36,6 +36,19 @@ def test_not_a_terminal_gets_a_line_per_quarter_with_loss_speed_and_eta():
     assert len(lines) == 5
 
 
+def test_a_stage_without_a_loss_reports_its_own_note():
+    """TF-GRPO's steps have no loss: its library's size is what they report."""
+    out = io.StringIO()
+    bar = progress.Progress("tf_grpo", 4, start=1, stream=out, now=0.0)
+    for step in (2, 3, 4):
+        bar.update(step, note=f"library {step * 2} items", now=(step - 1) * 10.0)
+    bar.done(now=30.0)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "tf_grpo: 4 steps, resuming at step 1"
+    assert lines[1] == "tf_grpo: 50% (step 2/4)  library 4 items  ETA 0:20"
+    assert lines[-1] == "tf_grpo: done, 4 steps in 0:30, library 8 items"
+
+
 def test_a_terminal_gets_one_bar_redrawn_in_place():
     out = Tty()
     bar = progress.Progress("dpo", 40, stream=out, now=0.0)

@@ -135,8 +135,11 @@ def test_the_papers_command_line(prefect_server, sim_endpoint, puzzles, tmp_path
         "--json"
     ).split()
     assert main(argv) == 0
-    out = summary_of(capsys)
+    shown = capsys.readouterr()
+    out = json.loads(shown.out.strip().splitlines()[-1])
     assert out["steps"] == 2 and out["mean_at_k"] == []  # 12 questions in batches of 8, one epoch
+    # the console follows the steps, as a training stage's progress does
+    assert "tf_grpo: 2 steps\n" in shown.err and "tf_grpo: done, 2 steps in " in shown.err
     final = Library.load(lib_dir / "experiences.json")
     assert (
         final.content_hash() == out["library_hash"] and len(list((lib_dir / "versions").glob("v*.json"))) >= 1
