@@ -76,8 +76,10 @@ class Progress:
         stream: IO[str] | None = None,
         tty: bool | None = None,
         now: float | None = None,
+        unit: str = "step",
     ) -> None:
         self.stage, self.total, self.start = stage, max(total, 1), start
+        self.unit = unit  # what a step is: "step", "question" ...
         self.stream = stream if stream is not None else sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty
         self.began = time.monotonic() if now is None else now
@@ -91,7 +93,7 @@ class Progress:
         self._last_line = self.began
         if not self.tty:
             resumed = f", resuming at step {start}" if start else ""
-            self._write(f"{stage}: {self.total} steps{resumed}\n")
+            self._write(f"{stage}: {self.total} {unit}s{resumed}\n")
 
     def update(
         self,
@@ -120,7 +122,7 @@ class Progress:
             self._next_quarter = quarter + 1
             self._last_line = now
             percent = 100 * step // self.total
-            self._write(f"{self.stage}: {percent}% (step {step}/{self.total}){self.numbers(now)}\n")
+            self._write(f"{self.stage}: {percent}% ({self.unit} {step}/{self.total}){self.numbers(now)}\n")
 
     def done(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
@@ -131,9 +133,8 @@ class Progress:
             losses = f", loss {self.first_loss:.4g} -> {self.loss:.4g}"
         speed = f", {rate(self.tokens_per_s)} tok/s" if self.tokens_per_s else ""
         note = f", {self.note}" if self.note else ""
-        self._write(
-            f"{self.stage}: done, {self.step} steps in {clock(now - self.began)}{losses}{speed}{note}\n"
-        )
+        took = f"{self.step} {self.unit}s in {clock(now - self.began)}"
+        self._write(f"{self.stage}: done, {took}{losses}{speed}{note}\n")
 
     def eta(self, now: float) -> float | None:
         done = self.step - self.start

@@ -149,3 +149,17 @@ def test_an_mlflow_model_version_scores_like_the_model_it_registered(tmp_path, c
     local = last_json(capsys.readouterr().out)
     assert registered["model"] == "models:/tiny-eval@challenger"
     assert registered["subjects"] == local["subjects"] and registered["n_questions"] == 12
+
+
+def test_progress_in_a_log_file_is_lines_of_questions_not_a_redrawn_bar(tmp_path, capsys):
+    """stderr to a file (CI, nohup): a line per quarter, counted in questions, no carriage returns."""
+    data = write_benchmark("ceval", tmp_path / "ceval")
+    assert (
+        main(["eval", "--model", "gym-tiny", "--benchmark", "ceval", "--data-dir", str(data), "--shots", "2"])
+        == 0
+    )
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    lines = [line for line in err.splitlines() if line.startswith("ceval:")]
+    assert lines[0] == "ceval: 12 questions" and lines[-1].startswith("ceval: done, 12 questions in ")
+    assert any(line.startswith("ceval: 50% (question 6/12)") for line in lines)

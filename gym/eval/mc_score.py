@@ -22,7 +22,7 @@ the same unless two choices are that close (tests/test_eval_agreement.py, benchm
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,7 +103,10 @@ class Scorer:
         self._cache: Any = None
         self._cached_prefix: list[int] | None = None
 
-    def run(self, requests: list[Request], progress: Any | None = None) -> dict[int, dict[int, float]]:
+    def run(
+        self, requests: list[Request], progress: Callable[[int], None] | None = None
+    ) -> dict[int, dict[int, float]]:
+        """Every request's choice log-likelihoods by question key; `progress(key)` after each request."""
         import torch
 
         scores: dict[int, dict[int, float]] = {}
@@ -208,14 +211,14 @@ class Scorer:
         scores: dict[int, dict[int, float]],
         batch: list[Request],
         values: list[list[float]],
-        progress: Any,
+        progress: Callable[[int], None] | None,
     ) -> None:
         for r, vals in zip(batch, values, strict=True):
             slot = scores.setdefault(r.key, {})
             for (choice, _), v in zip(r.choices, vals, strict=True):
                 slot[choice] = v
             if progress is not None:
-                progress.update(1)
+                progress(r.key)
 
     def _rescore_close_calls(self, scores: dict[int, dict[int, float]], cached: list[Request]) -> None:
         margin = exact_margin(self.model.dtype)

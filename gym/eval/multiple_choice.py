@@ -15,6 +15,8 @@ into every prompt (gym/eval/mc_prompt.py) and named in the result.
 from __future__ import annotations
 
 import time
+from collections import Counter
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -68,10 +70,7 @@ def evaluate_benchmark(model: ModelRef, settings: MCSettings) -> EvalResult:
     requests, notes = build_requests(data, tokenizer, model, settings)
     lm = load_model(model).to(resolve_device(settings.device)).eval()
     scorer = Scorer(lm, batch_size=settings.batch_size, prefix_cache=settings.prefix_cache)
-    from tqdm.auto import tqdm
-
-    with tqdm(total=len(requests), desc=f"{data.spec.name} questions", disable=not settings.progress) as bar:
-        scores = scorer.run(requests, progress=bar)
+    scores = scorer.run(requests, progress=_progress(data.spec.name, requests) if settings.progress else None)
     if scorer.rescored:
         notes.append(f"{scorer.rescored} close calls re-scored without the prefix cache")
     ties = sum(1 for lls in scores.values() if _gap(lls) < TIE)
@@ -81,6 +80,26 @@ def evaluate_benchmark(model: ModelRef, settings: MCSettings) -> EvalResult:
             "(batch shapes, devices) can flip them between tools, lm-eval with another batch size included"
         )
     return _result(model, data, settings, scores, notes, time.perf_counter() - start)
+
+
+def _progress(name: str, requests: list[Request]) -> Callable[[int], None]:
+    """Questions done, as training shows steps (a bar on a terminal, a few lines in a log file).
+
+    A question whose choices don't fit one request counts when its last request is scored.
+    """
+    from gym.progress import Progress
+
+    left = Counter(r.key for r in requests)
+    bar = Progress(name, len(left), unit="question")
+
+    def scored(key: int) -> None:
+        left[key] -= 1
+        if left[key] == 0:
+            bar.update(bar.step + 1)
+            if bar.step == bar.total:
+                bar.done()
+
+    return scored
 
 
 def _gap(lls: dict[int, float]) -> float:
