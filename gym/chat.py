@@ -6,6 +6,8 @@
 
 The model is anything `gym serve` takes (registry name, model directory, MLflow URI) and is
 prompted the same way: its chat template, plus its experience library when it ships one.
+A conversation that outgrows the model's window leaves out its oldest exchanges (`fit`) rather
+than failing as the API does (an API client owns its conversation; here gym does).
 """
 
 from __future__ import annotations
@@ -16,17 +18,73 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO
 
 from gym.errors import MissingExtraError
+from gym.serve.requests import RequestError
 
 DEFAULTS = {"temperature": 0.7, "max_tokens": 256, "top_p": 1.0}
 
 
-def reply(engine: Any, history: Sequence[dict[str, Any]], message: str, **params: Any) -> Iterator[str]:
-    """The assistant's reply to `message` after `history`, growing: each item is the text so far."""
-    messages = [
-        {"role": m["role"], "content": str(m["content"])} for m in history if m.get("content") is not None
-    ]
+def conversation(history: Sequence[dict[str, Any]], message: str) -> list[dict[str, str]]:
+    """`history` (as the terminal or Gradio keeps it) and the new user `message`, as template messages.
+
+    Gradio hands its history over with each message's content as a list of parts
+    (`{"type": "text", "text": ...}`, files); the text parts are the message.
+    """
+    kept = []
+    for m in history:
+        content = m.get("content")
+        if isinstance(content, list):
+            content = "".join(
+                p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
+            )
+        if content is not None:
+            kept.append({"role": m["role"], "content": str(content)})
+    return [*kept, {"role": "user", "content": message}]
+
+
+def fit(
+    engine: Any, messages: list[dict[str, str]], max_tokens: int
+) -> tuple[list[dict[str, str]], int, list[str]]:
+    """The conversation and reply length that fit the model's context window, and notes on what changed.
+
+    A long conversation keeps going, as in other chat tools: its oldest exchanges are left out (the
+    system message stays) until the prompt leaves room for a `max_tokens` reply; when even the newest
+    message alone leaves less room than that, the reply is shortened to the room there is. A message
+    too long for the window on its own is a RequestError: there is nothing left to leave out.
+    """
+    window = engine.context_length
+    if window is None:
+        return messages, max_tokens, []
+    head = messages[:1] if messages[0]["role"] == "system" else []
+    turns = messages[len(head) :]
+    left_out = 0
+    while True:
+        prompt = len(engine.encode_chat([*head, *turns]))
+        room = window - prompt
+        user_turns = [i for i, m in enumerate(turns) if m["role"] == "user"]
+        if room >= max_tokens or len(user_turns) < 2:
+            break
+        left_out += user_turns[1]
+        turns = turns[user_turns[1] :]  # the oldest exchange: up to the user's next message
+    if room < 1:
+        raise RequestError(
+            f"this message needs {prompt} tokens with the chat template, and the model's window is "
+            f"{window}: shorten it",
+            "messages",
+        )
+    notes = []
+    if left_out:
+        notes.append(
+            f"left out the oldest {left_out} messages: they no longer fit the model's {window}-token window"
+        )
+    if room < max_tokens:
+        notes.append(f"reply shortened to {room} tokens, the room left in the model's {window}-token window")
+    return [*head, *turns], min(max_tokens, room), notes
+
+
+def reply(engine: Any, messages: list[dict[str, str]], **params: Any) -> Iterator[str]:
+    """The assistant's reply to `messages` (already fitted), growing: each item is the text so far."""
     text = ""
-    for piece in engine.stream_chat([*messages, {"role": "user", "content": message}], **params):
+    for piece in engine.stream_chat(messages, **params):
         text += piece
         yield text
 
@@ -56,12 +114,20 @@ def terminal(
         if message == "/reset" or not message:
             history = opening(system) if message else history
             continue
+        try:
+            messages, max_tokens, notes = fit(engine, conversation(history, message), params["max_tokens"])
+        except RequestError as exc:  # this message can't be answered; the conversation goes on
+            print(f"error: {exc}", file=out, flush=True)
+            continue
+        for note in notes:
+            print(f"({note})", file=out)
         print("assistant> ", end="", file=out, flush=True)
         text = ""
-        for text in reply(engine, history, message, **params):  # noqa: B007 - the last value is the reply
-            pass
-        print(text, file=out, flush=True)
-        history += [{"role": "user", "content": message}, {"role": "assistant", "content": text}]
+        for piece in reply(engine, messages, **{**params, "max_tokens": max_tokens}):
+            print(piece[len(text) :], end="", file=out, flush=True)  # as it is generated
+            text = piece
+        print(file=out, flush=True)
+        history = [*messages, {"role": "assistant", "content": text}]  # what no longer fits stays out
 
 
 def build_ui(
@@ -82,8 +148,15 @@ def build_ui(
     def respond(
         message: str, history: list[dict[str, Any]], temperature: float, max_tokens: int
     ) -> Iterator[str]:
-        params = {"temperature": temperature, "max_tokens": int(max_tokens), "top_p": top_p}
-        yield from reply(engine, [*opening(system), *history], message, **params)
+        try:
+            messages, fitted, notes = fit(
+                engine, conversation([*opening(system), *history], message), max_tokens
+            )
+        except RequestError as exc:  # shown as a pop-up; the conversation goes on
+            raise gr.Error(str(exc)) from exc
+        for note in notes:
+            gr.Info(note)
+        yield from reply(engine, messages, temperature=temperature, max_tokens=fitted, top_p=top_p)
 
     return gr.ChatInterface(
         respond,

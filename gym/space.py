@@ -42,9 +42,26 @@ def with_experiences(messages):
     return [{{"role": "system", "content": EXPERIENCES}}, *messages]
 
 
+def text(content):
+    """A message's text: Gradio 6 gives content as a list of parts, Gradio 5 as a string."""
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return content
+
+
+def conversation(history, message):
+    """Gradio's history (messages, or Gradio 5's [user, bot] pairs) and the new message."""
+    messages = []
+    for item in history:
+        if isinstance(item, dict):
+            messages.append({{"role": item["role"], "content": text(item["content"])}})
+        else:
+            messages += [{{"role": r, "content": text(c)}} for r, c in zip(("user", "assistant"), item) if c]
+    return [*messages, {{"role": "user", "content": message}}]
+
+
 def respond(message, history, temperature=0.7, max_tokens=256):
-    messages = [{{"role": m["role"], "content": m["content"]}} for m in history]
-    messages.append({{"role": "user", "content": message}})
+    messages = conversation(history, message)
     messages = with_experiences(messages)
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     inputs = tokenizer(text, return_tensors="pt", add_special_tokens=False).to(model.device)

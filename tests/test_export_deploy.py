@@ -50,6 +50,23 @@ def test_offline_deploy_writes_the_bundle_and_its_space_chats_like_gym(model, tm
     with Engine.load(str(target / "model")) as engine:  # gym's engine: template and experiences alike
         assert reply == engine.chat(question, temperature=0, max_tokens=12).choices[0].text
         assert "Name real places." in engine.render_chat(question)
+        # A second message: the history as Gradio 6 hands it over (content as a list of parts), and
+        # as Gradio 5 did ([user, bot] pairs); either way the model sees the conversation's text.
+        from gradio.components.chatbot import Chatbot, ChatbotDataMessages
+
+        parts = [
+            {"role": r, "content": [{"type": "text", "text": t}]}
+            for r, t in (("user", "name a river"), ("assistant", reply))
+        ]
+        history = Chatbot().preprocess(ChatbotDataMessages.model_validate(parts))
+        *_, second = app["respond"]("and a mountain", history, 0, 12)
+        conversation = [
+            *question,
+            {"role": "assistant", "content": reply},
+            {"role": "user", "content": "and a mountain"},
+        ]
+        assert second == engine.chat(conversation, temperature=0, max_tokens=12).choices[0].text
+        assert list(app["respond"]("and a mountain", [["name a river", reply]], 0, 12))[-1] == second
 
 
 class RecordingHub:

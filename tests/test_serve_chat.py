@@ -100,3 +100,92 @@ def test_the_web_chat_on_a_busy_port_fails_before_loading_the_model(gym_home, ca
         with pytest.raises(SystemExit):
             main(["chat", "--ui", "--model", "gym-tiny", "--port", bad])
         assert "a port from 1 to 65535" in capsys.readouterr().err
+
+
+class Spy:
+    """The real engine, recording what each reply was asked with."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine, self.calls = engine, []
+
+    def __getattr__(self, name: str):
+        return getattr(self.engine, name)
+
+    def stream_chat(self, messages, **params):
+        self.calls.append((list(messages), params["max_tokens"]))
+        return self.engine.stream_chat(messages, **params)
+
+
+def test_a_long_terminal_chat_leaves_out_its_oldest_exchanges_and_goes_on(engine):
+    """gym-tiny's window is 512 tokens: a second 256-token reply used to end the chat with an error."""
+    spy, window = Spy(engine), engine.context_length
+    said = ["tell me a story", "go on", "and then?", "how does it end?"]
+    lines = iter([*said, "/exit"])
+    out = io.StringIO()
+    assert terminal(spy, read=lambda _prompt: next(lines), out=out, temperature=0, max_tokens=200) == 0
+    text = out.getvalue()
+    assert "error" not in text and text.count("assistant> ") == len(said) == len(spy.calls)
+    assert "(left out the oldest 2 messages: they no longer fit the model's 512-token window)" in text
+    whole: list[dict] = []  # the conversation as it went, each reply as the engine gives it again
+    for (messages, max_tokens), message in zip(spy.calls, said, strict=True):
+        whole.append({"role": "user", "content": message})
+        assert max_tokens == 200 and len(engine.encode_chat(messages)) + max_tokens <= window
+        assert messages == whole[len(whole) - len(messages) :], "the newest messages, the oldest left out"
+        assert messages[0]["role"] == "user"
+        whole.append(
+            {
+                "role": "assistant",
+                "content": engine.chat(messages, temperature=0, max_tokens=200).choices[0].text,
+            }
+        )
+    assert min(len(m) for m, _ in spy.calls[1:]) < len(whole) - 1, "something was left out"
+
+
+def test_a_message_too_long_for_the_window_is_an_error_and_the_chat_goes_on(engine):
+    spy = Spy(engine)
+    lines = iter(["word " * 600, "hello", "/exit"])
+    out = io.StringIO()
+    assert terminal(spy, read=lambda _prompt: next(lines), out=out, system="be brief", max_tokens=8) == 0
+    text = out.getvalue()
+    assert "error: this message needs" in text and "the model's window is 512: shorten it" in text
+    assert [m for m, _ in spy.calls] == [
+        [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+    ]
+
+
+def test_a_reply_longer_than_the_room_left_is_shortened_to_fit(engine):
+    spy = Spy(engine)
+    lines = iter(["word " * 300, "/exit"])
+    out = io.StringIO()
+    assert terminal(spy, read=lambda _prompt: next(lines), out=out, max_tokens=400) == 0
+    [(messages, max_tokens)] = spy.calls
+    assert max_tokens == engine.context_length - len(engine.encode_chat(messages)) < 400
+    assert f"(reply shortened to {max_tokens} tokens" in out.getvalue()
+
+
+def test_the_web_chat_sends_gradio_history_as_the_conversation_text(engine):
+    """Gradio 6 hands history over with content as a list of parts; its repr reached the template."""
+    from gradio.components.chatbot import ChatbotDataMessages
+
+    spy = Spy(engine)
+    demo = build_ui(spy, temperature=0.0, max_tokens=12)
+    first = (
+        engine.chat([{"role": "user", "content": "name a river"}], temperature=0, max_tokens=12)
+        .choices[0]
+        .text
+    )
+    payload = ChatbotDataMessages.model_validate(
+        [
+            {"role": "user", "content": [{"type": "text", "text": "name a river"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": first}]},
+        ]
+    )
+    history = demo.chatbot.preprocess(payload)  # what the page's event hands the chat function
+    *_, last = demo.fn("and a mountain", history, 0.0, 12)
+    conversation = [
+        {"role": "user", "content": "name a river"},
+        {"role": "assistant", "content": first},
+        {"role": "user", "content": "and a mountain"},
+    ]
+    assert spy.calls == [(conversation, 12)]
+    assert last == engine.chat(conversation, temperature=0, max_tokens=12).choices[0].text

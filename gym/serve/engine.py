@@ -171,7 +171,7 @@ class Engine:
     def encode_text(self, prompt: str) -> list[int]:
         # The template (or the caller) already wrote any special tokens the prompt needs.
         with self._encode_lock:
-            return list(self._encoder(prompt, add_special_tokens=False)["input_ids"])
+            return list(self._encoder(prompt, add_special_tokens=False, verbose=False)["input_ids"])
 
     # ---- requests -------------------------------------------------------------------------------------
 
