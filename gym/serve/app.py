@@ -289,7 +289,14 @@ def _install_error_handlers(app: FastAPI) -> None:
                 error_body(f"the request body is not valid JSON: {detail}", "invalid_request_error"), 400
             )
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        message = f"{where or 'body'}: {first.get('msg', 'invalid')}"
+        if not where and first.get("type") == "model_attributes_type":  # not JSON, or not an object
+            return JSONResponse(
+                error_body("the request body must be a JSON object", "invalid_request_error"), 400
+            )
+        if first.get("type") == "unsupported":  # a field the request names that gym doesn't serve
+            message, where = str(first.get("msg")), str((first.get("ctx") or {}).get("param"))
+        else:  # pydantic's "Value error, " says nothing to a client
+            message = f"{where or 'body'}: {str(first.get('msg', 'invalid')).removeprefix('Value error, ')}"
         return JSONResponse(error_body(message, "invalid_request_error", where or None), 400)
 
     @app.exception_handler(StarletteHTTPException)

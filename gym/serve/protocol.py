@@ -13,6 +13,7 @@ import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 MAX_STOPS = 4
 # Field -> the value that means "not asked for"; anything else is refused (not supported here).
@@ -87,7 +88,9 @@ class GenerationRequest(BaseModel):
             if key in UNSUPPORTED and value not in (UNSUPPORTED[key], None, False, [], {}):
                 if key == "response_format" and isinstance(value, dict) and value.get("type") == "text":
                     continue
-                raise ValueError(f"{key} is not supported by this server; leave it unset")
+                raise PydanticCustomError(  # its own type: the error names `key` as its param
+                    "unsupported", "{param} is not supported by this server; leave it unset", {"param": key}
+                )
         return self
 
     def stops(self) -> tuple[str, ...]:
