@@ -51,8 +51,8 @@ def summarize(
     last = list(stages.values())[-1]
     out.update(
         metric_name=last.metric_name,
-        metric_first=last.metric_first if last.metric_first is not None else last.loss_first,
-        metric_last=last.metric_last if last.metric_last is not None else last.loss_last,
+        metric_first=last.metric_first,
+        metric_last=last.metric_last,
         exact_match_before=before.exact_match if before else None,
         exact_match_after=after.exact_match if after else None,
         mlflow_run_id=mlflow_run_id,

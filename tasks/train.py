@@ -87,8 +87,7 @@ def _publish(config: TrainConfig, result: TrainResult, run_id: str | None, uri: 
         for k, v in result.eval_after.items()
         if k in HELD_OUT
     }
-    first = result.metric_first if result.metric_first is not None else result.loss_first
-    last = result.metric_last if result.metric_last is not None else result.loss_last
+    first, last = result.metric_first, result.metric_last
     rows = {
         "method": f"{config.method} ({config.finetuning_type})",
         "steps": result.global_step,

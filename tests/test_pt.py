@@ -238,7 +238,8 @@ def test_pt_lowers_the_held_out_loss_and_reports_perplexity(gym_home):
     assert result.tokens_seen == 10 * 8 * 64  # every block is full: no padding
     # Without held-out data the signal is the training loss.
     alone = train.run(config.model_copy(update={"max_steps": 4}), model, train_data)
-    assert alone.metric_name == "loss" and alone.metric_first is None
+    assert alone.metric_name == "loss" and alone.metric_first == alone.loss_first is not None
+    assert alone.metric_last == alone.loss_last
 
 
 def test_lora_pt_moves_only_the_adapted_weights(gym_home):

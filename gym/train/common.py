@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from gym.errors import ConfigError
 from gym.train import precision, speed
@@ -59,6 +59,14 @@ class TrainResult(BaseModel):
         default_factory=dict,
         description="Choices gym made for this stage (QLoRA bit width, reference mode...), in words.",
     )
+
+    @model_validator(mode="after")
+    def _loss_is_its_own_signal(self) -> TrainResult:
+        """A stage whose signal is the training loss reports its first and last logged values."""
+        if self.metric_name == "loss":
+            self.metric_first = self.loss_first if self.metric_first is None else self.metric_first
+            self.metric_last = self.loss_last if self.metric_last is None else self.metric_last
+        return self
 
     @property
     def loss_first(self) -> float | None:
