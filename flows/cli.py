@@ -53,7 +53,28 @@ def _command(name: str) -> Callable[[Sequence[str]], int]:
 def usage() -> str:
     width = max(map(len, COMMANDS))
     rows = "\n".join(f"  {name:{width}s}  {help_}" for name, (_, help_) in COMMANDS.items())
-    return f"usage: gym COMMAND [ARGS...]\n\nFine-tune LLMs as a Prefect pipeline.\n\ncommands:\n{rows}\n"
+    head = "usage: gym COMMAND [ARGS...]  |  gym --version\n\nFine-tune LLMs as a Prefect pipeline.\n"
+    return f"{head}\ncommands:\n{rows}\n"
+
+
+# What a bug report needs: the libraries gym trains, evaluates and tracks with (extras when installed).
+STACK = ("torch", "transformers", "peft", "trl", "accelerate", "datasets", "prefect", "mlflow")
+EXTRAS = ("bitsandbytes", "liger-kernel", "flash-attn", "unsloth", "deepspeed", "lm-eval", "vllm", "gradio")
+
+
+def version() -> str:
+    """`gym X.Y.Z`, then Python's and the installed libraries' versions (read, never imported)."""
+    from importlib import metadata
+
+    def installed(name: str) -> str | None:
+        try:
+            return f"{name} {metadata.version(name)}"
+        except metadata.PackageNotFoundError:
+            return None
+
+    libraries = [installed(n) or f"{n} missing" for n in STACK] + [v for n in EXTRAS if (v := installed(n))]
+    python = ".".join(map(str, sys.version_info[:3]))
+    return f"{installed('gym') or 'gym (not installed)'}\npython {python}, {', '.join(libraries)}\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -64,6 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(usage(), end="")
         return 0 if args else 2
+    if args[0] in ("--version", "-V", "version"):  # `version` as llamafactory-cli has it
+        print(version(), end="")
+        return 0
     name, rest = args[0], args[1:]
     if name not in COMMANDS:
         print(f"error: unknown command {name!r}; choose from {', '.join(COMMANDS)}", file=sys.stderr)

@@ -118,3 +118,18 @@ def test_library_progress_bars_stay_off_the_console_unless_verbose(tmp_path):
     assert b"Saving the dataset" not in quiet[1] and b"Writing model shards" not in quiet[1], quiet[
         1
     ].decode()
+
+
+def test_version_names_gym_and_the_libraries_a_bug_report_needs(capsys):
+    from importlib import metadata
+
+    from flows.cli import main as gym
+    from flows.cli import usage
+
+    for flag in ("--version", "-V", "version"):
+        assert gym([flag]) == 0
+        first, libraries = capsys.readouterr().out.splitlines()
+        assert first == f"gym {metadata.version('gym')}"
+        assert f"torch {metadata.version('torch')}" in libraries
+        assert f"transformers {metadata.version('transformers')}" in libraries and "python 3." in libraries
+    assert "gym --version" in usage()
