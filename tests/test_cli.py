@@ -46,6 +46,17 @@ def test_data_preview_marks_trained_tokens(capsys):
     assert "⟦<|im_start|>user" not in records
 
 
+def test_data_preview_of_pairs_and_kto_says_what_the_loss_scores(capsys):
+    """Pairs and KTO records have no ⟦…⟧ marks: the legend used to promise them anyway."""
+    for dataset, legend in (
+        ("demo_dpo", "the loss compares [chosen] with [rejected]"),
+        ("demo_kto", "the loss scores [completion] after [prompt], as desirable ([label] True) or not"),
+    ):
+        assert main(["data", "preview", dataset, "-n", "1", "--model", "gym-tiny"]) == 0
+        out = capsys.readouterr().out
+        assert legend in out and "⟦" not in out
+
+
 def test_data_preview_reports_bad_file_with_record_and_field(tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"instruction": "a", "output": "b"}\n{"instruction": "c"}\n')

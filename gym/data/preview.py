@@ -33,6 +33,16 @@ def _marked(tokenizer: Any, input_ids: list[int], labels: list[int]) -> str:
     return "".join(out)
 
 
+# What the loss is computed on, per kind of tokenized data.
+LEGEND = {
+    "sft": "⟦…⟧ marks tokens the loss is computed on",
+    "text": "⟦…⟧ marks tokens the loss is computed on",
+    "preference": "the loss compares [chosen] with [rejected], each after [prompt]",
+    "kto": "the loss scores [completion] after [prompt], as desirable ([label] True) or not",
+    "prompt": "online RL completes each [prompt] and rewards the completions",
+}
+
+
 def preview(
     dataset: str, n: int = 3, model: str | None = None, template: str | None = None, as_json: bool = False
 ) -> str:
@@ -58,7 +68,7 @@ def preview(
     rows = [dict(r) for r in blocks.select(range(min(n, len(blocks))))]
     if as_json:
         return json.dumps(rows, ensure_ascii=False)
-    parts = [header, f"template {ref.template}; ⟦…⟧ marks tokens the loss is computed on"]
+    parts = [header, f"template {ref.template}; {LEGEND[tokenized.kind]}"]
     for i, row in enumerate(rows, 1):
         if tokenized.kind in ("sft", "text"):
             marked = _marked(tok, row["input_ids"], row["labels"])
