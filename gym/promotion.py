@@ -228,7 +228,7 @@ def _labels(config: Any) -> list[str]:
 def cmd_promote(argv: Sequence[str]) -> int:
     """`gym promote`: decide and print the decision (Markdown, or JSON with --json)."""
     parser = argparse.ArgumentParser(prog="gym promote", description=__doc__.splitlines()[0])
-    parser.add_argument("--name", required=True, help="Registered model name.")
+    parser.add_argument("--name", "--model", required=True, help="Registered model name (or --model).")
     parser.add_argument(
         "--metric",
         required=True,

@@ -124,6 +124,9 @@ def test_gym_promote_command_prints_the_decision(gym_home, capsys):
     assert decision["promoted"] and decision["champion"] == "1"
     assert main(["promote", "--name", "tiny-cli", "--metric", "exact_match_after", "--margin", "-1"]) == 2
     assert "--margin must be >= 0" in capsys.readouterr().err
+    # --model, as every other command names the model (gym export/serve/chat/eval).
+    assert main(["promote", "--model", "tiny-cli", "--metric", "exact_match_after", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["reason"] == "v1 is already the champion"
 
 
 @pytest.mark.slow
