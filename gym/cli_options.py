@@ -33,6 +33,7 @@ class ArgumentParser(argparse.ArgumentParser):
     source: Path | None = None  # a config file being read: its errors name it
 
     def error(self, message: str) -> NoReturn:
+        message += self._suggestion(message)
         if self.source is not None:
             raise ConfigError(f"{self.source}: {message}")
         usage = self.format_usage()
@@ -41,6 +42,19 @@ class ArgumentParser(argparse.ArgumentParser):
         self._print_message(usage, sys.stderr)
         self.exit(2, f"error: {message}\n")
 
+    def _suggestion(self, message: str) -> str:
+        """`; did you mean --x?` for an unknown or ambiguous flag (`--epochs`, `--lr`, a typo), if any."""
+        words = message.split()
+        if message.startswith("unrecognized arguments:"):
+            flag = next((w for w in words[2:] if w.startswith("--")), None)
+        elif message.startswith("ambiguous option:"):
+            flag = words[2].split("=")[0]
+        else:
+            return ""
+        names = [f for f in self._option_string_actions if f.startswith("--") and not f.startswith("--no-")]
+        close = similar_flags(flag or "", names)
+        return f"; did you mean {' or '.join(close)}?" if close else ""
+
     def parse_file(self, path: Path, settings: dict[str, Any]) -> argparse.Namespace:
         """The settings read from config file `path` (see `read_config_file`), parsed as flags."""
         self.source = path
@@ -48,6 +62,38 @@ class ArgumentParser(argparse.ArgumentParser):
             return self.parse_args(file_argv(path, settings, self._option_string_actions))
         finally:
             self.source = None
+
+
+# Short names people type for settings that have long ones (LLaMA-Factory's and transformers' names).
+SHORT_NAMES = {
+    "lr": "learning_rate",
+    "epochs": "num_train_epochs",
+    "batch_size": "per_device_train_batch_size",
+    "bs": "per_device_train_batch_size",
+    "steps": "max_steps",
+    "model": "model_name_or_path",
+    "rank": "lora_rank",
+}
+
+
+def similar_flags(flag: str, names: Sequence[str], n: int = 3) -> list[str]:
+    """Up to `n` of the option strings `names` that `flag` (`--sft.lr`, `--epochs`, a typo) may mean:
+    the long name of a known short one, else close spellings, then names ending in its last word."""
+    name = flag.split("=")[0].removeprefix("--").replace("-", "_")
+    if not name:
+        return []
+    section, _, last = name.rpartition(SEP)
+    prefix = f"{section}{SEP}" if section else ""
+    known = {f.removeprefix("--").replace("-", "_"): f for f in names}
+    if last in SHORT_NAMES and prefix + SHORT_NAMES[last] in known:
+        return [known[prefix + SHORT_NAMES[last]]]
+    found = difflib.get_close_matches(name, list(known), n=n)
+    found += [k for k in known if k.startswith(prefix) and k.rpartition(SEP)[2].endswith(f"_{last}")]
+    out: list[str] = []
+    for k in found:
+        if k in known and known[k] not in out:
+            out.append(known[k])
+    return out[:n]
 
 
 TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")

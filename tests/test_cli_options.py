@@ -121,6 +121,31 @@ def test_a_bad_flag_value_gets_a_short_usage_and_says_what_it_expects(capsys, ar
     assert error.startswith("error: ") and message in error
 
 
+@pytest.mark.parametrize(
+    ("argv", "suggested"),
+    [
+        (["--sft.learnign_rate", "1e-3"], "did you mean --sft.learning_rate or "),  # a typo
+        (["--sft.lr", "1e-3"], "did you mean --sft.learning_rate?"),  # ambiguous: lr_scheduler_*
+        (["--lr", "1e-3"], "did you mean --learning_rate?"),
+        (["--epochs", "2"], "did you mean --num_train_epochs?"),
+        (["--batch-size", "4"], "did you mean --per_device_train_batch_size?"),
+        (["--beta", "0.2"], "--dpo.beta or --pref_beta?"),
+    ],
+)
+def test_an_unknown_flag_gets_the_flag_it_may_mean(capsys, argv, suggested):
+    parser = build_parser(SftThenDpoConfig, prog="sft_then_dpo.py")
+    with pytest.raises(SystemExit):
+        parser.parse_args(argv)
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("error: ") and suggested in error
+
+
+def test_an_unknown_flag_with_nothing_like_it_gets_no_guess(capsys):
+    with pytest.raises(SystemExit):
+        build_parser(SftThenDpoConfig).parse_args(["--zzz", "1"])
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "error: unrecognized arguments: --zzz 1"
+
+
 def test_a_dict_setting_takes_a_json_mapping():
     cfg = parse(TrainFlowConfig, ["--train.lr_scheduler_kwargs", '{"min_lr_rate": 0.1}'])
     assert cfg.train.lr_scheduler_kwargs == {"min_lr_rate": 0.1}
