@@ -165,8 +165,11 @@ def test_zip_error_names_the_member(tmp_path):
 def test_unknown_names_and_offline_hub(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="unknown benchmark 'mmmlu'"):
         load_benchmark("mmmlu", tmp_path)
-    with pytest.raises(ConfigError, match="unknown mmlu subject"):
+    with pytest.raises(ConfigError, match="unknown mmlu subject") as e:
         load_benchmark("mmlu", write_benchmark("mmlu", tmp_path), subjects=["astrology"])
+    assert "did you mean" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"highschool_biology \(did you mean high_school_biology\?\)"):
+        load_benchmark("mmlu", write_benchmark("mmlu", tmp_path), subjects=["highschool_biology"])
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match="HF_HUB_OFFLINE=1"):
         load_benchmark("cmmlu")  # haonan-li/cmmlu from the hub

@@ -13,6 +13,7 @@ the record and what to do; nothing is loaded or logged before the whole benchmar
 from __future__ import annotations
 
 import csv
+import difflib
 import io
 import re
 import zipfile
@@ -97,7 +98,11 @@ def load_benchmark(
     chosen = list(table) if not subjects else list(subjects)
     unknown = [s for s in chosen if s not in table]
     if unknown:
-        raise ConfigError(f"unknown {spec.name} subject(s) {', '.join(unknown)}; known: {', '.join(table)}")
+        close = [m for s in unknown for m in difflib.get_close_matches(s, list(table), n=1)]
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise ConfigError(
+            f"unknown {spec.name} subject(s) {', '.join(unknown)}{hint}; known: {', '.join(table)}"
+        )
     files = _layout(spec, tree, table)
     out = []
     for key in chosen:
