@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO
 
+from gym.cli_options import ArgumentParser
 from gym.errors import MissingExtraError
 from gym.serve.requests import RequestError
 
@@ -172,9 +173,7 @@ def build_ui(
 def build_parser() -> argparse.ArgumentParser:
     from gym.cli_llamafactory_tools import epilog
 
-    parser = argparse.ArgumentParser(
-        prog="gym chat", description=__doc__.splitlines()[0], epilog=epilog("chat")
-    )
+    parser = ArgumentParser(prog="gym chat", description=__doc__.splitlines()[0], epilog=epilog("chat"))
     parser.add_argument("--model", required=True, help="Registry name, model directory or models:/ URI.")
     parser.add_argument("--template", default=None, help="Chat template (default: the model's).")
     parser.add_argument("--ui", action="store_true", help="Open a Gradio web chat instead of the terminal.")

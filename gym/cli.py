@@ -9,7 +9,6 @@ live above the library, in flows/commands.py. `main(argv)` runs any of them in-p
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import os
@@ -18,11 +17,12 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from gym.cli_options import ArgumentParser
 from gym.errors import GymError
 
 
 def cmd_registry(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="gym registry", description="List or show models in the registry.")
+    parser = ArgumentParser(prog="gym registry", description="List or show models in the registry.")
     parser.add_argument("action", choices=["list", "show"])
     parser.add_argument("name", nargs="?")
     parser.add_argument("--json", action="store_true", help="Print JSON.")
@@ -51,7 +51,7 @@ def cmd_registry(argv: Sequence[str]) -> int:
 
 
 def cmd_data(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="gym data", description="Look at a dataset the way gym reads it.")
+    parser = ArgumentParser(prog="gym data", description="Look at a dataset the way gym reads it.")
     parser.add_argument("action", choices=["preview"])
     parser.add_argument("dataset", help="Dataset registry name, file, folder or hub id.")
     parser.add_argument("-n", type=int, default=3, help="Records to show.")

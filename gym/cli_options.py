@@ -32,7 +32,17 @@ class ArgumentParser(argparse.ArgumentParser):
 
     source: Path | None = None  # a config file being read: its errors name it
 
+    argv: Sequence[str] = ()  # the arguments being parsed
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self.argv = [str(a) for a in (sys.argv[1:] if args is None else args)]
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str) -> NoReturn:
+        if message.startswith(("the following arguments are required", "one of the arguments")):
+            # A mistyped flag is the likelier cause (`--modle x` leaves --model missing): name it.
+            unknown = [a.split("=")[0] for a in self.argv if a.startswith("--") and not self._known(a)]
+            message = f"unrecognized arguments: {' '.join(unknown)}" if unknown else message
         message += self._suggestion(message)
         if self.source is not None:
             raise ConfigError(f"{self.source}: {message}")
@@ -41,6 +51,13 @@ class ArgumentParser(argparse.ArgumentParser):
             usage = f"usage: {self.prog} [options]   (every option: {self.prog} --help)\n"
         self._print_message(usage, sys.stderr)
         self.exit(2, f"error: {message}\n")
+
+    def _known(self, arg: str) -> bool:
+        """Whether `arg` (`--x`, `--x=v`) is one of this parser's flags or an abbreviation of one."""
+        flag = arg.split("=")[0]
+        return flag in self._option_string_actions or (
+            self.allow_abbrev and any(f.startswith(flag) for f in self._option_string_actions)
+        )
 
     def _suggestion(self, message: str) -> str:
         """`; did you mean --x?` for an unknown or ambiguous flag (`--epochs`, `--lr`, a typo), if any."""

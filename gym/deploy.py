@@ -26,6 +26,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from gym import workspace
+from gym.cli_options import ArgumentParser
 from gym.errors import ConfigError, GymError
 from gym.export import export_model, locate, replace_dir
 from gym.hashing import hash_obj
@@ -92,7 +93,7 @@ def _token(value: str | None, env_var: str) -> str | None:
 
 
 def cmd_deploy(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="gym deploy", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="gym deploy", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--model",
         "--model_path",

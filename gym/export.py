@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field
 
 from gym import workspace
 from gym.card import render
+from gym.cli_options import ArgumentParser
 from gym.errors import ConfigError
 from gym.lineage import Lineage
 from gym.ollama import gguf_notes, modelfile
@@ -307,9 +308,7 @@ def replace_dir(output_dir: Path, marker: str) -> Iterator[Path]:
 def build_parser() -> argparse.ArgumentParser:
     from gym.cli_llamafactory_tools import epilog
 
-    parser = argparse.ArgumentParser(
-        prog="gym export", description=__doc__.splitlines()[0], epilog=epilog("export")
-    )
+    parser = ArgumentParser(prog="gym export", description=__doc__.splitlines()[0], epilog=epilog("export"))
     parser.add_argument(
         "--model", required=True, help="Model/adapter/stage directory, registry name or models:/ URI."
     )

@@ -15,7 +15,6 @@ Prefect artifact).
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections.abc import Sequence
@@ -24,6 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from gym import tracking
+from gym.cli_options import ArgumentParser
 from gym.errors import ConfigError
 from gym.lineage import scores_of, setups_of
 
@@ -227,7 +227,7 @@ def _labels(config: Any) -> list[str]:
 
 def cmd_promote(argv: Sequence[str]) -> int:
     """`gym promote`: decide and print the decision (Markdown, or JSON with --json)."""
-    parser = argparse.ArgumentParser(prog="gym promote", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="gym promote", description=__doc__.splitlines()[0])
     parser.add_argument("--name", "--model", required=True, help="Registered model name (or --model).")
     parser.add_argument(
         "--metric",

@@ -71,6 +71,18 @@ def test_gym_serve_refuses_bad_settings_with_status_2(argv, message, capsys):
     assert err.startswith("error: ") and message in err
 
 
+@pytest.mark.parametrize("command", ["serve", "chat", "eval", "export", "deploy"])
+def test_a_mistyped_flag_gets_the_flag_it_may_mean(command, capsys):
+    from flows.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main([command, "--model", "gym-tiny", "--max_tokns", "3"])
+    assert stop.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("error: unrecognized arguments: --max_tokns"), error
+    assert ("did you mean" in error) == (command in ("serve", "chat")), error  # they have max tokens
+
+
 def test_gym_serve_reports_a_busy_port(capsys):
     from flows.cli import main
     from gym.serve.server import bind

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from gym.cli_options import ArgumentParser
 from gym.errors import ConfigError
 from gym.eval.benchmarks import BENCHMARKS
 from gym.eval.mc_score import resolve_device
@@ -32,9 +33,7 @@ from gym.models import ModelRef
 def build_parser() -> argparse.ArgumentParser:
     from gym.cli_llamafactory_tools import epilog
 
-    parser = argparse.ArgumentParser(
-        prog="gym eval", description=__doc__.split("\n\n")[0], epilog=epilog("eval")
-    )
+    parser = ArgumentParser(prog="gym eval", description=__doc__.split("\n\n")[0], epilog=epilog("eval"))
     parser.add_argument("--model", required=True, help="Registry name, model folder or models:/name@alias.")
     parser.add_argument("--template", help="Chat template for a model gym can't find one for.")
     parser.add_argument("--trust-remote-code", action="store_true", help="Let the model repo run its code.")

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
-from gym.cli_options import add_config_options, overrides_from
+from gym.cli_options import ArgumentParser, add_config_options, overrides_from
 from gym.errors import ConfigError
 from gym.serve.settings import ServeSettings
 
@@ -26,7 +26,7 @@ from gym.serve.settings import ServeSettings
 def build_parser(prog: str = "gym serve") -> argparse.ArgumentParser:
     from gym.cli_llamafactory_tools import epilog
 
-    parser = argparse.ArgumentParser(prog=prog, description=ServeSettings.__doc__, epilog=epilog("serve"))
+    parser = ArgumentParser(prog=prog, description=ServeSettings.__doc__, epilog=epilog("serve"))
     add_config_options(parser, ServeSettings)
     return parser
 

@@ -8,14 +8,15 @@ Training itself runs as a flow: `gym train --method tf_grpo ...`.
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from gym.cli_options import ArgumentParser
+
 
 def cmd_tfgrpo(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="gym tfgrpo", description="Training-Free GRPO tools.")
+    parser = ArgumentParser(prog="gym tfgrpo", description="Training-Free GRPO tools.")
     sub = parser.add_subparsers(dest="action", required=True)
     sim = sub.add_parser("simulate", help="Run the seeded simulated environment (and its ablations).")
     sim.add_argument("--seed", type=int, default=0, help="Seed of the environment and of the run.")
