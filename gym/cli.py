@@ -39,7 +39,7 @@ def cmd_registry(argv: Sequence[str]) -> int:
         print(f"{'name':36s} {'family':10s} {'template':10s} {'params':>9s}  hub id")
         for m in models.values():
             hub = m.hub_id or "(built in)"
-            print(f"{m.name:36s} {m.family:10s} {m.template:10s} {m.parameters / 1e9:8.2f}B  {hub}")
+            print(f"{m.name:36s} {m.family:10s} {m.template:10s} {registry.count(m.parameters):>9s}  {hub}")
         return 0
     if not args.name:
         print("error: usage: gym registry show NAME", file=sys.stderr)

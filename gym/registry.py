@@ -137,6 +137,11 @@ def list_models(path: Path | str | None = None) -> list[str]:
     return list(load_models(path))
 
 
+def count(parameters: int) -> str:
+    """`0.49B`, `8.03B`; below 10M in millions (gym-tiny is `0.4M`, not `0.00B`)."""
+    return f"{parameters / 1e6:.1f}M" if parameters < 10_000_000 else f"{parameters / 1e9:.2f}B"
+
+
 def memory_estimates_for(parameters: int) -> dict[str, dict[str, float]]:
     """GiB needed to serve / LoRA-train / fully train a model of `parameters` (module docstring)."""
     p = float(parameters)
@@ -295,7 +300,7 @@ if __name__ == "__main__":
     for spec in load_models().values():
         m = memory_estimates(spec)
         print(
-            f"{spec.name:32s} {spec.family:9s} {spec.template:12s} {spec.parameters / 1e9:7.2f}B "
+            f"{spec.name:32s} {spec.family:9s} {spec.template:12s} {count(spec.parameters):>8s} "
             f"{spec.context_length:7d}  {m['inference']['bf16']:10.1f} {m['lora']['bf16']:9.1f} "
             f"{m['lora']['int4']:7.1f} {m['full']['bf16']:9.1f}"
         )

@@ -22,6 +22,15 @@ def test_registry_list_json_has_one_object_per_entry(capsys):
     assert len({r["family"] for r in rows}) >= 7
 
 
+def test_registry_list_table_gives_small_models_in_millions(capsys):
+    from gym.registry import get_model
+
+    assert main(["registry", "list"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert f" {get_model('gym-tiny').parameters / 1e6:.1f}M " in rows["gym-tiny"]  # was 0.00B
+    assert " 0.49B " in rows["qwen2.5-0.5b-instruct"] and "0.00B" not in "".join(rows.values())
+
+
 def test_registry_show_includes_memory_estimates(capsys):
     assert main(["registry", "show", "qwen2.5-7b-instruct"]) == 0
     shown = json.loads(capsys.readouterr().out)
