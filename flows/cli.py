@@ -12,6 +12,7 @@ it runs, so `gym registry list` never imports Prefect or torch.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import sys
@@ -90,7 +91,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     name, rest = args[0], args[1:]
     if name not in COMMANDS:
-        print(f"error: unknown command {name!r}; choose from {', '.join(COMMANDS)}", file=sys.stderr)
+        close = difflib.get_close_matches(name, COMMANDS, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        print(f"error: unknown command {name!r}{hint}; choose from {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     if name not in OWN_CONSOLE:
         progress.console_defaults(verbose=progress.verbose())  # libraries' progress bars off

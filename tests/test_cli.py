@@ -153,3 +153,13 @@ def test_version_names_gym_and_the_libraries_a_bug_report_needs(capsys):
         assert f"torch {metadata.version('torch')}" in libraries
         assert f"transformers {metadata.version('transformers')}" in libraries and "python 3." in libraries
     assert "gym --version" in usage()
+
+
+def test_a_mistyped_command_gets_the_command_it_may_mean(capsys):
+    from flows.cli import main as gym
+
+    assert gym(["trian"]) == 2
+    err = capsys.readouterr().err
+    assert "error: unknown command 'trian' (did you mean train?); choose from train, " in err
+    assert gym(["frobnicate"]) == 2
+    assert "did you mean" not in capsys.readouterr().err
