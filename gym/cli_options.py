@@ -306,8 +306,8 @@ def file_argv(path: Path, settings: dict[str, Any], known: Collection[str]) -> l
             elif isinstance(value, dict):
                 walk(value, f"{name}{SEP}")
             else:
-                names = [k[2:] for k in known if k.startswith("--") and not k.startswith("--no-")]
-                close = difflib.get_close_matches(name, names, n=3)
+                flags = [k for k in known if k.startswith("--") and not k.startswith("--no-")]
+                close = [f[2:] for f in similar_flags(flag, flags)]
                 hint = f"; did you mean {' or '.join(close)}?" if close else " (`--help` lists the settings)"
                 raise ConfigError(f"{path}: unknown setting {name!r}{hint}")
 

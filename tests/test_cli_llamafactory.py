@@ -270,6 +270,8 @@ def test_yaml_lists_for_comma_separated_settings_read_as_llamafactory_reads_them
     [
         ("lora_rnak: 8\n", "run.yaml: unknown setting 'lora_rnak'; did you mean lora_rank"),
         ("train:\n  learning_rat: 1\n", "setting 'train.learning_rat'; did you mean train.learning_rate"),
+        ("lr: 1.0e-3\n", "run.yaml: unknown setting 'lr'; did you mean learning_rate?"),
+        ("train:\n  epochs: 2\n", "unknown setting 'train.epochs'; did you mean train.num_train_epochs?"),
         ("learning_rate: abc\n", "run.yaml: argument --learning_rate: invalid float value: 'abc'"),
         ("- a\n- b\n", "run.yaml: expected a mapping of settings"),
         ("a: [\n", "run.yaml is not valid YAML or JSON"),
