@@ -316,3 +316,33 @@ def test_a_finished_command_ends_without_tritons_teardown_report():
     assert "run finished" in quiet and "nanobind" not in quiet and "leaked" not in quiet
     # The control: the skipped final collection makes Triton's module report its objects as leaked.
     assert "leaked" in stderr("")
+
+
+INDEX = """
+import importlib.metadata, json
+calls = []
+scan = importlib.metadata.packages_distributions
+def counted():
+    calls.append(1)
+    return scan()
+importlib.metadata.packages_distributions = counted
+from gym.process import tune_process
+tune_process()
+import transformers, trl  # each builds the index as it is imported
+from transformers import AutoModelForCausalLM
+first, second = importlib.metadata.packages_distributions(), importlib.metadata.packages_distributions()
+first["torch"].append("changed by a caller")
+print(json.dumps({"scans": len(calls), "torch": importlib.metadata.packages_distributions()["torch"],
+                  "equal": scan() == second, "separate": first is not second}))
+"""
+
+
+def test_the_installed_distributions_are_indexed_once_per_process():
+    proc = subprocess.run(
+        [sys.executable, "-c", INDEX], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["scans"] == 1, "transformers and TRL each read every installed distribution's file list"
+    assert out["equal"], "the kept index is what a fresh scan finds"
+    assert out["separate"] and out["torch"] == ["torch"], "each caller gets its own copy"
