@@ -5,6 +5,8 @@ The app prompts the model as gym does: the chat template shipped in the model's 
 the TF-GRPO experience block (gym.tfgrpo.injection's exact text) when the model carries one: the
 whole library, even one shipped with `retrieval_top_k` (the app has no embedding model to retrieve
 with; `gym serve` and `gym eval` inject the per-question top k as training did).
+A conversation longer than the model's context window keeps going as in `gym chat`: the oldest
+exchanges are left out and the reply is shortened to the room left (gym.chat.fit).
 `MODEL_ID` (an environment variable) overrides which model it loads, so the same app runs on the
 Space against the hub repo and locally against the deploy folder's `model/`.
 """
@@ -32,6 +34,7 @@ EXPERIENCES = {experiences}
 
 tokenizer = AutoTokenizer.from_pretrained(MODEL_ID)
 model = AutoModelForCausalLM.from_pretrained(MODEL_ID, dtype="auto").eval()
+WINDOW = getattr(model.config, "max_position_embeddings", None)  # the model's context window
 
 
 def with_experiences(messages):
@@ -60,11 +63,34 @@ def conversation(history, message):
     return [*messages, {{"role": "user", "content": message}}]
 
 
-def respond(message, history, temperature=0.7, max_tokens=256):
-    messages = conversation(history, message)
+def prompt(messages):
+    """The model's input for `messages`: its chat template, with the experiences."""
     messages = with_experiences(messages)
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    inputs = tokenizer(text, return_tensors="pt", add_special_tokens=False).to(model.device)
+    return tokenizer(text, return_tensors="pt", add_special_tokens=False)
+
+
+def fit(messages, max_tokens):
+    """The input and reply length that fit the model's window: the oldest exchanges are left out (a
+    system message stays) until there is room for the reply, which is shortened when even the newest
+    message leaves less (as `gym chat` does)."""
+    head = messages[:1] if messages[0]["role"] == "system" else []
+    turns = messages[len(head):]
+    while True:
+        inputs = prompt([*head, *turns])
+        room = WINDOW - inputs["input_ids"].shape[1] if WINDOW else max_tokens
+        users = [i for i, m in enumerate(turns) if m["role"] == "user"]
+        if room >= max_tokens or len(users) < 2:
+            break
+        turns = turns[users[1]:]
+    if room < 1:
+        raise gr.Error(f"This message is too long for the model's {{WINDOW}}-token window: shorten it.")
+    return inputs, min(int(max_tokens), room)
+
+
+def respond(message, history, temperature=0.7, max_tokens=256):
+    inputs, max_tokens = fit(conversation(history, message), int(max_tokens))
+    inputs = inputs.to(model.device)
     streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     sampling = {{"do_sample": temperature > 0}}
     if temperature > 0:

@@ -68,6 +68,21 @@ def test_offline_deploy_writes_the_bundle_and_its_space_chats_like_gym(model, tm
         assert second == engine.chat(conversation, temperature=0, max_tokens=12).choices[0].text
         assert list(app["respond"]("and a mountain", [["name a river", reply]], 0, 12))[-1] == second
 
+        # A conversation longer than the model's window: the app leaves out the oldest exchanges and
+        # shortens the reply as `gym chat` does, and answers what gym's engine answers to that.
+        from gradio import Error as GradioError
+
+        from gym.chat import fit
+
+        long = [["tell me about " + "rivers and mountains " * 40, "noted " * 60] for _ in range(3)]
+        messages = app["conversation"](long, "and a lake")
+        fitted, room, notes = fit(engine, messages, 256)
+        assert notes and len(fitted) < len(messages)
+        *_, third = app["respond"]("and a lake", long, 0, 256)
+        assert third == engine.chat(fitted, temperature=0, max_tokens=room).choices[0].text
+        with pytest.raises(GradioError, match="too long for the model's 512-token window"):
+            list(app["respond"]("rivers " * 600, [], 0, 12))
+
 
 class RecordingHub:
     """Stands in for huggingface_hub.HfApi (no hub is reachable here): records what would be sent."""
