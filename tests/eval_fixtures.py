@@ -15,6 +15,7 @@ import zipfile
 from pathlib import Path
 
 from gym.eval.benchmarks import LETTERS, get_spec, load_mapping
+from gym.eval.lm_eval_tasks import local_task_configs
 
 WORDS = [
     "the",
@@ -199,3 +200,27 @@ def varied_tiny(target: Path) -> Path:
     model.save_pretrained(target)
     tokenizer.save_pretrained(target)
     return target
+
+
+def lm_eval_samples(lm, data, shots, work, chat=False) -> dict[str, list[list[float]]]:
+    """lm-eval's per-question log-likelihoods of the four choices, per subject, in file order."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    configs = local_task_configs(data, work)
+    out = lm_eval.simple_evaluate(
+        model=lm,
+        tasks=configs,
+        num_fewshot=shots,
+        task_manager=TaskManager(include_defaults=False),
+        log_samples=True,
+        bootstrap_iters=0,
+        apply_chat_template=chat,
+        fewshot_as_multiturn=chat,
+    )
+    prefix = data.spec.lm_eval_prefix
+    per_subject = {}
+    for task, samples in out["samples"].items():
+        ordered = sorted(samples, key=lambda s: s["doc_id"])
+        per_subject[task.removeprefix(prefix)] = [[float(r[0]) for r in s["filtered_resps"]] for s in ordered]
+    return per_subject

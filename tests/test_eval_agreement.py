@@ -16,12 +16,11 @@ import logging
 import numpy as np
 import pytest
 
-from gym.eval.lm_eval_tasks import local_task_configs
 from gym.eval.mc_data import load_benchmark
 from gym.eval.mc_score import Scorer
 from gym.eval.multiple_choice import MCSettings, build_requests, evaluate_benchmark
 from gym.models import load_model, load_tokenizer, resolve
-from tests.eval_fixtures import varied_tiny, write_benchmark
+from tests.eval_fixtures import lm_eval_samples, varied_tiny, write_benchmark
 
 pytest.importorskip("lm_eval")
 
@@ -37,30 +36,6 @@ def lm(tiny):
 
     logging.getLogger("lm_eval").setLevel(logging.ERROR)
     return HFLM(pretrained=tiny.path, batch_size=4, device="cpu")
-
-
-def lm_eval_samples(lm, data, shots, work, chat=False) -> dict[str, list[list[float]]]:
-    """lm-eval's per-question log-likelihoods of the four choices, per subject, in file order."""
-    import lm_eval
-    from lm_eval.tasks import TaskManager
-
-    configs = local_task_configs(data, work)
-    out = lm_eval.simple_evaluate(
-        model=lm,
-        tasks=configs,
-        num_fewshot=shots,
-        task_manager=TaskManager(include_defaults=False),
-        log_samples=True,
-        bootstrap_iters=0,
-        apply_chat_template=chat,
-        fewshot_as_multiturn=chat,
-    )
-    prefix = data.spec.lm_eval_prefix
-    per_subject = {}
-    for task, samples in out["samples"].items():
-        ordered = sorted(samples, key=lambda s: s["doc_id"])
-        per_subject[task.removeprefix(prefix)] = [[float(r[0]) for r in s["filtered_resps"]] for s in ordered]
-    return per_subject
 
 
 CASES = [("mmlu", 0), ("mmlu", 5), ("ceval", 0), ("ceval", 5), ("cmmlu", 0), ("cmmlu", 5)]

@@ -194,7 +194,14 @@ BAD_BODIES = [
     ({"model": NAME, "messages": [{"role": "user", "content": "x"}], "top_p": 0}, 400, "top_p"),
     ({"model": NAME, "messages": [{"role": "user", "content": "x"}], "max_tokens": 65}, 400, "max_tokens"),
     ({"model": NAME, "messages": [{"role": "user", "content": "x"}], "stop": ["a"] * 5}, 400, "stop"),
-    ({"model": NAME, "messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400, "logprobs"),
+    ({"model": NAME, "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "x"}]}, 400, "tools"),
+    ({"model": NAME, "messages": [{"role": "user"}], "logprobs": True, "stream": True}, 400, "logprobs"),
+    ({"model": NAME, "messages": [{"role": "user"}], "top_logprobs": 2}, 400, "top_logprobs"),
+    (
+        {"model": NAME, "messages": [{"role": "user"}], "logprobs": True, "top_logprobs": 21},
+        400,
+        "top_logprobs",
+    ),
     ({"model": NAME, "messages": [{"role": "user", "content": "word " * 200}]}, 400, "messages"),
     ({"model": NAME, "messages": [{"role": "user", "content": "x"}], "n": 33}, 400, "n"),
     ({"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}, 404, "model"),
@@ -278,3 +285,61 @@ def test_requests_beyond_the_concurrency_cap_get_429(engine):
     assert second.status_code == 429 and second.headers["retry-after"] == "1"
     assert second.json()["error"]["type"] == "rate_limit_error"
     assert first["status"] == 200
+
+
+def reference_logprobs(model_dir: Path, ids: list[int]) -> torch.Tensor:
+    """transformers' own forward, no server: row i is the distribution after ids[: i + 1]."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+
+
+def test_completions_score_the_echoed_prompt_and_the_answer(client, engine, model_dir):
+    prompt = "The longest river in Europe is"
+    out = client.completions.create(
+        model=NAME, prompt=prompt, max_tokens=4, temperature=0, logprobs=2, echo=True
+    )
+    choice, scored = out.choices[0], out.choices[0].logprobs
+    assert choice.text.startswith(prompt) and "".join(scored.tokens) == choice.text
+    assert scored.text_offset == [sum(len(t) for t in scored.tokens[:i]) for i in range(len(scored.tokens))]
+    ids = engine.encode_text(prompt)
+    answer = direct_greedy(model_dir, ids, 4)
+    assert choice.text == prompt + engine.decode(answer)
+    assert len(scored.token_logprobs) == len(ids) + len(answer) and answer
+    assert scored.token_logprobs[0] is None and scored.top_logprobs[0] is None  # no context yet
+    reference = reference_logprobs(model_dir, ids + answer)
+    for i, token in enumerate((ids + answer)[1:], start=1):
+        assert scored.token_logprobs[i] == pytest.approx(reference[i - 1, token].item(), abs=1e-5)
+        top = scored.top_logprobs[i]
+        best = reference[i - 1].topk(2)
+        assert len(top) in (2, 3)  # the two most likely, and the token itself when it is neither
+        assert sorted(top.values(), reverse=True)[:2] == pytest.approx(best.values.tolist(), abs=1e-5)
+    for i in range(len(ids), len(ids) + len(answer)):  # greedy: each answer token was the most likely
+        assert scored.token_logprobs[i] == pytest.approx(max(scored.top_logprobs[i].values()), abs=1e-6)
+
+    plain = client.completions.create(model=NAME, prompt=prompt, max_tokens=4, temperature=0, logprobs=0)
+    assert plain.choices[0].text == engine.decode(answer)  # without echo: the answer's tokens only
+    assert plain.choices[0].logprobs.token_logprobs == pytest.approx(
+        scored.token_logprobs[len(ids) :], abs=1e-6
+    )
+    echoed = client.completions.create(model=NAME, prompt=prompt, max_tokens=4, temperature=0, echo=True)
+    assert echoed.choices[0].text == choice.text and echoed.choices[0].logprobs is None
+
+
+def test_chat_logprobs_score_each_token_of_the_reply(client, engine, model_dir):
+    reply = client.chat.completions.create(
+        model=NAME, messages=ask("name a river"), max_tokens=6, temperature=0, logprobs=True, top_logprobs=3
+    )
+    content = reply.choices[0].logprobs.content
+    assert "".join(t.token for t in content) == reply.choices[0].message.content
+    prompt = engine.encode_chat(ask("name a river"))
+    answer = direct_greedy(model_dir, prompt, 6)
+    assert len(content) == len(answer)
+    reference = reference_logprobs(model_dir, prompt + answer)
+    for i, (entry, token) in enumerate(zip(content, answer, strict=True)):
+        assert entry.logprob == pytest.approx(reference[len(prompt) + i - 1, token].item(), abs=1e-5)
+        assert entry.bytes == list(entry.token.encode("utf-8"))
+        assert len(entry.top_logprobs) == 3
+        assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob, abs=1e-6)  # greedy

@@ -3,6 +3,7 @@
     GET  /v1/models              the served model
     POST /v1/chat/completions    chat, streamed over SSE with "stream": true
     POST /v1/completions         raw-prompt completion, streamed likewise (the prompt as sent; see build_app)
+                                 `logprobs`/`echo` (chat: `logprobs`/`top_logprobs`) score tokens, unstreamed
     GET  /health                 liveness (no key needed)
 
 Every error is a JSON body in OpenAI's shape: bad input is a 400 (never a 500), an unknown model
@@ -26,7 +27,8 @@ from fastapi.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gym.serve.engine import Delta, Engine, Finished, RequestError
-from gym.serve.params import SamplingParams
+from gym.serve.logprobs import chat_logprobs, completion_logprobs
+from gym.serve.params import SamplingParams, Scoring
 from gym.serve.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -113,7 +115,7 @@ def build_app(
         _check_model(engine, body)
         prompt = engine.encode_chat([m.as_dict() for m in body.messages])
         params = _params(engine, limits, body, len(prompt), default_budget=None)
-        return await _respond(engine, gate, body, [prompt], params, chat=True)
+        return await _respond(engine, gate, body, [prompt], [0], params, chat=True)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest) -> Any:
@@ -122,8 +124,13 @@ def build_app(
         prompts = [engine.encode_completion(p, experiences=prefix) for p in body.prompts()]
         if not prompts:
             raise APIError(400, "prompt is empty", "invalid_request_error", "prompt")
+        # Where each caller's prompt begins in what the model sees (after an experience block, if any).
+        starts = [
+            len(ids) - len(engine.encode_completion(p)) if prefix else 0
+            for ids, p in zip(prompts, body.prompts(), strict=True)
+        ]
         params = _params(engine, limits, body, max(len(p) for p in prompts), default_budget=16)
-        return await _respond(engine, gate, body, prompts, params, chat=False)
+        return await _respond(engine, gate, body, prompts, starts, params, chat=False)
 
     return app
 
@@ -181,6 +188,7 @@ async def _respond(
     gate: _Gate,
     body: GenerationRequest,
     prompts: list[list[int]],
+    starts: list[int],
     params: SamplingParams,
     chat: bool,
 ) -> Any:
@@ -194,18 +202,13 @@ async def _respond(
         return EventSourceResponse(_stream(engine, gate, body, prompts, params, chat))
     try:
         results = await asyncio.gather(*(engine.agenerate(p, params) for p in prompts))
+        choices = [
+            await _choice(engine, body.scoring(), prompts[i], starts[i], i * params.n + c.index, c, chat)
+            for i, result in enumerate(results)
+            for c in result.choices
+        ]
     finally:
         gate.leave()
-    choices = []
-    for i, result in enumerate(results):
-        for c in result.choices:
-            item: dict[str, Any] = {
-                "index": i * params.n + c.index,
-                "finish_reason": c.finish_reason,
-                "logprobs": None,
-            }
-            item.update({"message": {"role": "assistant", "content": c.text}} if chat else {"text": c.text})
-            choices.append(item)
     prompt_tokens = sum(r.prompt_tokens for r in results)
     kind, prefix = ("chat.completion", "chatcmpl") if chat else ("text_completion", "cmpl")
     return envelope(
@@ -215,6 +218,20 @@ async def _respond(
         choices,
         usage=usage(prompt_tokens, sum(r.completion_tokens for r in results)),
     )
+
+
+async def _choice(
+    engine: Engine, scoring: Scoring, prompt: list[int], start: int, index: int, c: Finished, chat: bool
+) -> dict[str, Any]:
+    """One finished choice in the response, with its log-probabilities when the request asks."""
+    text, logprobs = c.text, None
+    if chat and scoring.top is not None:
+        logprobs = await chat_logprobs(engine, prompt, c, scoring.top)
+    elif not chat and scoring.wanted:
+        text, logprobs = await completion_logprobs(engine, prompt, start, c, scoring)
+    item: dict[str, Any] = {"index": index, "finish_reason": c.finish_reason, "logprobs": logprobs}
+    item.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+    return item
 
 
 async def _stream(
@@ -293,7 +310,7 @@ def _install_error_handlers(app: FastAPI) -> None:
             return JSONResponse(
                 error_body("the request body must be a JSON object", "invalid_request_error"), 400
             )
-        if first.get("type") == "unsupported":  # a field the request names that gym doesn't serve
+        if first.get("type") in ("unsupported", "param"):  # a check across fields, naming the one at fault
             message, where = str(first.get("msg")), str((first.get("ctx") or {}).get("param"))
         else:  # pydantic's "Value error, " says nothing to a client
             message = f"{where or 'body'}: {str(first.get('msg', 'invalid')).removeprefix('Value error, ')}"

@@ -10,10 +10,12 @@ queue; the scheduler takes everything waiting (up to `max_batch_size` rows, one 
 left-pads it into one batch and runs `generate` once. `RowSampler` (sampling.py) samples each
 row with its own parameters; `RowTracker` (requests.py), a stopping criterion called after every
 step, ends each row on its own end-of-sequence token, stop string or budget and publishes its
-text to the request as it grows. The engine stays usable as a library: `generate`/`chat` block, `agenerate`/
-`astream` await, and `submit` takes any callback. A TF-GRPO model's shipped experience library is
-injected into every chat prompt (gym.tfgrpo.injection): all of it, or, when the run set
-`retrieval_top_k`, the k experiences most similar to the request's last user message, as in training.
+text to the request as it grows. `token_logprobs` scores given ids in one forward pass (OpenAI's
+`logprobs`, gym/serve/logprobs.py), taking turns with generation. The engine stays usable as a
+library: `generate`/`chat` block, `agenerate`/`astream` await, and `submit` takes any callback.
+A TF-GRPO model's shipped experience library is injected into every chat prompt
+(gym.tfgrpo.injection): all of it, or, when the run set `retrieval_top_k`, the k experiences most
+similar to the request's last user message, as in training.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import queue
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,7 +39,28 @@ from gym.serve.sampling import RowSampler, row_generator
 from gym.templates import with_system
 from gym.tfgrpo.injection import ShippedLibrary, inject, inject_text, query_of
 
-__all__ = ["Delta", "Engine", "Event", "Failed", "Finished", "Request", "RequestError", "Result"]
+__all__ = [
+    "Delta",
+    "Engine",
+    "Event",
+    "Failed",
+    "Finished",
+    "Request",
+    "RequestError",
+    "Result",
+    "TokenLogprob",
+]
+
+SCORE_CHUNK = 512  # positions per float32 log-softmax when scoring (bounds the memory of a long prompt)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A token's log-probability where it stands, and the most likely tokens there: (id, logprob)."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
 
 
 class Engine:
@@ -79,6 +103,7 @@ class Engine:
         # shared across threads (a Rust tokenizer raises "Already borrowed"), hence two and a lock.
         self._encoder, self._decoder = tokenizer, copy.deepcopy(tokenizer)
         self._encode_lock = threading.Lock()
+        self._model_lock = threading.Lock()  # one forward at a time: a batch's generate, or scoring
         self.stats = {
             "batches": 0,
             "rows": 0,
@@ -172,6 +197,31 @@ class Engine:
         # The template (or the caller) already wrote any special tokens the prompt needs.
         with self._encode_lock:
             return list(self._encoder(prompt, add_special_tokens=False, verbose=False)["input_ids"])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Token ids' text (special tokens left out), from any thread."""
+        with self._encode_lock:
+            return str(self._encoder.decode(list(ids), skip_special_tokens=True))
+
+    def token_logprobs(self, ids: Sequence[int], top: int = 0) -> list[TokenLogprob | None]:
+        """Each token's log-probability given the ones before it (None for the first, which has no
+        context), with the `top` most likely tokens at its place: one forward pass over `ids`, the
+        model's own distribution (no temperature), as OpenAI's `logprobs` report it."""
+        ids = list(ids)
+        with self._model_lock, torch.inference_mode():
+            logits = self.model(input_ids=torch.tensor([ids], device=self.model.device)).logits[0, :-1]
+        out: list[TokenLogprob | None] = [None]
+        for start in range(0, len(ids) - 1, SCORE_CHUNK):  # float32 log-softmax a slice at a time
+            logp = logits[start : start + SCORE_CHUNK].float().log_softmax(-1)
+            target = torch.tensor(ids[start + 1 : start + 1 + len(logp)], device=logp.device)
+            chosen = logp.gather(1, target.unsqueeze(1)).squeeze(1).tolist()
+            best = logp.topk(min(top, logp.shape[-1]), dim=-1) if top else None
+            for i, value in enumerate(chosen):
+                alternatives = (
+                    list(zip(best.indices[i].tolist(), best.values[i].tolist(), strict=True)) if best else []
+                )
+                out.append(TokenLogprob(int(target[i]), value, alternatives))
+        return out
 
     # ---- requests -------------------------------------------------------------------------------------
 
@@ -316,7 +366,7 @@ class Engine:
             ]
             processors.append(RowSampler(params, gens))
         try:
-            with torch.inference_mode():
+            with self._model_lock, torch.inference_mode():
                 self.model.generate(
                     input_ids=torch.tensor(ids, device=self.model.device),
                     attention_mask=torch.tensor(mask, device=self.model.device),

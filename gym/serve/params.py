@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -23,3 +25,16 @@ class SamplingParams(BaseModel):
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """What a request asks of log-probabilities: `top` alternatives per token (None: no logprobs) and
+    whether the prompt is echoed (completions only)."""
+
+    top: int | None
+    echo: bool = False
+
+    @property
+    def wanted(self) -> bool:
+        return self.top is not None or self.echo

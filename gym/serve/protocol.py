@@ -2,8 +2,10 @@
 the endpoints answer with (the shapes the official `openai` client parses).
 
 Unknown fields are ignored as OpenAI's own API does (clients send `user`, `metadata`...); fields
-gym cannot honour (logprobs, tools, penalties, echo...) are refused with a 400 naming them rather
-than silently dropped. `ignore_eos` is vLLM's extension, for benchmarks.
+gym cannot honour (tools, penalties, logit_bias...) are refused with a 400 naming them rather
+than silently dropped. `ignore_eos` is vLLM's extension, for benchmarks. Log-probabilities are
+served (`logprobs`/`echo` on completions, `logprobs`/`top_logprobs` on chat: gym/serve/logprobs.py),
+except while streaming.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from gym.serve.params import Scoring
+
 MAX_STOPS = 4
+MAX_TOP_LOGPROBS = 20  # OpenAI's cap for chat's top_logprobs (vLLM's default for both endpoints)
 # Field -> the value that means "not asked for"; anything else is refused (not supported here).
 UNSUPPORTED: dict[str, Any] = {
-    "logprobs": None,
-    "top_logprobs": None,
     "tools": None,
     "tool_choice": None,
     "functions": None,
@@ -27,7 +30,6 @@ UNSUPPORTED: dict[str, Any] = {
     "logit_bias": None,
     "presence_penalty": 0,
     "frequency_penalty": 0,
-    "echo": False,
     "suffix": None,
     "best_of": 1,
     "response_format": None,
@@ -96,20 +98,52 @@ class GenerationRequest(BaseModel):
     def stops(self) -> tuple[str, ...]:
         return tuple(self.stop or ())
 
+    def scoring(self) -> Scoring:
+        return Scoring(None)
+
+    @model_validator(mode="after")
+    def _no_streamed_logprobs(self) -> GenerationRequest:
+        if self.stream and self.scoring().wanted:
+            asked = "echo" if self.scoring().top is None else "logprobs"
+            raise PydanticCustomError(
+                "unsupported",
+                "{param} is not served while streaming; send the request with stream false",
+                {"param": asked},
+            )
+        return self
+
 
 class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
     def budget(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    def scoring(self) -> Scoring:
+        return Scoring(self.top_logprobs or 0 if self.logprobs else None)
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise PydanticCustomError(
+                "param", "{param} needs logprobs set to true", {"param": "top_logprobs"}
+            )
+        return self
+
 
 class CompletionRequest(GenerationRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: bool = False
 
     def budget(self) -> int | None:
         return self.max_tokens
+
+    def scoring(self) -> Scoring:
+        return Scoring(self.logprobs, self.echo)
 
     def prompts(self) -> list[str | list[int]]:
         """One entry per prompt: text, or token ids."""

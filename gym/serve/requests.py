@@ -39,12 +39,14 @@ class Delta:
 
 @dataclass(frozen=True)
 class Finished:
-    """Choice `index` is complete: its whole text, why it ended and how many tokens it took."""
+    """Choice `index` is complete: its whole text, why it ended, how many tokens it took and their ids
+    (end-of-sequence excluded; with a stop string, the tokens that formed it included)."""
 
     index: int
     text: str
     finish_reason: str  # "stop" (end of turn or a stop string) or "length" (budget reached)
     completion_tokens: int
+    token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,7 @@ class Row:
         text = self.decode(self.ids) if text is None else text
         if self.request.stream and len(text) > self.emitted:
             self.request.emit(Delta(self.index, text[self.emitted :]))
-        self.request.emit(Finished(self.index, text, reason, len(self.ids)))
+        self.request.emit(Finished(self.index, text, reason, len(self.ids), tuple(self.ids)))
         self.done = True
 
 
