@@ -312,8 +312,10 @@ def cached_task_count(flow_run_id: str, settle_s: float = 0.2, timeout_s: float 
     """How many of the flow run's tasks the API records as Cached.
 
     Task-run states reach the API as events that the server records asynchronously, so a read
-    right after the flow can miss the last few. Send every pending event first, then read until
-    all task runs are final and two reads `settle_s` apart agree (at most `timeout_s`).
+    right after the flow can miss the last few, or (a busy machine, a temporary API still working
+    through its events) all of them. Send every pending event first, then read until the flow's
+    task runs show, all final, and two reads `settle_s` apart agree (at most `timeout_s`). Every gym
+    flow runs tasks, so a read that finds none is one the server has not caught up with.
     """
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
@@ -328,7 +330,7 @@ def cached_task_count(flow_run_id: str, settle_s: float = 0.2, timeout_s: float 
             runs = client.read_task_runs(flow_run_filter=flow_filter)
             seen = sorted((str(r.id), r.state.name if r.state else "") for r in runs)
             final = all(r.state is not None and r.state.is_final() for r in runs)
-            if (final and seen == previous) or time.monotonic() > deadline:
+            if (seen and final and seen == previous) or time.monotonic() > deadline:
                 return sum(1 for _, name in seen if name == "Cached")
             previous = seen if final else None
             time.sleep(settle_s)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from prefect import flow
+from prefect import flow, task
 from prefect.settings import PREFECT_TASKS_REFRESH_CACHE
 
 import tasks._common
@@ -121,3 +123,41 @@ def test_refresh_cache_flag_reaches_prefect(prefect_server, capsys):
         assert main(probe, TrainFlowConfig, [*argv, "--json"]) == 0
         summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         assert summary["refresh"] is expected and summary["cached_tasks"] == 0
+
+
+@task(name="recorded-late")
+def recorded_late() -> None:
+    """Never run: the test records its task runs through the API directly."""
+
+
+@flow(name="recorded-late")
+def recorded_late_flow() -> None:
+    """Never run: it names the flow run the test records task runs for."""
+
+
+def test_the_cached_count_waits_for_task_runs_the_api_has_not_recorded_yet(prefect_server):
+    """A busy server (a temporary API working through its events) records a flow's task runs late:
+    reads that find none of them yet are not the answer."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Completed, Pending
+
+    from flows.runner import cached_task_count
+
+    with get_client(sync_client=True) as client:
+        flow_run = client.create_flow_run(recorded_late_flow)
+
+    def record_later() -> None:
+        time.sleep(1.0)  # five settle intervals with nothing recorded
+        with get_client(sync_client=True) as client:
+            runs = [
+                client.create_task_run(recorded_late, flow_run.id, str(i), state=Pending()) for i in range(2)
+            ]
+            for run in runs:
+                client.set_task_run_state(run.id, Completed(name="Cached"), force=True)
+
+    recorder = threading.Thread(target=record_later)
+    recorder.start()
+    try:
+        assert cached_task_count(str(flow_run.id), timeout_s=30) == 2
+    finally:
+        recorder.join()
