@@ -197,6 +197,7 @@ BAD_BODIES = [
     ({"model": NAME, "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "x"}]}, 400, "tools"),
     ({"model": NAME, "messages": [{"role": "user"}], "logprobs": True, "stream": True}, 400, "logprobs"),
     ({"model": NAME, "messages": [{"role": "user"}], "top_logprobs": 2}, 400, "top_logprobs"),
+    ({"model": NAME, "messages": [{"role": "user"}], "presence_penalty": 2.5}, 400, "presence_penalty"),
     (
         {"model": NAME, "messages": [{"role": "user"}], "logprobs": True, "top_logprobs": 21},
         400,
@@ -245,7 +246,10 @@ MESSAGE = st.fixed_dictionaries(
 )
 FIELDS = {
     name: VALUES
-    for name in ("model", "temperature", "top_p", "n", "max_tokens", "stop", "seed", "stream", "logprobs")
+    for name in (
+        *("model", "temperature", "top_p", "n", "max_tokens", "stop", "seed", "stream", "logprobs", "echo"),
+        *("top_logprobs", "presence_penalty", "frequency_penalty"),
+    )
 }
 FIELDS["messages"] = st.one_of(VALUES, st.lists(MESSAGE, max_size=3))
 FIELDS["prompt"] = st.one_of(VALUES, st.lists(st.text(max_size=6), max_size=3))
@@ -343,3 +347,52 @@ def test_chat_logprobs_score_each_token_of_the_reply(client, engine, model_dir):
         assert entry.bytes == list(entry.token.encode("utf-8"))
         assert len(entry.top_logprobs) == 3
         assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob, abs=1e-6)  # greedy
+
+
+def penalized_greedy(model_dir: Path, prompt_ids: list[int], steps: int, presence: float, frequency: float):
+    """Greedy decoding with OpenAI's penalties applied by hand, no server: the reference."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    ids, reply = list(prompt_ids), []
+    for _ in range(steps):
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0, -1]
+        for token in set(reply):
+            logits[token] -= presence + frequency * reply.count(token)
+        token = int(logits.argmax())
+        if token == 2:  # <|im_end|>
+            break
+        reply.append(token)
+        ids.append(token)
+    return reply
+
+
+def test_presence_and_frequency_penalties_follow_openais_formula_row_by_row(url, engine, model_dir):
+    questions = ["name a river", "name a mountain", "count to ten", "say hello"]
+    plain = [engine.chat(ask(q), max_tokens=16, temperature=0).choices[0].text for q in questions]
+    expected = [
+        engine.decode(penalized_greedy(model_dir, engine.encode_chat(ask(q)), 16, 0.5, 1.5))
+        for q in questions
+    ]
+    assert sum(p != e for p, e in zip(plain, expected, strict=True)) >= 2  # the penalties change answers
+    batches_before = engine.stats["batches"]
+
+    async def burst():  # penalized and plain requests side by side: each row keeps its own
+        aclient = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+        penalty = {"presence_penalty": 0.5, "frequency_penalty": 1.5}
+        calls = [
+            aclient.chat.completions.create(
+                model=NAME, messages=ask(q), max_tokens=16, temperature=0, **(penalty if with_penalty else {})
+            )
+            for q in questions
+            for with_penalty in (True, False)
+        ]
+        try:
+            return await asyncio.gather(*calls)
+        finally:
+            await aclient.close()
+
+    replies = [r.choices[0].message.content for r in asyncio.run(burst())]
+    assert replies[0::2] == expected and replies[1::2] == plain
+    assert engine.stats["batches"] - batches_before < len(replies)

@@ -180,6 +180,8 @@ def _params(
         stop=body.stops(),
         seed=body.seed,
         ignore_eos=body.ignore_eos,
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
     )
 
 

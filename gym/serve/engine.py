@@ -35,7 +35,7 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 from gym.errors import GymError
 from gym.serve.params import SamplingParams
 from gym.serve.requests import Delta, Event, Failed, Finished, Request, RequestError, Result, Row, RowTracker
-from gym.serve.sampling import RowSampler, row_generator
+from gym.serve.sampling import Penalties, RowSampler, row_generator
 from gym.templates import with_system
 from gym.tfgrpo.injection import ShippedLibrary, inject, inject_text, query_of
 
@@ -359,6 +359,8 @@ class Engine:
         ids = [[self.pad_id] * (width - len(r.request.prompt_ids)) + r.request.prompt_ids for r in rows]
         mask = [[0] * (width - len(r.request.prompt_ids)) + [1] * len(r.request.prompt_ids) for r in rows]
         processors = LogitsProcessorList()
+        if any(p.penalized for p in params):
+            processors.append(Penalties(params, width))
         if not all(p.greedy for p in params):
             gens = [
                 None if p.greedy else row_generator(p.seed, row.index, self.model.device)

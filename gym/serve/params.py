@@ -21,10 +21,20 @@ class SamplingParams(BaseModel):
     stop: tuple[str, ...] = Field((), description="Generation ends before the first of these strings.")
     seed: int | None = Field(None, description="Same seed, same prompt, same parameters: same text.")
     ignore_eos: bool = Field(False, description="Keep generating past end-of-sequence (benchmarks).")
+    presence_penalty: float = Field(
+        0.0, ge=-2.0, le=2.0, description="Subtracted from the logit of every token the reply already has."
+    )
+    frequency_penalty: float = Field(
+        0.0, ge=-2.0, le=2.0, description="Subtracted from a token's logit once per time the reply has it."
+    )
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 the endpoints answer with (the shapes the official `openai` client parses).
 
 Unknown fields are ignored as OpenAI's own API does (clients send `user`, `metadata`...); fields
-gym cannot honour (tools, penalties, logit_bias...) are refused with a 400 naming them rather
+gym cannot honour (tools, logit_bias, response_format...) are refused with a 400 naming them rather
 than silently dropped. `ignore_eos` is vLLM's extension, for benchmarks. Log-probabilities are
 served (`logprobs`/`echo` on completions, `logprobs`/`top_logprobs` on chat: gym/serve/logprobs.py),
 except while streaming.
@@ -28,8 +28,6 @@ UNSUPPORTED: dict[str, Any] = {
     "functions": None,
     "function_call": None,
     "logit_bias": None,
-    "presence_penalty": 0,
-    "frequency_penalty": 0,
     "suffix": None,
     "best_of": 1,
     "response_format": None,
@@ -73,6 +71,8 @@ class GenerationRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
 
     @field_validator("stop")
     @classmethod

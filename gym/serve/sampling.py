@@ -1,4 +1,4 @@
-"""Per-request sampling inside one batched `generate`: temperature, top_p and seed row by row.
+"""Per-request sampling inside one batched `generate`: penalties, temperature, top_p and seed row by row.
 
 transformers' `generate` applies one sampling configuration to a whole batch. A server batches
 requests that each carry their own OpenAI parameters, so the engine runs `generate` greedily and
@@ -6,6 +6,8 @@ gives it `RowSampler`, a `LogitsProcessor` that draws each sampled row's token w
 temperature, nucleus and random generator and leaves only that token for the greedy step to
 pick. Greedy rows (temperature 0) pass through untouched. A seeded request draws from its own
 `torch.Generator`, so its text does not depend on which other requests share its batch.
+`Penalties` runs before it: OpenAI's presence and frequency penalties, on the tokens each row has
+generated so far.
 """
 
 from __future__ import annotations
@@ -64,3 +66,25 @@ class RowSampler(LogitsProcessor):
         out = scores.clone()
         out[index] = forced.to(scores.dtype)
         return out
+
+
+class Penalties(LogitsProcessor):
+    """OpenAI's presence and frequency penalties, row by row: a token's logit loses `frequency_penalty`
+    for each time the row's reply already holds it, and `presence_penalty` once if it holds it at all
+    (the prompt, the first `prompt_width` positions of every row, doesn't count)."""
+
+    def __init__(self, params: list[SamplingParams], prompt_width: int) -> None:
+        self.prompt_width = prompt_width
+        self.presence = torch.tensor([p.presence_penalty for p in params])
+        self.frequency = torch.tensor([p.frequency_penalty for p in params])
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        reply = input_ids[:, self.prompt_width :]
+        if reply.shape[1] == 0:
+            return scores
+        counts = torch.zeros(scores.shape, device=scores.device, dtype=torch.float32)
+        counts.scatter_add_(1, reply, torch.ones(reply.shape, device=scores.device, dtype=torch.float32))
+        frequency = self.frequency.to(scores.device).unsqueeze(-1)
+        presence = self.presence.to(scores.device).unsqueeze(-1)
+        penalty = counts * frequency + (counts > 0).float() * presence
+        return (scores.float() - penalty).to(scores.dtype)
