@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import openai
 import pytest
@@ -30,6 +31,8 @@ def test_gym_serve_answers_then_exits_cleanly_on_sigterm(gym_home):
             proc.stderr.read() if proc.poll() else "",
         )
         base = line.split(" at ", 1)[1].split()[0]
+        files = Path(proc.stdout.readline().split("model files: ", 1)[1].strip())
+        assert (files / "tokenizer.json").is_file() and (files / "config.json").is_file()
         client = openai.OpenAI(base_url=base, api_key=KEY, max_retries=0)
         reply = client.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0

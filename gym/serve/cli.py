@@ -79,6 +79,8 @@ def cmd_serve(argv: Sequence[str]) -> int:
     def ready(url: str) -> None:
         auth = f", bearer key from ${settings.api_key_env}" if key else ""
         print(f"gym serve: {engine.name} at {url}/v1 (OpenAI-compatible{auth}); Ctrl-C stops", flush=True)
+        # where its tokenizer is, for clients that tokenize themselves (lm-eval's `tokenizer=`)
+        print(f"  model files: {engine.source}", flush=True)
 
     try:
         app = build_app(engine, settings.limits, key, settings.completion_experiences)

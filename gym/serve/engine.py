@@ -76,8 +76,10 @@ class Engine:
         experiences: list[str] | ShippedLibrary | None = None,
         max_batch_size: int = 32,
         default_system: str | None = None,
+        source: str | None = None,
     ) -> None:
         self.model, self.name, self.chat_template = model.eval(), name, chat_template
+        self.source = source  # the folder the weights and tokenizer were loaded from (None: given objects)
         self.default_system = default_system  # conversations without a system message open with it
         if isinstance(experiences, list):
             experiences = ShippedLibrary(texts=experiences)
@@ -145,6 +147,7 @@ class Engine:
             experiences=served.library,
             max_batch_size=max_batch_size,
             default_system=served.ref.default_system,
+            source=str(served.path),
         )
 
     # ---- prompts --------------------------------------------------------------------------------------
