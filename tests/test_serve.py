@@ -198,6 +198,9 @@ BAD_BODIES = [
     ({"model": NAME, "messages": [{"role": "user"}], "logprobs": True, "stream": True}, 400, "logprobs"),
     ({"model": NAME, "messages": [{"role": "user"}], "top_logprobs": 2}, 400, "top_logprobs"),
     ({"model": NAME, "messages": [{"role": "user"}], "presence_penalty": 2.5}, 400, "presence_penalty"),
+    ({"model": NAME, "messages": [{"role": "user"}], "logit_bias": {"abc": 1}}, 400, "logit_bias"),
+    ({"model": NAME, "messages": [{"role": "user"}], "logit_bias": {"5": 101}}, 400, "logit_bias"),
+    ({"model": NAME, "messages": [{"role": "user"}], "logit_bias": {"99999": 1}}, 400, "logit_bias"),
     (
         {"model": NAME, "messages": [{"role": "user"}], "logprobs": True, "top_logprobs": 21},
         400,
@@ -248,7 +251,7 @@ FIELDS = {
     name: VALUES
     for name in (
         *("model", "temperature", "top_p", "n", "max_tokens", "stop", "seed", "stream", "logprobs", "echo"),
-        *("top_logprobs", "presence_penalty", "frequency_penalty"),
+        *("top_logprobs", "presence_penalty", "frequency_penalty", "logit_bias"),
     )
 }
 FIELDS["messages"] = st.one_of(VALUES, st.lists(MESSAGE, max_size=3))
@@ -349,8 +352,15 @@ def test_chat_logprobs_score_each_token_of_the_reply(client, engine, model_dir):
         assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob, abs=1e-6)  # greedy
 
 
-def penalized_greedy(model_dir: Path, prompt_ids: list[int], steps: int, presence: float, frequency: float):
-    """Greedy decoding with OpenAI's penalties applied by hand, no server: the reference."""
+def penalized_greedy(
+    model_dir: Path,
+    prompt_ids: list[int],
+    steps: int,
+    presence: float = 0.0,
+    frequency: float = 0.0,
+    bias: dict[int, float] | None = None,
+):
+    """Greedy decoding with OpenAI's logit bias and penalties applied by hand, no server: the reference."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)
@@ -358,6 +368,8 @@ def penalized_greedy(model_dir: Path, prompt_ids: list[int], steps: int, presenc
     for _ in range(steps):
         with torch.no_grad():
             logits = model(torch.tensor([ids])).logits[0, -1]
+        for token, value in (bias or {}).items():
+            logits[token] += value
         for token in set(reply):
             logits[token] -= presence + frequency * reply.count(token)
         token = int(logits.argmax())
@@ -396,3 +408,23 @@ def test_presence_and_frequency_penalties_follow_openais_formula_row_by_row(url,
     replies = [r.choices[0].message.content for r in asyncio.run(burst())]
     assert replies[0::2] == expected and replies[1::2] == plain
     assert engine.stats["batches"] - batches_before < len(replies)
+
+
+def test_logit_bias_bans_and_forces_tokens(client, engine, model_dir):
+    prompt = engine.encode_chat(ask("name a river"))
+    plain = direct_greedy(model_dir, prompt, 6)
+    ban = {plain[0]: -100.0}  # the answer's first token, never chosen again
+    banned = client.chat.completions.create(
+        model=NAME,
+        messages=ask("name a river"),
+        max_tokens=6,
+        temperature=0,
+        logit_bias={str(plain[0]): -100},
+    )
+    expected = penalized_greedy(model_dir, prompt, 6, bias=ban)
+    assert banned.choices[0].message.content == engine.decode(expected) and plain[0] not in expected
+    forced = engine.encode_text(" river")[0]
+    reply = client.completions.create(
+        model=NAME, prompt="name a river", max_tokens=4, temperature=0, logit_bias={str(forced): 100}
+    )
+    assert reply.choices[0].text == engine.decode([forced] * 4)

@@ -182,6 +182,7 @@ def _params(
         ignore_eos=body.ignore_eos,
         presence_penalty=body.presence_penalty or 0.0,
         frequency_penalty=body.frequency_penalty or 0.0,
+        logit_bias=body.bias_pairs(),
     )
 
 

@@ -234,6 +234,8 @@ class Engine:
             raise RequestError("the prompt is empty", "prompt")
         if min(prompt_ids) < 0 or max(prompt_ids) >= self.vocab_size:
             raise RequestError(f"prompt token ids must lie in [0, {self.vocab_size})", "prompt")
+        if any(not 0 <= token < self.vocab_size for token, _ in params.logit_bias):
+            raise RequestError(f"logit_bias token ids must lie in [0, {self.vocab_size})", "logit_bias")
         if params.n > self.max_batch_size:
             raise RequestError(f"n={params.n} exceeds the server's batch size {self.max_batch_size}", "n")
         total = len(prompt_ids) + params.max_tokens
@@ -363,7 +365,7 @@ class Engine:
         mask = [[0] * (width - len(r.request.prompt_ids)) + [1] * len(r.request.prompt_ids) for r in rows]
         processors = LogitsProcessorList()
         if any(p.penalized for p in params):
-            processors.append(Penalties(params, width))
+            processors.append(Penalties(params, width, self.vocab_size))
         if not all(p.greedy for p in params):
             gens = [
                 None if p.greedy else row_generator(p.seed, row.index, self.model.device)

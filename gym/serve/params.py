@@ -27,6 +27,9 @@ class SamplingParams(BaseModel):
     frequency_penalty: float = Field(
         0.0, ge=-2.0, le=2.0, description="Subtracted from a token's logit once per time the reply has it."
     )
+    logit_bias: tuple[tuple[int, float], ...] = Field(
+        (), description="(token id, bias) pairs: each bias (-100 to 100) is added to that token's logit."
+    )
 
     @property
     def greedy(self) -> bool:
@@ -34,7 +37,8 @@ class SamplingParams(BaseModel):
 
     @property
     def penalized(self) -> bool:
-        return bool(self.presence_penalty or self.frequency_penalty)
+        """Whether the logits need adjusting before the token is picked (penalties or a logit bias)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias)
 
 
 @dataclass(frozen=True)

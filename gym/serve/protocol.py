@@ -2,7 +2,7 @@
 the endpoints answer with (the shapes the official `openai` client parses).
 
 Unknown fields are ignored as OpenAI's own API does (clients send `user`, `metadata`...); fields
-gym cannot honour (tools, logit_bias, response_format...) are refused with a 400 naming them rather
+gym cannot honour (tools, response_format...) are refused with a 400 naming them rather
 than silently dropped. `ignore_eos` is vLLM's extension, for benchmarks. Log-probabilities are
 served (`logprobs`/`echo` on completions, `logprobs`/`top_logprobs` on chat: gym/serve/logprobs.py),
 except while streaming.
@@ -27,7 +27,6 @@ UNSUPPORTED: dict[str, Any] = {
     "tool_choice": None,
     "functions": None,
     "function_call": None,
-    "logit_bias": None,
     "suffix": None,
     "best_of": 1,
     "response_format": None,
@@ -73,6 +72,20 @@ class GenerationRequest(BaseModel):
     ignore_eos: bool = False
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for token, bias in (value or {}).items():
+            if not token.strip().isdecimal():  # what int() reads
+                raise ValueError(f"keys are token ids, not {token!r}")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"biases lie in [-100, 100], not {bias}")
+        return value
+
+    def bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        return tuple((int(token), float(bias)) for token, bias in (self.logit_bias or {}).items())
 
     @field_validator("stop")
     @classmethod

@@ -6,8 +6,8 @@ gives it `RowSampler`, a `LogitsProcessor` that draws each sampled row's token w
 temperature, nucleus and random generator and leaves only that token for the greedy step to
 pick. Greedy rows (temperature 0) pass through untouched. A seeded request draws from its own
 `torch.Generator`, so its text does not depend on which other requests share its batch.
-`Penalties` runs before it: OpenAI's presence and frequency penalties, on the tokens each row has
-generated so far.
+`Penalties` runs before it: OpenAI's logit bias, and its presence and frequency penalties on the
+tokens each row has generated so far.
 """
 
 from __future__ import annotations
@@ -69,16 +69,28 @@ class RowSampler(LogitsProcessor):
 
 
 class Penalties(LogitsProcessor):
-    """OpenAI's presence and frequency penalties, row by row: a token's logit loses `frequency_penalty`
-    for each time the row's reply already holds it, and `presence_penalty` once if it holds it at all
-    (the prompt, the first `prompt_width` positions of every row, doesn't count)."""
+    """OpenAI's logit adjustments, row by row: each row's `logit_bias` is added to its tokens' logits; a
+    token's logit loses `frequency_penalty` for each time the row's reply already holds it, and
+    `presence_penalty` once if it holds it at all (the prompt, the first `prompt_width` positions of
+    every row, doesn't count)."""
 
-    def __init__(self, params: list[SamplingParams], prompt_width: int) -> None:
+    def __init__(self, params: list[SamplingParams], prompt_width: int, vocab_size: int) -> None:
         self.prompt_width = prompt_width
         self.presence = torch.tensor([p.presence_penalty for p in params])
         self.frequency = torch.tensor([p.frequency_penalty for p in params])
+        self.bias = None
+        if any(p.logit_bias for p in params):
+            self.bias = torch.zeros(len(params), vocab_size)
+            for row, p in enumerate(params):
+                for token, value in p.logit_bias:
+                    self.bias[row, token] = value
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
+        if self.bias is not None:
+            width = min(scores.shape[-1], self.bias.shape[-1])  # the head may be wider than the vocabulary
+            biased = scores.float()
+            biased[:, :width] += self.bias[:, :width].to(scores.device)
+            scores = biased.to(scores.dtype)
         reply = input_ids[:, self.prompt_width :]
         if reply.shape[1] == 0:
             return scores
