@@ -7,33 +7,41 @@ what lm-eval's `local-completions` model reads to score multiple-choice tasks ov
 "bytes", "top_logprobs": [...]}]}` for the reply's tokens.
 
 A token's text is what it adds to the decoded whole, so the pieces join into the returned text (a
-character split over several tokens shows on the last of them). Each position's top tokens include
-the chosen one, as OpenAI's do (up to k + 1 entries). A reply cut at a stop string keeps the tokens
-that begin inside the returned text.
+character split over several tokens shows on the last of them). In the completions shape each
+position's top tokens include the chosen one, as OpenAI's did (up to k + 1 entries); chat gives the
+k most likely. A reply cut at a stop string keeps the tokens that begin inside the returned text.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from gym.serve.engine import Engine, Finished, TokenLogprob
 from gym.serve.params import Scoring
 
+LOOKBACK = 6  # tokens decoded before each one to read its text in context
+
 
 def pieces(decode: Callable[[Sequence[int]], str], ids: Sequence[int]) -> list[str]:
-    """Each token's share of `decode(ids)`: what decoding one more token adds."""
-    out, done = [], ""
+    """Each token's share of `decode(ids)`: what decoding it after the few tokens before it adds (a
+    short window, as incremental detokenizers do: a long prompt costs linear time, not quadratic)."""
+    out, carry = [], 0  # carry: tokens whose bytes don't make a whole character yet
     for i in range(len(ids)):
-        whole = decode(ids[: i + 1]).rstrip("\ufffd")  # a character still missing bytes isn't there yet
-        out.append(whole[len(done) :])
-        done = whole
+        start = max(0, i - carry - LOOKBACK)
+        before = decode(ids[start : i - carry]).rstrip("\ufffd")
+        after = decode(ids[start : i + 1])
+        if after.endswith("\ufffd"):  # a character still missing bytes shows once its last byte comes
+            out.append("")
+            carry += 1
+            continue
+        out.append(after[len(before) :])
+        carry = 0
     return out
 
 
 async def score(engine: Engine, ids: Sequence[int], top: int) -> list[TokenLogprob | None]:
-    import asyncio
-
     return await asyncio.to_thread(engine.token_logprobs, ids, top)
 
 
