@@ -428,3 +428,19 @@ def test_logit_bias_bans_and_forces_tokens(client, engine, model_dir):
         model=NAME, prompt="name a river", max_tokens=4, temperature=0, logit_bias={str(forced): 100}
     )
     assert reply.choices[0].text == engine.decode([forced] * 4)
+
+
+def test_an_answer_that_ends_at_once_still_scores_the_whole_echoed_prompt(client, engine, model_dir):
+    """lm-eval reads a prompt's scores as token_logprobs[ctxlen:-1]: the one generated token must be
+    listed even when it is the end of the text (forced here with a logit bias)."""
+    prompt = "The longest river in Europe is the Volga"
+    out = client.completions.create(
+        model=NAME, prompt=prompt, max_tokens=1, temperature=0, logprobs=1, echo=True, logit_bias={"2": 100}
+    )
+    choice, scored = out.choices[0], out.choices[0].logprobs
+    assert choice.finish_reason == "stop" and choice.text == prompt
+    ids = engine.encode_text(prompt)
+    assert len(scored.token_logprobs) == len(ids) + 1 and scored.tokens[-1] == ""
+    reference = reference_logprobs(model_dir, [*ids, 2])  # 2 = <|im_end|>, the model's own score for it
+    assert scored.token_logprobs[-1] == pytest.approx(reference[len(ids) - 1, 2].item(), abs=1e-5)
+    assert out.usage.completion_tokens == 0  # the text it adds is empty

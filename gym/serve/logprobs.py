@@ -10,6 +10,10 @@ A token's text is what it adds to the decoded whole, so the pieces join into the
 character split over several tokens shows on the last of them). In the completions shape each
 position's top tokens include the chosen one, as OpenAI's did (up to k + 1 entries); chat gives the
 k most likely. A reply cut at a stop string keeps the tokens that begin inside the returned text.
+A reply that ended on the end-of-sequence token lists it in the completions shape (its text is
+empty), as OpenAI and vLLM do: lm-eval reads every prompt token's score as all but the last entry,
+so `max_tokens: 1` must always add one, even when the model's most likely next token ends the text.
+Chat's content lists the reply's text tokens only.
 """
 
 from __future__ import annotations
@@ -93,7 +97,7 @@ def _top_map(engine: Engine, scored: TokenLogprob) -> dict[str, float]:
 
 async def chat_logprobs(engine: Engine, prompt: list[int], choice: Finished, top: int) -> dict[str, Any]:
     """The reply's `logprobs` object as chat completions give it."""
-    reply = pieces(engine.decode, choice.token_ids)
+    reply = pieces(engine.decode, choice.token_ids[: choice.completion_tokens])  # not the end token
     reply = reply[: _kept(reply, choice.text)]
     scored = (await score(engine, [*prompt, *choice.token_ids[: len(reply)]], top))[len(prompt) :]
     content = []

@@ -40,7 +40,8 @@ class Delta:
 @dataclass(frozen=True)
 class Finished:
     """Choice `index` is complete: its whole text, why it ended, how many tokens it took and their ids
-    (end-of-sequence excluded; with a stop string, the tokens that formed it included)."""
+    (with the end-of-sequence token it ended on, which the count and the text leave out; with a stop
+    string, the tokens that formed it)."""
 
     index: int
     text: str
@@ -103,7 +104,7 @@ class Row:
             self.done = True
             return
         if token in self.eos:
-            self.finish("stop")
+            self.finish("stop", end=token)
             return
         self.ids.append(token)
         text = None
@@ -123,11 +124,12 @@ class Row:
                 self.request.emit(Delta(self.index, text[self.emitted : end]))
                 self.emitted = end
 
-    def finish(self, reason: str, text: str | None = None) -> None:
+    def finish(self, reason: str, text: str | None = None, end: int | None = None) -> None:
         text = self.decode(self.ids) if text is None else text
         if self.request.stream and len(text) > self.emitted:
             self.request.emit(Delta(self.index, text[self.emitted :]))
-        self.request.emit(Finished(self.index, text, reason, len(self.ids), tuple(self.ids)))
+        ids = (*self.ids, end) if end is not None else tuple(self.ids)
+        self.request.emit(Finished(self.index, text, reason, len(self.ids), ids))
         self.done = True
 
 
