@@ -184,6 +184,8 @@ def test_serving_injects_each_request_its_own_experience(models):
         prefixed = engine.encode_text(inject_text("", [CAPITAL])) + engine.encode_text(raw)
         assert engine.encode_completion(raw, experiences=True) == prefixed
         assert engine.encode_completion(engine.encode_text(raw), experiences=True) == prefixed
+        # where the caller's prompt begins (an echoed completion shows and scores it from there)
+        assert engine.completion_ids(raw, experiences=True)[1] == len(prefixed) - len(engine.encode_text(raw))
 
         with serve_in_thread(build_app(engine, completion_experiences="prefix")) as url:
             client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)

@@ -121,14 +121,11 @@ def build_app(
     async def completions(body: CompletionRequest) -> Any:
         _check_model(engine, body)
         prefix = completion_experiences == "prefix"
-        prompts = [engine.encode_completion(p, experiences=prefix) for p in body.prompts()]
-        if not prompts:
+        # Each prompt's ids, and where the caller's own prompt begins (after an experience block, if any).
+        encoded = [engine.completion_ids(p, experiences=prefix) for p in body.prompts()]
+        if not encoded:
             raise APIError(400, "prompt is empty", "invalid_request_error", "prompt")
-        # Where each caller's prompt begins in what the model sees (after an experience block, if any).
-        starts = [
-            len(ids) - len(engine.encode_completion(p)) if prefix else 0
-            for ids, p in zip(prompts, body.prompts(), strict=True)
-        ]
+        prompts, starts = [ids for ids, _ in encoded], [start for _, start in encoded]
         params = _params(engine, limits, body, max(len(p) for p in prompts), default_budget=16)
         return await _respond(engine, gate, body, prompts, starts, params, chat=False)
 

@@ -185,16 +185,17 @@ class Engine:
     def encode_completion(self, prompt: str | list[int], experiences: bool = False) -> list[int]:
         """A raw completion prompt's ids: as sent, or (`experiences`, when the model ships a library)
         after the experience block and a blank line, the only place a raw prompt has for it."""
+        return self.completion_ids(prompt, experiences)[0]
+
+    def completion_ids(self, prompt: str | list[int], experiences: bool = False) -> tuple[list[int], int]:
+        """`encode_completion`'s ids, and where the caller's own prompt begins in them."""
         ids = self.encode_text(prompt) if isinstance(prompt, str) else list(prompt)
         if not (experiences and self.experiences):
-            return ids
-        if isinstance(prompt, str):
-            query = prompt  # the raw prompt is the question
-        else:
-            with self._encode_lock:  # the decoder belongs to the scheduler's thread
-                query = str(self._encoder.decode(ids, skip_special_tokens=True))
+            return ids, 0
+        query = prompt if isinstance(prompt, str) else self.decode(ids)  # the raw prompt is the question
         # Text and ids are encoded apart so that ids sent by the caller stay exactly as sent.
-        return self.encode_text(inject_text("", self.experiences_for(query))) + ids
+        block = self.encode_text(inject_text("", self.experiences_for(query)))
+        return block + ids, len(block)
 
     def encode_text(self, prompt: str) -> list[int]:
         # The template (or the caller) already wrote any special tokens the prompt needs.

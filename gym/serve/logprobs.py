@@ -65,13 +65,12 @@ async def completion_logprobs(
     """The choice's text (after the echoed prompt) and its legacy `logprobs` object (None unless asked).
     `prompt` is the ids the model saw; the caller's own prompt begins at `start` (before it: an
     experience block gym put there)."""
-    own = prompt[start:]
-    reply = pieces(engine.decode, choice.token_ids)
-    reply = reply[: _kept(reply, choice.text)]
-    shown = pieces(engine.decode, own) if scoring.echo else []
+    shown = pieces(engine.decode, prompt[start:]) if scoring.echo else []
     text = "".join(shown) + choice.text if scoring.echo else choice.text
     if scoring.top is None:
         return text, None
+    reply = pieces(engine.decode, choice.token_ids)
+    reply = reply[: _kept(reply, choice.text)]
     scored = await score(engine, [*prompt, *choice.token_ids[: len(reply)]], scoring.top)
     scored = scored[start:] if scoring.echo else scored[len(prompt) :]
     if scoring.echo:

@@ -116,8 +116,9 @@ class GenerationRequest(BaseModel):
 
     @model_validator(mode="after")
     def _no_streamed_logprobs(self) -> GenerationRequest:
-        if self.stream and self.scoring().wanted:
-            asked = "echo" if self.scoring().top is None else "logprobs"
+        scoring = self.scoring()
+        if self.stream and scoring.wanted:
+            asked = "echo" if scoring.top is None else "logprobs"
             raise PydanticCustomError(
                 "unsupported",
                 "{param} is not served while streaming; send the request with stream false",
