@@ -16,59 +16,28 @@ Ends with one JSON line.
 from __future__ import annotations
 
 import argparse
-import json
-import logging
-import os
-import sys
-import tempfile
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-DEFAULT_DATA = REPO.parent.parent / "shared" / "data" / "eval" / "mmlu"
+from mmlu_setup import add_options, prepare
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default=os.environ.get("GYM_MMLU", str(DEFAULT_DATA)))
-    parser.add_argument("--model", default="gym-tiny")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--shots", type=int, default=5)
-    parser.add_argument("--limit", type=int, default=None, help="Questions per subject (default: all).")
-    parser.add_argument("--subjects", nargs="+", default=None)
-    parser.add_argument("--chunks", type=int, default=8, help="Alternate the tools over this many chunks.")
+    add_options(parser, limit=None, chunks=8)
     args = parser.parse_args()
-    if not Path(args.data).exists():
-        sys.exit(f"MMLU not found at {args.data}: pass --data (a folder or zip in the original layout)")
+    setup = prepare(args)
+    keys, chunks = setup.keys, setup.chunks
 
-    import lm_eval
     from lm_eval.models.huggingface import HFLM
-    from lm_eval.tasks import TaskManager
 
-    from gym.eval.lm_eval_tasks import local_task_configs
-    from gym.eval.mc_data import load_benchmark
     from gym.eval.multiple_choice import MCSettings, evaluate_benchmark
     from gym.models import resolve
 
-    logging.getLogger("lm_eval").setLevel(logging.ERROR)  # not its per-request truncation warnings
     model = resolve(args.model)
-    everything = load_benchmark("mmlu", args.data, subjects=args.subjects, shots=args.shots)
-    keys = [s.info.key for s in everything.subjects]
-    chunks = [keys[i :: args.chunks] for i in range(min(args.chunks, len(keys)))]
-    work = Path(tempfile.mkdtemp(prefix="eval-speed-"))
-    configs = {c["task"]: c for c in local_task_configs(everything, work)}
 
     def run_lm_eval(subjects: list[str], limit: int | None) -> dict:
-        lm = HFLM(pretrained=model.path, batch_size=args.batch_size, device="cpu")
-        return lm_eval.simple_evaluate(
-            model=lm,
-            tasks=[configs[f"mmlu_{s}"] for s in subjects],
-            num_fewshot=args.shots,
-            limit=limit,
-            task_manager=TaskManager(include_defaults=False),
-            log_samples=True,
-            bootstrap_iters=0,
+        return setup.lm_eval(
+            HFLM(pretrained=model.path, batch_size=args.batch_size, device="cpu"), subjects, limit
         )
 
     def run_gym(subjects: list[str]):
@@ -122,19 +91,13 @@ def main() -> None:
         f"{len(differing)}/{compared}"
     )
     print(
-        json.dumps(
-            {
-                "gym_s": round(times["gym"], 2),
-                "lm_eval_s": round(times["lm-eval"], 2),
-                "speedup": round(ratio, 3),
-                "subjects": len(keys),
-                "subjects_identical": len(same),
-                "questions": compared,
-                "questions_differing": differing,
-                "batch_size": args.batch_size,
-                "shots": args.shots,
-                "model": args.model,
-            }
+        setup.summary(
+            gym_s=round(times["gym"], 2),
+            lm_eval_s=round(times["lm-eval"], 2),
+            speedup=round(ratio, 3),
+            subjects_identical=len(same),
+            questions=compared,
+            questions_differing=differing,
         )
     )
 

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from gym.serve.app import build_app
 from gym.serve.engine import Engine
+from gym.serve.scoring import plan
 from gym.serve.server import serve_in_thread
 from gym.serve.settings import Limits
 from tests.serve_fixtures import noisy_tiny
@@ -444,3 +445,130 @@ def test_an_answer_that_ends_at_once_still_scores_the_whole_echoed_prompt(client
     reference = reference_logprobs(model_dir, [*ids, 2])  # 2 = <|im_end|>, the model's own score for it
     assert scored.token_logprobs[-1] == pytest.approx(reference[len(ids) - 1, 2].item(), abs=1e-5)
     assert out.usage.completion_tokens == 0  # the text it adds is empty
+
+
+def test_scoring_several_sequences_in_one_pass_equals_scoring_each_alone(engine):
+    texts = ["The river", "A much longer prompt about rivers, mountains and the cities between them", "Hi"]
+    sequences = [engine.encode_text(t) for t in texts]
+    together = engine.score(sequences, top=3, next_token=True)  # right-padded to the longest
+    for ids, batched in zip(sequences, together, strict=True):
+        alone = engine.score([ids], top=3, next_token=True)[0]
+        assert len(batched) == len(ids) + 1 and batched[0] is None
+        assert [s.token for s in batched[1:]] == [*ids[1:], alone[-1].token]
+        for a, b in zip(alone[1:], batched[1:], strict=True):
+            assert b.logprob == pytest.approx(a.logprob, abs=1e-5)
+            assert [t for t, _ in b.top] == [t for t, _ in a.top]
+        assert batched[-1].logprob == pytest.approx(max(lp for _, lp in batched[-1].top), abs=1e-6)  # greedy
+
+
+LM_EVAL_REQUEST = {"max_tokens": 1, "temperature": 0, "logprobs": 1, "echo": True, "seed": 1234}
+
+
+def _scored_both_ways(client, engine, prompts):
+    """The same one-token greedy request through the scoring pass alone (what lm-eval sends) and
+    through generation (a stop string that never occurs forces it); and how many batches each ran."""
+    before = engine.stats["batches"]
+    fast = client.completions.create(model=NAME, prompt=prompts, **LM_EVAL_REQUEST)
+    middle = engine.stats["batches"]
+    generated = client.completions.create(model=NAME, prompt=prompts, stop=["\x00"], **LM_EVAL_REQUEST)
+    return fast, generated, (middle - before, engine.stats["batches"] - middle)
+
+
+def assert_same_completions(fast, generated):
+    assert fast.usage == generated.usage
+    for a, b in zip(fast.choices, generated.choices, strict=True):
+        assert (a.index, a.text, a.finish_reason) == (b.index, b.text, b.finish_reason)
+        assert a.logprobs.tokens == b.logprobs.tokens and a.logprobs.text_offset == b.logprobs.text_offset
+        assert a.logprobs.token_logprobs[0] is None and b.logprobs.token_logprobs[0] is None
+        assert a.logprobs.token_logprobs[1:] == pytest.approx(b.logprobs.token_logprobs[1:], abs=1e-5)
+        assert [list(t) for t in a.logprobs.top_logprobs[1:]] == [
+            list(t) for t in b.logprobs.top_logprobs[1:]
+        ]
+
+
+def test_a_greedy_one_token_scored_completion_is_read_from_the_scoring_pass(client, engine):
+    prompts = ["Question: which river is longest?\nAnswer: B", "The capital of France is", "2 + 2 ="]
+    fast, generated, batches = _scored_both_ways(client, engine, prompts)
+    assert batches == (0, 1)  # no generation for lm-eval's request; one batch otherwise
+    assert_same_completions(fast, generated)
+    assert all(
+        c.finish_reason == "length" and c.text.startswith(p)
+        for c, p in zip(fast.choices, prompts, strict=True)
+    )
+
+
+def test_the_scoring_pass_ends_the_text_where_generation_would(model_dir):
+    """When the most likely next token ends the text, the one-token answer is empty and lists that
+    token, as generation's does (here the prompt's greedy token is made an end-of-sequence token)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    prompt = "The capital of France is"
+    with Engine.load(str(model_dir), name=NAME) as plain:
+        greedy = plain.score([plain.encode_text(prompt)], next_token=True)[0][-1].token
+        template = plain.chat_template
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    model.generation_config.eos_token_id = [2, greedy]
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    ending = Engine(model, tokenizer, name=NAME, chat_template=template)
+    with ending, serve_in_thread(build_app(ending)) as base:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        fast, generated, batches = _scored_both_ways(client, ending, [prompt])
+    assert batches == (0, 1)
+    assert_same_completions(fast, generated)
+    choice = fast.choices[0]
+    assert choice.finish_reason == "stop" and choice.text == prompt and choice.logprobs.tokens[-1] == ""
+    assert fast.usage.completion_tokens == 0
+
+
+def test_echoed_token_texts_join_into_text_with_characters_split_over_tokens(client, engine):
+    prompt = "naïve café: 中文字符 and 🙂🙃 emoji"
+    ids = engine.encode_text(prompt)
+    assert len(ids) > len(prompt.encode("utf-8")) // 2  # byte-level pieces: characters span tokens
+    out = client.completions.create(
+        model=NAME, prompt=prompt, max_tokens=3, temperature=0, logprobs=0, echo=True
+    )
+    scored = out.choices[0].logprobs
+    assert "".join(scored.tokens) == out.choices[0].text and out.choices[0].text.startswith(prompt)
+    assert "" in scored.tokens[: len(ids)]  # a token ending mid-character shows no text of its own
+    assert len(scored.tokens) == len(scored.token_logprobs) == len(scored.text_offset)
+
+
+def test_sequences_opening_alike_score_as_each_alone_and_as_transformers_forward(engine, model_dir):
+    """A few-shot context with four answers (lm-eval's request) runs the context once for all four."""
+    context = engine.encode_text("Question: which of these rivers is the longest in Europe, and why?\n" * 3)
+    answers = [engine.encode_text(a) for a in (" A", " B. the Volga", " C", " D. the Danube, by far")]
+    sequences = [context + a for a in answers] + [context[:40]]  # and one that is only their opening
+    assert [p.shared for p in plan(sequences)] == [39]  # one pass, the opening run once
+    together = engine.score(sequences, top=2, next_token=True)
+    for ids, batched in zip(sequences, together, strict=True):
+        alone = engine.score([ids], top=2, next_token=True)[0]  # a plain pass of its own
+        reference = reference_logprobs(model_dir, ids)
+        assert len(batched) == len(ids) + 1 and batched[0] is None
+        for i, (a, b) in enumerate(zip(alone[1:], batched[1:], strict=True), start=1):
+            assert b.token == a.token and b.logprob == pytest.approx(a.logprob, abs=1e-5)
+            assert b.logprob == pytest.approx(reference[i - 1, b.token].item(), abs=1e-5)
+            assert [t for t, _ in b.top] == [t for t, _ in a.top]
+        assert batched[-1].token == int(reference[-1].argmax())  # the token greedy decoding picks
+
+
+def test_a_model_without_a_copyable_cache_scores_each_row_in_full(engine):
+    from gym.serve import scoring
+
+    class WithoutCache(torch.nn.Module):  # as a model that keeps no KV cache answers
+        def __init__(self, model):
+            super().__init__()
+            self.inner, self.device = model, model.device
+
+        def forward(self, **inputs):
+            out = self.inner(**inputs)
+            out.past_key_values = None
+            return out
+
+    context = engine.encode_text("Question: which of these rivers is the longest in Europe?\n" * 3)
+    sequences = [context + engine.encode_text(a) for a in (" A", " B", " C. the Danube")]
+    assert plan(sequences)[0].shared  # a shared pass is planned
+    got = scoring.score(WithoutCache(engine.model), threading.Lock(), engine.pad_id, sequences, 2, True)
+    want = engine.score(sequences, top=2, next_token=True)
+    for a, b in zip(got, want, strict=True):
+        assert [e.token for e in a[1:]] == [e.token for e in b[1:]]
+        assert [e.logprob for e in a[1:]] == pytest.approx([e.logprob for e in b[1:]], abs=1e-5)

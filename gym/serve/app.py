@@ -26,8 +26,15 @@ from fastapi.responses import JSONResponse
 from fastapi.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gym.serve.engine import Delta, Engine, Finished, RequestError
-from gym.serve.logprobs import chat_logprobs, completion_logprobs
+from gym.serve.engine import Delta, Engine, Finished, RequestError, Result
+from gym.serve.logprobs import (
+    Scored,
+    chat_logprobs,
+    completion_logprobs,
+    pieces_many,
+    score_choices,
+    score_next_token,
+)
 from gym.serve.params import SamplingParams, Scoring
 from gym.serve.protocol import (
     ChatCompletionRequest,
@@ -200,12 +207,30 @@ async def _respond(
     gate.enter()
     if body.stream:
         return EventSourceResponse(_stream(engine, gate, body, prompts, params, chat))
+    scoring = body.scoring()
+    scored: list[Scored | None]  # per choice, in order: what its logprobs are read from (None: not asked)
     try:
-        results = await asyncio.gather(*(engine.agenerate(p, params) for p in prompts))
+        if _next_token_only(params, scoring, chat):
+            assert scoring.top is not None
+            found = await score_next_token(engine, prompts, scoring.top)
+            results, scored = [Result([s.choice], len(s.prompt)) for s in found], list(found)
+        else:
+            results = list(await asyncio.gather(*(engine.agenerate(p, params) for p in prompts)))
+            pairs = [(prompts[i], c) for i, result in enumerate(results) for c in result.choices]
+            if scoring.top is None:
+                scored = [None] * len(pairs)
+            else:
+                scored = list(await score_choices(engine, pairs, scoring.top, chat))
+        flat = [(i, c) for i, result in enumerate(results) for c in result.choices]
+        # The echoed prompts' token texts, each prompt once (prompts that open alike share the work).
+        echoes: list[list[str] | None] = [None] * len(prompts)
+        if scoring.echo:
+            echoes = list(
+                pieces_many(engine.decode_many, [p[a:] for p, a in zip(prompts, starts, strict=True)])
+            )
         choices = [
-            await _choice(engine, body.scoring(), prompts[i], starts[i], i * params.n + c.index, c, chat)
-            for i, result in enumerate(results)
-            for c in result.choices
+            _choice(engine, starts[i], i * params.n + c.index, c, chat, s, echoes[i])
+            for (i, c), s in zip(flat, scored, strict=True)
         ]
     finally:
         gate.leave()
@@ -220,15 +245,30 @@ async def _respond(
     )
 
 
-async def _choice(
-    engine: Engine, scoring: Scoring, prompt: list[int], start: int, index: int, c: Finished, chat: bool
+def _next_token_only(params: SamplingParams, scoring: Scoring, chat: bool) -> bool:
+    """Whether the reply is one greedy token, scored: the scoring pass alone gives it (no generation)."""
+    plain = params.greedy and not (params.penalized or params.stop or params.ignore_eos)
+    return not chat and scoring.top is not None and plain and params.max_tokens == 1 and params.n == 1
+
+
+def _choice(
+    engine: Engine,
+    start: int,
+    index: int,
+    c: Finished,
+    chat: bool,
+    scored: Scored | None,
+    shown: list[str] | None,
 ) -> dict[str, Any]:
-    """One finished choice in the response, with its log-probabilities when the request asks."""
+    """One finished choice in the response, with its log-probabilities when the request asks (`scored`)
+    and, for an echoed completion, the prompt's token texts (`shown`)."""
     text, logprobs = c.text, None
-    if chat and scoring.top is not None:
-        logprobs = await chat_logprobs(engine, prompt, c, scoring.top)
-    elif not chat and scoring.wanted:
-        text, logprobs = await completion_logprobs(engine, prompt, start, c, scoring)
+    if chat and scored is not None:
+        logprobs = chat_logprobs(engine, scored)
+    elif scored is not None:
+        text, logprobs = completion_logprobs(engine, scored, start, shown)
+    elif shown is not None:
+        text = "".join(shown) + c.text
     item: dict[str, Any] = {"index": index, "finish_reason": c.finish_reason, "logprobs": logprobs}
     item.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
     return item

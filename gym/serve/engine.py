@@ -10,7 +10,7 @@ queue; the scheduler takes everything waiting (up to `max_batch_size` rows, one 
 left-pads it into one batch and runs `generate` once. `RowSampler` (sampling.py) samples each
 row with its own parameters; `RowTracker` (requests.py), a stopping criterion called after every
 step, ends each row on its own end-of-sequence token, stop string or budget and publishes its
-text to the request as it grows. `token_logprobs` scores given ids in one forward pass (OpenAI's
+text to the request as it grows. `score` scores given ids, several sequences per forward pass (OpenAI's
 `logprobs`, gym/serve/logprobs.py), taking turns with generation. The engine stays usable as a
 library: `generate`/`chat` block, `agenerate`/`astream` await, and `submit` takes any callback.
 A TF-GRPO model's shipped experience library is injected into every chat prompt
@@ -26,16 +26,17 @@ import queue
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
 from gym.errors import GymError
+from gym.serve import scoring
 from gym.serve.params import SamplingParams
 from gym.serve.requests import Delta, Event, Failed, Finished, Request, RequestError, Result, Row, RowTracker
 from gym.serve.sampling import Penalties, RowSampler, row_generator
+from gym.serve.scoring import TokenLogprob
 from gym.templates import with_system
 from gym.tfgrpo.injection import ShippedLibrary, inject, inject_text, query_of
 
@@ -50,17 +51,6 @@ __all__ = [
     "Result",
     "TokenLogprob",
 ]
-
-SCORE_CHUNK = 512  # positions per float32 log-softmax when scoring (bounds the memory of a long prompt)
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    """A token's log-probability where it stands, and the most likely tokens there: (id, logprob)."""
-
-    token: int
-    logprob: float
-    top: list[tuple[int, float]]
 
 
 class Engine:
@@ -105,6 +95,7 @@ class Engine:
         # shared across threads (a Rust tokenizer raises "Already borrowed"), hence two and a lock.
         self._encoder, self._decoder = tokenizer, copy.deepcopy(tokenizer)
         self._encode_lock = threading.Lock()
+        self._token_texts: dict[int, str] = {}
         self._model_lock = threading.Lock()  # one forward at a time: a batch's generate, or scoring
         self.stats = {
             "batches": 0,
@@ -207,25 +198,30 @@ class Engine:
         with self._encode_lock:
             return str(self._encoder.decode(list(ids), skip_special_tokens=True))
 
-    def token_logprobs(self, ids: Sequence[int], top: int = 0) -> list[TokenLogprob | None]:
-        """Each token's log-probability given the ones before it (None for the first, which has no
-        context), with the `top` most likely tokens at its place: one forward pass over `ids`, the
-        model's own distribution (no temperature), as OpenAI's `logprobs` report it."""
-        ids = list(ids)
-        with self._model_lock, torch.inference_mode():
-            logits = self.model(input_ids=torch.tensor([ids], device=self.model.device)).logits[0, :-1]
-        out: list[TokenLogprob | None] = [None]
-        for start in range(0, len(ids) - 1, SCORE_CHUNK):  # float32 log-softmax a slice at a time
-            logp = logits[start : start + SCORE_CHUNK].float().log_softmax(-1)
-            target = torch.tensor(ids[start + 1 : start + 1 + len(logp)], device=logp.device)
-            chosen = logp.gather(1, target.unsqueeze(1)).squeeze(1).tolist()
-            best = logp.topk(min(top, logp.shape[-1]), dim=-1) if top else None
-            for i, value in enumerate(chosen):
-                alternatives = (
-                    list(zip(best.indices[i].tolist(), best.values[i].tolist(), strict=True)) if best else []
-                )
-                out.append(TokenLogprob(int(target[i]), value, alternatives))
-        return out
+    def decode_many(self, sequences: Sequence[Sequence[int]]) -> list[str]:
+        """`decode` for a batch of id lists (one call into the tokenizer)."""
+        if not sequences:
+            return []
+        with self._encode_lock:
+            texts = self._encoder.batch_decode([list(ids) for ids in sequences], skip_special_tokens=True)
+        return [str(t) for t in texts]
+
+    def token_text(self, token: int) -> str:
+        """One token's text on its own, as `decode` gives it (remembered: the same ids recur)."""
+        text = self._token_texts.get(token)
+        if text is None:
+            text = self._token_texts[token] = self.decode([token])
+        return text
+
+    def score(
+        self, sequences: Sequence[Sequence[int]], top: int = 0, next_token: bool = False
+    ) -> list[list[TokenLogprob | None]]:
+        """Each sequence's tokens' log-probabilities given the ones before them (None for the first,
+        which has no context), with the `top` most likely tokens at each place, as OpenAI's `logprobs`
+        report them: the model's own distribution (no temperature). With `next_token`, each list ends
+        with one more entry: the most likely token after the sequence (what greedy decoding picks).
+        Sequences are batched, and a shared opening is run once (gym/serve/scoring.py)."""
+        return scoring.score(self.model, self._model_lock, self.pad_id, sequences, top, next_token)
 
     # ---- requests -------------------------------------------------------------------------------------
 

@@ -1,0 +1,169 @@
+"""Scoring given token ids with the served model: each token's log-probability where it stands.
+
+    entries = score(model, lock, pad_id, [ids_a, ids_b], top=1, next_token=True)
+
+The sequences of one call are planned into forward passes (`plan`): sequences that open with the
+same tokens (the same few-shot context followed by each answer, as lm-eval sends a multiple-choice
+question) share one pass over that context, whose cache then serves every continuation, as a
+server's prefix cache does; the rest share right-padded passes, similar lengths together. A
+batch's padding only ever follows a row's own tokens, which causal attention never lets them see,
+so no attention mask is passed and SDPA keeps its fused causal kernel.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+SCORE_CHUNK = 512  # positions per float32 normalisation (bounds the memory of a long prompt)
+SCORE_TOKENS = 4096  # positions per forward pass (rows x the longest), beyond one long sequence
+SHARED_PREFIX = 32  # tokens sequences must share before their shared part is run once for all
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A token's log-probability where it stands, and the most likely tokens there: (id, logprob)."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+Entries = list[TokenLogprob | None]
+
+
+@dataclass(frozen=True)
+class Pass:
+    """Sequences (their indices) run in one forward pass; `shared`: how many tokens they all open with
+    that are run once (0: a right-padded batch)."""
+
+    members: list[int]
+    shared: int = 0
+
+
+def _common(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    n = 0
+    while n < limit and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def plan(sequences: Sequence[Sequence[int]]) -> list[Pass]:
+    """The forward passes that score `sequences` (see the module docstring). A shared part always
+    leaves each member at least its last token, whose logits only the member's own pass can give."""
+    if not sequences:
+        return []
+    order = sorted(range(len(sequences)), key=lambda i: tuple(sequences[i]))  # shared openings side by side
+    passes, alone = [], []
+    group, shared = [order[0]], len(sequences[order[0]]) - 1 if order else 0
+    for i in [*order[1:], None]:
+        if i is not None:
+            seq, first = sequences[i], sequences[group[0]]
+            common = _common(first, seq, min(shared, len(seq) - 1))
+            widest = max(len(sequences[j]) for j in [*group, i]) - common
+            if common >= SHARED_PREFIX and (len(group) + 1) * widest <= SCORE_TOKENS:
+                group.append(i)
+                shared = common
+                continue
+        if len(group) > 1:
+            passes.append(Pass(group, shared))
+        else:
+            alone.extend(group)
+        if i is not None:
+            group, shared = [i], len(sequences[i]) - 1
+    group = []
+    for i in sorted(alone, key=lambda j: len(sequences[j])):
+        if group and (len(group) + 1) * len(sequences[i]) > SCORE_TOKENS:
+            passes.append(Pass(group))
+            group = []
+        group.append(i)
+    if group:
+        passes.append(Pass(group))
+    return passes
+
+
+def score(
+    model: Any,
+    lock: threading.Lock,
+    pad_id: int,
+    sequences: Sequence[Sequence[int]],
+    top: int = 0,
+    next_token: bool = False,
+) -> list[Entries]:
+    """Each sequence's entries: None for its first token (no context), then each token's
+    log-probability with the `top` most likely tokens at its place; with `next_token`, one more entry
+    for the most likely token after the sequence (what greedy decoding picks). `lock` is held while
+    the model runs (generation takes turns with scoring)."""
+    out: dict[int, Entries] = {}
+    with torch.inference_mode():
+        for p in plan(sequences):
+            rows = [list(sequences[i]) for i in p.members]
+            run = _shared if p.shared else _padded
+            out.update(zip(p.members, run(model, lock, pad_id, rows, p.shared, top, next_token), strict=True))
+    return [out[i] for i in range(len(sequences))]
+
+
+def _padded(
+    model: Any, lock: threading.Lock, pad_id: int, rows: list[list[int]], _: int, top: int, next_token: bool
+) -> list[Entries]:
+    width = max(map(len, rows))
+    ids = torch.tensor([r + [pad_id] * (width - len(r)) for r in rows], device=model.device)
+    with lock:
+        logits = model(input_ids=ids).logits
+    return [_entries(logits[b], r, top, next_token) for b, r in enumerate(rows)]
+
+
+def _shared(
+    model: Any,
+    lock: threading.Lock,
+    pad_id: int,
+    rows: list[list[int]],
+    shared: int,
+    top: int,
+    next_token: bool,
+) -> list[Entries]:
+    """The shared opening once (its cache copied to every row), then each row's own tokens."""
+    width = max(len(r) for r in rows) - shared
+    tails = [r[shared:] + [pad_id] * (width - len(r) + shared) for r in rows]
+    with lock:
+        head = model(input_ids=torch.tensor([rows[0][:shared]], device=model.device), use_cache=True)
+        cache = head.past_key_values
+        copyable = callable(getattr(cache, "batch_repeat_interleave", None))
+        if copyable:
+            cache.batch_repeat_interleave(len(rows))
+            logits = model(input_ids=torch.tensor(tails, device=model.device), past_key_values=cache).logits
+    if not copyable:  # a model that keeps no cache this can copy: each row in full
+        return _padded(model, lock, pad_id, rows, 0, top, next_token)
+    opening = _entries(head.logits[0], rows[0][:shared], top, False)  # the shared tokens' entries
+    last = head.logits[0, shared - 1 :]  # the distribution after the opening: each row's next token
+    return [
+        opening
+        + _entries(torch.cat([last, logits[b, : len(r) - shared]]), r[shared - 1 :], top, next_token)[1:]
+        for b, r in enumerate(rows)
+    ]
+
+
+def _entries(logits: torch.Tensor, ids: list[int], top: int, next_token: bool) -> Entries:
+    """One row's entries from its logits ([positions, vocab], float32 a slice at a time): a token's
+    log-probability is its logit less the log-sum-exp of its position's logits."""
+    out: Entries = [None]
+    end = len(ids) if next_token else len(ids) - 1
+    for start in range(0, end, SCORE_CHUNK):
+        x = logits[start : min(start + SCORE_CHUNK, end)].float()
+        norm = x.logsumexp(-1, keepdim=True)
+        given = ids[start + 1 : start + 1 + len(x)]
+        target = torch.tensor(given, dtype=torch.long, device=x.device)
+        if len(given) < len(x):  # the position after the sequence: its most likely token
+            target = torch.cat([target, x[-1].argmax().reshape(1)])
+        chosen = (x.gather(1, target.unsqueeze(1)) - norm).squeeze(1).tolist()
+        alternatives: list[list[tuple[int, float]]] = [[] for _ in chosen]
+        if top:
+            best = x.topk(min(top, x.shape[-1]), dim=-1) if top > 1 else x.max(-1, keepdim=True)
+            pairs = zip(best.indices.tolist(), (best.values - norm).tolist(), strict=True)
+            alternatives = [list(zip(i, v, strict=True)) for i, v in pairs]
+        out.extend(map(TokenLogprob, target.tolist(), chosen, alternatives))
+    return out
