@@ -183,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--temperature", type=float, default=DEFAULTS["temperature"], help="Sampling temperature."
     )
     parser.add_argument(
-        "--max-tokens", type=int, default=DEFAULTS["max_tokens"], help="Longest reply, in tokens."
+        "--max-tokens", type=_tokens, default=DEFAULTS["max_tokens"], help="Longest reply, in tokens."
     )
     parser.add_argument("--top-p", type=float, default=DEFAULTS["top_p"], help="Nucleus sampling mass.")
     parser.add_argument("--system", default=None, help="System message every conversation opens with.")
@@ -191,6 +191,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--trust-remote-code", action="store_true", help="Run Python code from the model repository."
     )
     return parser
+
+
+def _tokens(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of tokens, at least 1 (got {value!r})")
+    return int(value)
 
 
 def _port(value: str) -> int:

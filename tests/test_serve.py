@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gym.serve.app import build_app
-from gym.serve.engine import Engine
+from gym.serve.engine import Engine, RequestError
+from gym.serve.params import SamplingParams
 from gym.serve.scoring import plan
 from gym.serve.server import serve_in_thread
 from gym.serve.settings import Limits
@@ -572,3 +573,36 @@ def test_a_model_without_a_copyable_cache_scores_each_row_in_full(engine):
     for a, b in zip(got, want, strict=True):
         assert [e.token for e in a[1:]] == [e.token for e in b[1:]]
         assert [e.logprob for e in a[1:]] == pytest.approx([e.logprob for e in b[1:]], abs=1e-5)
+
+
+def test_max_tokens_zero_scores_the_echoed_prompt_without_generating(client, engine, model_dir, url):
+    """OpenAI's legacy completions (and harnesses written for them) score a prompt with
+    `echo: true, max_tokens: 0`: the prompt comes back with its scores, nothing generated."""
+    prompt = "The longest river in Europe is the Volga"
+    ids = engine.encode_text(prompt)
+    before = engine.stats["batches"]
+    out = client.completions.create(
+        model=NAME, prompt=[prompt, "2 + 2 ="], max_tokens=0, echo=True, logprobs=2
+    )
+    assert engine.stats["batches"] == before  # no generation
+    choice, scored = out.choices[0], out.choices[0].logprobs
+    assert (choice.text, choice.finish_reason) == (prompt, "length") and out.usage.completion_tokens == 0
+    assert "".join(scored.tokens) == prompt and len(scored.token_logprobs) == len(ids)
+    reference = reference_logprobs(model_dir, ids)
+    assert scored.token_logprobs[0] is None
+    assert scored.token_logprobs[1:] == pytest.approx(
+        [reference[i - 1, t].item() for i, t in enumerate(ids) if i], abs=1e-5
+    )
+    assert out.choices[1].text == "2 + 2 ="
+    plain = client.completions.create(model=NAME, prompt=prompt, max_tokens=0, logprobs=1)
+    assert plain.choices[0].text == "" and plain.choices[0].logprobs.tokens == []
+    assert client.completions.create(model=NAME, prompt=prompt, max_tokens=0).choices[0].logprobs is None
+    for body in (
+        {"model": NAME, "prompt": prompt, "max_tokens": 0, "stream": True},
+        {"model": NAME, "messages": ask("hi"), "max_tokens": 0},
+    ):
+        path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
+        r = httpx.post(f"{url}{path}", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
+    with pytest.raises(RequestError, match="nothing to generate"):
+        engine.generate(ids, SamplingParams(max_tokens=0))

@@ -102,6 +102,16 @@ def test_the_web_chat_on_a_busy_port_fails_before_loading_the_model(gym_home, ca
         assert "a port from 1 to 65535" in capsys.readouterr().err
 
 
+def test_a_reply_length_below_one_token_is_refused_before_the_model_loads(capsys):
+    """It was a pydantic traceback from the first message on."""
+    from flows.cli import main
+
+    for bad in ("0", "-3", "many"):
+        with pytest.raises(SystemExit):
+            main(["chat", "--model", "no-such-model", "--max-tokens", bad])
+        assert "argument --max-tokens: a whole number of tokens, at least 1" in capsys.readouterr().err
+
+
 class Spy:
     """The real engine, recording what each reply was asked with."""
 

@@ -210,7 +210,19 @@ async def _respond(
     scoring = body.scoring()
     scored: list[Scored | None]  # per choice, in order: what its logprobs are read from (None: not asked)
     try:
-        if _next_token_only(params, scoring, chat):
+        if params.max_tokens == 0:  # OpenAI's legacy completions: the prompt only, echoed and scored
+            scores = (
+                None if scoring.top is None else await asyncio.to_thread(engine.score, prompts, scoring.top)
+            )
+            results = [
+                Result([Finished(j, "", "length", 0) for j in range(params.n)], len(p)) for p in prompts
+            ]
+            scored = [
+                None if scores is None else Scored(prompts[i], c, [], scores[i])
+                for i, result in enumerate(results)
+                for c in result.choices
+            ]
+        elif _next_token_only(params, scoring, chat):
             assert scoring.top is not None
             found = await score_next_token(engine, prompts, scoring.top)
             results, scored = [Result([s.choice], len(s.prompt)) for s in found], list(found)

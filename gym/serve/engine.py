@@ -253,6 +253,8 @@ class Engine:
     ) -> Request:
         """Queue a request; `emit` gets its events on the scheduler thread. Returns it (for `cancel`)."""
         self.check(prompt_ids, params)
+        if params.max_tokens == 0:
+            raise RequestError("max_tokens is 0: there is nothing to generate", "max_tokens")
         if not self._thread.is_alive():
             raise GymError(f"engine {self.name!r} is closed")
         request = Request(list(prompt_ids), params, emit, stream)

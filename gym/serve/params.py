@@ -12,7 +12,11 @@ class SamplingParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_tokens: int = Field(16, ge=1, description="Most tokens to generate per choice.")
+    max_tokens: int = Field(
+        16,
+        ge=0,
+        description="Most tokens to generate per choice (0: none; completions then only score the prompt).",
+    )
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="0 is greedy; higher is more random.")
     top_p: float = Field(
         1.0, gt=0.0, le=1.0, description="Nucleus: sample from the smallest set of this mass."

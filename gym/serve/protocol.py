@@ -152,6 +152,17 @@ class CompletionRequest(GenerationRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = False
+    max_tokens: int | None = Field(None, ge=0)  # 0: nothing generated, the prompt echoed/scored (legacy)
+
+    @model_validator(mode="after")
+    def _nothing_to_stream(self) -> CompletionRequest:
+        if self.stream and self.max_tokens == 0:
+            raise PydanticCustomError(
+                "unsupported",
+                "{param} 0 generates nothing to stream; send the request with stream false",
+                {"param": "max_tokens"},
+            )
+        return self
 
     def budget(self) -> int | None:
         return self.max_tokens
