@@ -102,14 +102,23 @@ def test_the_web_chat_on_a_busy_port_fails_before_loading_the_model(gym_home, ca
         assert "a port from 1 to 65535" in capsys.readouterr().err
 
 
-def test_a_reply_length_below_one_token_is_refused_before_the_model_loads(capsys):
-    """It was a pydantic traceback from the first message on."""
+def test_sampling_flags_out_of_range_are_refused_before_the_model_loads(capsys):
+    """Each was a pydantic traceback from the first message on."""
     from flows.cli import main
 
     for bad in ("0", "-3", "many"):
         with pytest.raises(SystemExit):
             main(["chat", "--model", "no-such-model", "--max-tokens", bad])
         assert "argument --max-tokens: a whole number of tokens, at least 1" in capsys.readouterr().err
+    for flag, bad, says in (
+        ("--temperature", "5", "less than or equal to 2 (got 5.0)"),
+        ("--temperature", "-1", "greater than or equal to 0 (got -1.0)"),
+        ("--top-p", "0", "greater than 0 (got 0.0)"),
+    ):
+        with pytest.raises(SystemExit):
+            main(["chat", "--model", "no-such-model", flag, bad])
+        err = capsys.readouterr().err
+        assert f"argument {flag}: input should be {says}" in err and "no-such-model" not in err
 
 
 class Spy:
