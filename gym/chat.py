@@ -193,19 +193,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _check_sampling(parser: argparse.ArgumentParser, params: dict[str, Any]) -> None:
+def _check_sampling(params: dict[str, Any]) -> None:
     """Sampling flags out of range stop here, naming the flag (before the model loads), by the same
     rules the server applies to a request."""
     from pydantic import ValidationError
 
+    from gym.cli_options import flag_error
     from gym.serve.params import SamplingParams
 
     try:
         SamplingParams(**params)
     except ValidationError as exc:
-        error = exc.errors()[0]
-        flag = "--" + str(error["loc"][0]).replace("_", "-")
-        parser.error(f"argument {flag}: {error['msg'][0].lower()}{error['msg'][1:]} (got {error['input']})")
+        raise flag_error(exc) from None
 
 
 def _tokens(value: str) -> int:
@@ -237,7 +236,7 @@ def cmd_chat(argv: Sequence[str]) -> int:
     from gym.serve.engine import Engine
 
     params = {"temperature": args.temperature, "max_tokens": args.max_tokens, "top_p": args.top_p}
-    _check_sampling(parser, params)
+    _check_sampling(params)
     with Engine.load(args.model, template=args.template, trust_remote_code=args.trust_remote_code) as engine:
         if args.ui:
             build_ui(engine, system=args.system, **params).launch(

@@ -17,7 +17,7 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, NoReturn, get_args, get_origin
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from gym.errors import ConfigError
 
@@ -111,6 +111,20 @@ def similar_flags(flag: str, names: Sequence[str], n: int = 3) -> list[str]:
         if k in known and known[k] not in out:
             out.append(known[k])
     return out[:n]
+
+
+def flag_error(exc: ValidationError, dashes: bool = True) -> ConfigError:
+    """Settings built from flags that failed validation, as one line naming the flag and the value:
+    `--shard-size: <what is wrong> (got '0')` (`dashes`: the command spells its flags with dashes)."""
+    first = exc.errors()[0]
+    field = ".".join(str(p) for p in first["loc"])
+    message = first["msg"].removeprefix("Value error, ")  # a validator's own words, as it wrote them
+    given = first.get("input")
+    shown = isinstance(given, str | int | float) and repr(given) not in message
+    return ConfigError(
+        f"--{field.replace('_', '-') if dashes else field}: {message}"
+        + (f" (got {given!r})" if shown else "")
+    )
 
 
 TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")

@@ -18,17 +18,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from gym import workspace
 from gym.card import render
-from gym.cli_options import ArgumentParser
+from gym.cli_options import ArgumentParser, flag_error
 from gym.errors import ConfigError
 from gym.lineage import Lineage
 from gym.ollama import gguf_notes, modelfile
@@ -54,6 +55,20 @@ class ExportSettings(BaseModel):
     gguf: bool = Field(False, description="Add GGUF.md: how to convert with llama.cpp.")
     ollama: bool = Field(False, description="Add an Ollama Modelfile with the chat template and stop tokens.")
     trust_remote_code: bool = Field(False, description="Run Python code from the model repository.")
+
+    @field_validator("shard_size")
+    @classmethod
+    def _a_size(cls, value: str) -> str:
+        """What huggingface_hub's sharding reads (a number, then KB, MB, GB or TB), and more than 0."""
+        found = SIZE.fullmatch(value)
+        if not found or float(found[1]) <= 0:
+            raise ValueError(
+                f"a size above 0 with its unit: KB, MB, GB or TB, e.g. 500MB or 2GB (got {value!r})"
+            )
+        return value
+
+
+SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(?:[KMGT]B)\s*", re.IGNORECASE)
 
 
 @dataclass
@@ -339,14 +354,17 @@ def cmd_export(argv: Sequence[str]) -> int:
 
     parser = build_parser()
     args = parser.parse_args(translate("export", argv, parser))
-    settings = ExportSettings(
-        shard_size=args.shard_size,
-        dtype=args.dtype,
-        adapter_only=args.adapter_only,
-        gguf=args.gguf,
-        ollama=args.ollama,
-        trust_remote_code=args.trust_remote_code,
-    )
+    try:
+        settings = ExportSettings(
+            shard_size=args.shard_size,
+            dtype=args.dtype,
+            adapter_only=args.adapter_only,
+            gguf=args.gguf,
+            ollama=args.ollama,
+            trust_remote_code=args.trust_remote_code,
+        )
+    except ValidationError as exc:  # before the model is resolved
+        raise flag_error(exc) from None
     out = export_model(args.model, Path(args.out), settings, base=args.base, template=args.template)
     print(f"exported {args.model} to {out}")
     return 0

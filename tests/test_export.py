@@ -166,3 +166,22 @@ def test_gym_export_refuses_to_overwrite_foreign_folders(gym_home, tmp_path, cap
     assert (tmp_path / "ok" / "model.safetensors").is_file() and (tmp_path / "ok" / "Modelfile").is_file()
     assert main(["export", "--model", "gym-tiny", "--out", str(tmp_path / "ok")]) == 0  # gym's own: replaced
     assert not (tmp_path / "ok" / "Modelfile").exists()
+
+
+def test_a_shard_size_sharding_cannot_read_is_refused_before_the_model_is_resolved(
+    gym_home, tmp_path, capsys
+):
+    """It was huggingface_hub's ValueError traceback, after the model had loaded."""
+    from flows.cli import main
+
+    for bad in ("0", "5", "0MB", "two GB", "1PB"):
+        assert (
+            main(["export", "--model", "no-such-model", "--out", str(tmp_path / "x"), "--shard-size", bad])
+            == 2
+        )
+        err = capsys.readouterr().err.strip()
+        says = "a size above 0 with its unit: KB, MB, GB or TB, e.g. 500MB or 2GB"
+        assert err == f"error: --shard-size: {says} (got {bad!r})"
+        assert not (tmp_path / "x").exists()
+    for good in ("500MB", "0.5gb", "1.5 TB", "400KB"):
+        assert ExportSettings(shard_size=good).shard_size == good

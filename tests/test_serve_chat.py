@@ -115,10 +115,9 @@ def test_sampling_flags_out_of_range_are_refused_before_the_model_loads(capsys):
         ("--temperature", "-1", "greater than or equal to 0 (got -1.0)"),
         ("--top-p", "0", "greater than 0 (got 0.0)"),
     ):
-        with pytest.raises(SystemExit):
-            main(["chat", "--model", "no-such-model", flag, bad])
+        assert main(["chat", "--model", "no-such-model", flag, bad]) == 2
         err = capsys.readouterr().err
-        assert f"argument {flag}: input should be {says}" in err and "no-such-model" not in err
+        assert f"error: {flag}: Input should be {says}" in err and "no-such-model" not in err
 
 
 class Spy:

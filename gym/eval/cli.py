@@ -22,8 +22,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from gym.cli_options import ArgumentParser
-from gym.errors import ConfigError
+from gym.cli_options import ArgumentParser, flag_error
 from gym.eval.benchmarks import BENCHMARKS
 from gym.eval.mc_score import resolve_device
 from gym.eval.results import EvalResult
@@ -73,7 +72,7 @@ def cmd_eval(argv: Sequence[str]) -> int:
     try:
         run = _prepare(args)  # settings, data and task names checked before the model is resolved
     except ValidationError as exc:
-        raise ConfigError(_first_error(exc)) from None
+        raise flag_error(exc) from None
     from gym.models import resolve
 
     result = run(resolve(args.model, args.template, args.trust_remote_code))
@@ -149,12 +148,6 @@ def _prepare(args: argparse.Namespace) -> Callable[[ModelRef], EvalResult]:
 
         return lambda model: run_on_local_files(model, mc)
     return lambda model: evaluate_benchmark(model, mc)
-
-
-def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    field = ".".join(str(p) for p in err["loc"])
-    return f"--{field.replace('_', '-')}: {err['msg']}"
 
 
 def table(result: EvalResult) -> str:

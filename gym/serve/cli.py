@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
-from gym.cli_options import ArgumentParser, add_config_options, overrides_from
+from gym.cli_options import ArgumentParser, add_config_options, flag_error, overrides_from
 from gym.errors import ConfigError
 from gym.serve.settings import ServeSettings
 
@@ -36,9 +36,7 @@ def parse_settings(argv: Sequence[str], prog: str = "gym serve") -> ServeSetting
     try:
         return ServeSettings.model_validate(overrides_from(args, ServeSettings))
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"])
-        raise ConfigError(f"--{field}: {first['msg']}") from exc
+        raise flag_error(exc, dashes=False) from exc
 
 
 def api_key(env_var: str | None) -> str | None:
