@@ -13,6 +13,7 @@ what needs Prefect's client: the work pool and the GPU concurrency limit.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -20,7 +21,8 @@ import sys
 from collections.abc import Sequence
 
 from gym import services, workspace
-from gym.cli_options import ArgumentParser
+from gym.cli_options import ArgumentParser, port
+from gym.errors import ConfigError
 
 
 def gpu_count() -> int:
@@ -57,7 +59,12 @@ def prepare_server(api_url: str, pool: str = services.WORK_POOL) -> dict[str, in
 
 def _port(env: str) -> int | None:
     value = os.environ.get(env)
-    return int(value) if value else None
+    if not value:
+        return None
+    try:
+        return port(any_free=True)(value)
+    except argparse.ArgumentTypeError as exc:
+        raise ConfigError(f"${env}: {exc}") from None
 
 
 def cmd_up(argv: Sequence[str]) -> int:
@@ -66,13 +73,13 @@ def cmd_up(argv: Sequence[str]) -> int:
     )
     parser.add_argument(
         "--prefect-port",
-        type=int,
+        type=port(any_free=True),
         default=_port("GYM_PREFECT_PORT"),
         help="Default: $GYM_PREFECT_PORT, else 4200 if free, else any (0: any).",
     )
     parser.add_argument(
         "--mlflow-port",
-        type=int,
+        type=port(any_free=True),
         default=_port("GYM_MLFLOW_PORT"),
         help="Default: $GYM_MLFLOW_PORT, else 5000 if free, else any (0: any).",
     )

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO
 
-from gym.cli_options import ArgumentParser
+from gym.cli_options import ArgumentParser, port
 from gym.errors import MissingExtraError
 from gym.serve.requests import RequestError
 
@@ -178,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--template", default=None, help="Chat template (default: the model's).")
     parser.add_argument("--ui", action="store_true", help="Open a Gradio web chat instead of the terminal.")
     parser.add_argument("--host", default="127.0.0.1", help="--ui: interface to listen on.")
-    parser.add_argument("--port", type=_port, default=7860, help="--ui: port.")
+    # Gradio needs a fixed port: 0 (any free one, as `gym serve` takes it) means nothing to it.
+    parser.add_argument("--port", type=port(any_free=False), default=7860, help="--ui: port.")
     parser.add_argument(
         "--temperature", type=float, default=DEFAULTS["temperature"], help="Sampling temperature."
     )
@@ -210,13 +211,6 @@ def _check_sampling(params: dict[str, Any]) -> None:
 def _tokens(value: str) -> int:
     if not value.isdigit() or int(value) < 1:
         raise argparse.ArgumentTypeError(f"a whole number of tokens, at least 1 (got {value!r})")
-    return int(value)
-
-
-def _port(value: str) -> int:
-    """A fixed port for Gradio (it cannot take 0, any free port, as `gym serve` does)."""
-    if not value.isdigit() or not 1 <= int(value) <= 65535:
-        raise argparse.ArgumentTypeError(f"a port from 1 to 65535 (got {value!r})")
     return int(value)
 
 

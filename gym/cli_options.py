@@ -13,7 +13,7 @@ import json
 import sys
 import types
 import typing
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, NoReturn, get_args, get_origin
 
@@ -111,6 +111,18 @@ def similar_flags(flag: str, names: Sequence[str], n: int = 3) -> list[str]:
         if k in known and known[k] not in out:
             out.append(known[k])
     return out[:n]
+
+
+def port(any_free: bool) -> Callable[[str], int]:
+    """An argparse type for a TCP port: 1-65535, or 0 too (`any_free`: the system picks a free one)."""
+    low = 0 if any_free else 1
+
+    def parse(value: str) -> int:
+        if not value.strip().isdigit() or not low <= int(value) <= 65535:
+            raise argparse.ArgumentTypeError(f"a port from {low} to 65535 (got {value!r})")
+        return int(value)
+
+    return parse
 
 
 def flag_error(exc: ValidationError, dashes: bool = True) -> ConfigError:

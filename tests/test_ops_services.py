@@ -80,3 +80,17 @@ def image_pools_deploy(stack) -> None:
         assert dep.work_pool_name == "gym-docker" and dep.job_variables == {"image": "gym:latest"}
         assert not dep.pull_steps and dep.entrypoint.startswith("flows/")
     assert weekly.schedules[0].schedule.cron == "0 3 * * 1"
+
+
+def test_a_port_out_of_range_stops_gym_up_before_anything_starts(gym_home, monkeypatch, capsys):
+    """Both were tracebacks (OverflowError from bind, ValueError from int)."""
+    from flows.cli import main
+
+    for flag, bad in (("--prefect-port", "99999"), ("--mlflow-port", "x"), ("--prefect-port", "-1")):
+        with pytest.raises(SystemExit):
+            main(["up", flag, bad])
+        assert f"argument {flag}: a port from 0 to 65535 (got '{bad}')" in capsys.readouterr().err
+    monkeypatch.setenv("GYM_MLFLOW_PORT", "5000x")
+    assert main(["up"]) == 2
+    assert "error: $GYM_MLFLOW_PORT: a port from 0 to 65535 (got '5000x')" in capsys.readouterr().err
+    assert not (gym_home / "services").exists()  # nothing started
