@@ -606,3 +606,33 @@ def test_max_tokens_zero_scores_the_echoed_prompt_without_generating(client, eng
         assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
     with pytest.raises(RequestError, match="nothing to generate"):
         engine.generate(ids, SamplingParams(max_tokens=0))
+
+
+def test_the_listening_socket_gives_connections_without_nagles_delay():
+    """Every response over gym serve's own socket waited ~40 ms for the client's delayed ACK: asyncio
+    (under uvicorn) turns Nagle off only on connections whose socket says it is TCP."""
+    import socket
+
+    from gym.serve.server import bind
+
+    async def accepted_nodelay() -> int:
+        loop = asyncio.get_running_loop()
+        seen: asyncio.Future[int] = loop.create_future()
+
+        class Record(asyncio.Protocol):
+            def connection_made(self, transport):
+                sock = transport.get_extra_info("socket")
+                seen.set_result(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+                transport.close()
+
+        listening = bind("127.0.0.1", 0)
+        server = await loop.create_server(Record, sock=listening)  # as uvicorn serves gym's socket
+        host, port = listening.getsockname()[:2]
+        _, writer = await asyncio.open_connection(host, port)
+        try:
+            return await asyncio.wait_for(seen, 10)
+        finally:
+            writer.close()
+            server.close()
+
+    assert asyncio.run(accepted_nodelay()) != 0

@@ -23,7 +23,9 @@ from gym.errors import ConfigError
 def bind(host: str, port: int, hint: str = "choose another --port, or 0") -> socket.socket:
     """A listening TCP socket on (host, port); port 0 takes any free port. `hint`: what to do instead."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named, not left 0: asyncio turns Nagle off (TCP_NODELAY) only on connections whose
+    # socket says TCP, and with Nagle on every response waited ~40 ms for the client's delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
