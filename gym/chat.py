@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO
 
-from gym.cli_options import ArgumentParser, port
+from gym.cli_options import ArgumentParser, port, whole_number
 from gym.errors import MissingExtraError
 from gym.serve.requests import RequestError
 
@@ -184,7 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--temperature", type=float, default=DEFAULTS["temperature"], help="Sampling temperature."
     )
     parser.add_argument(
-        "--max-tokens", type=_tokens, default=DEFAULTS["max_tokens"], help="Longest reply, in tokens."
+        "--max-tokens",
+        type=whole_number(1, None, "a whole number of tokens, at least 1"),
+        default=DEFAULTS["max_tokens"],
+        help="Longest reply, in tokens.",
     )
     parser.add_argument("--top-p", type=float, default=DEFAULTS["top_p"], help="Nucleus sampling mass.")
     parser.add_argument("--system", default=None, help="System message every conversation opens with.")
@@ -206,12 +209,6 @@ def _check_sampling(params: dict[str, Any]) -> None:
         SamplingParams(**params)
     except ValidationError as exc:
         raise flag_error(exc) from None
-
-
-def _tokens(value: str) -> int:
-    if not value.isdigit() or int(value) < 1:
-        raise argparse.ArgumentTypeError(f"a whole number of tokens, at least 1 (got {value!r})")
-    return int(value)
 
 
 def cmd_chat(argv: Sequence[str]) -> int:

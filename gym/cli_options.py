@@ -113,16 +113,23 @@ def similar_flags(flag: str, names: Sequence[str], n: int = 3) -> list[str]:
     return out[:n]
 
 
+def whole_number(low: int, high: int | None, what: str) -> Callable[[str], int]:
+    """An argparse type for a whole number in [low, high] (no upper bound: None); `what` says what it is
+    in the error, e.g. "a port from 1 to 65535"."""
+
+    def parse(value: str) -> int:
+        number = int(value) if value.strip().isdigit() else low - 1
+        if number < low or (high is not None and number > high):
+            raise argparse.ArgumentTypeError(f"{what} (got {value!r})")
+        return number
+
+    return parse
+
+
 def port(any_free: bool) -> Callable[[str], int]:
     """An argparse type for a TCP port: 1-65535, or 0 too (`any_free`: the system picks a free one)."""
     low = 0 if any_free else 1
-
-    def parse(value: str) -> int:
-        if not value.strip().isdigit() or not low <= int(value) <= 65535:
-            raise argparse.ArgumentTypeError(f"a port from {low} to 65535 (got {value!r})")
-        return int(value)
-
-    return parse
+    return whole_number(low, 65535, f"a port from {low} to 65535")
 
 
 def flag_error(exc: ValidationError, dashes: bool = True) -> ConfigError:
