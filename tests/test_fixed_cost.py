@@ -346,3 +346,41 @@ def test_the_installed_distributions_are_indexed_once_per_process():
     assert out["scans"] == 1, "transformers and TRL each read every installed distribution's file list"
     assert out["equal"], "the kept index is what a fresh scan finds"
     assert out["separate"] and out["torch"] == ["torch"], "each caller gets its own copy"
+
+
+REGISTER_INDEX = """
+import importlib.metadata, json, sys
+from pathlib import Path
+import importlib_metadata  # MLflow's copy of importlib.metadata: counted too
+calls = {"stdlib": 0, "backport": 0}
+def counting(name, scan):
+    def counted():
+        calls[name] += 1
+        return scan()
+    return counted
+importlib.metadata.packages_distributions = counting("stdlib", importlib.metadata.packages_distributions)
+importlib_metadata.packages_distributions = counting("backport", importlib_metadata.packages_distributions)
+from gym.process import tune_process
+tune_process()
+import transformers  # builds the index as it is imported
+from gym import tracking
+from gym.models import resolve
+tracking.register_model(tracking.start_run("index"), Path(resolve("gym-tiny").path), "tiny-index", {})
+from mlflow.utils import requirements_utils
+known = requirements_utils._MODULES_TO_PACKAGES
+print(json.dumps({**calls, "torch": known.get("torch"), "mlflow": known.get("mlflow")}))
+"""
+
+
+def test_logging_a_model_to_mlflow_reuses_the_index_of_installed_distributions(gym_home):
+    """MLflow checks a logged model's requirements against the installed packages through the
+    importlib_metadata backport's index: the one the process already built, not a second scan."""
+    env = {**os.environ, "GYM_HOME": str(gym_home)}
+    proc = subprocess.run(
+        [sys.executable, "-c", REGISTER_INDEX], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["backport"] == 0, "MLflow read every installed distribution's file list again"
+    assert out["stdlib"] == 1
+    assert out["torch"] == ["torch"] and "mlflow" in out["mlflow"], "MLflow's map is the real one"
