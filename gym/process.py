@@ -10,6 +10,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import gc
+import importlib.abc
+import importlib.machinery
 import importlib.metadata
 import importlib.util
 import os
@@ -26,10 +28,11 @@ DEFERRED_IMPORTS = ("bitsandbytes",)
 
 
 def tune_process() -> None:
-    """What a gym command's process sets first: the collector's thresholds, deferred imports, and a
-    quiet interpreter teardown after `gym.cli.exit_process`."""
+    """What a gym command's process sets first: the collector's thresholds, deferred and skipped
+    imports, and a quiet interpreter teardown after `gym.cli.exit_process`."""
     tune_collector()
     defer_imports()
+    skip_unused_imports()
     index_distributions_once()
     atexit.register(_quiet_native_teardown)  # registered first, so it runs after every other exit handler
 
@@ -91,6 +94,66 @@ def defer_imports() -> None:
         module.__dict__.pop("__path__", None)  # restored when the code runs
         module.__class__ = _Deferred
         sys.modules[name] = module
+
+
+def skip_unused_imports() -> None:
+    """Keep transformers from importing scikit-learn, which only its assisted generation uses.
+
+    transformers imports `sklearn.metrics.roc_curve` with its generation code (so with every model)
+    whenever scikit-learn is installed, to tune assisted generation's confidence threshold (a draft
+    model proposing tokens); gym never generates that way. scikit-learn comes with gym's environment
+    (MLflow and lm-eval depend on it) and its metrics take 0.5-1 s of CPU to import: paid by every run,
+    not by a tool whose environment lacks it. Right after transformers' `import_utils` module has run,
+    its `is_sklearn_available` answers False, so the generation code skips that import (and the
+    threshold tuning, as it does where scikit-learn is not installed). Everything else that uses
+    scikit-learn (lm-eval's metrics, MLflow) imports it as before.
+    """
+    if "transformers.utils.import_utils" not in sys.modules and not any(
+        isinstance(f, _AfterImport) for f in sys.meta_path
+    ):
+        sys.meta_path.insert(0, _AfterImport("transformers.utils.import_utils", _sklearn_unused))
+
+
+def _sklearn_unused(module: types.ModuleType) -> None:
+    if callable(getattr(module, "is_sklearn_available", None)):
+        module.is_sklearn_available = _false  # type: ignore[attr-defined]
+
+
+def _false() -> bool:
+    return False
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs `patch(module)` once, right after the module `name` has run its code."""
+
+    def __init__(self, name: str, patch: Callable[[types.ModuleType], None]) -> None:
+        self.name, self.patch = name, patch
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)  # once; and the finders after it find the real module
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _Patching(spec.loader, self.patch)
+        return spec
+
+
+class _Patching(importlib.abc.Loader):
+    """A module loader that runs `patch` on the module after the module's code (else as `loader`)."""
+
+    def __init__(self, loader: Any, patch: Callable[[types.ModuleType], None]) -> None:
+        self._loader, self._patch = loader, patch
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+        return self._loader.create_module(spec)  # type: ignore[no-any-return]
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        self._loader.exec_module(module)
+        self._patch(module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
 
 
 def index_distributions_once() -> None:

@@ -384,3 +384,40 @@ def test_logging_a_model_to_mlflow_reuses_the_index_of_installed_distributions(g
     assert out["backport"] == 0, "MLflow read every installed distribution's file list again"
     assert out["stdlib"] == 1
     assert out["torch"] == ["torch"] and "mlflow" in out["mlflow"], "MLflow's map is the real one"
+
+
+SKLEARN = """
+import json, sys
+{tune}
+from transformers import AutoModelForCausalLM, Trainer
+import transformers.generation.candidate_generator as assisted
+from transformers.utils import import_utils
+loaded = "sklearn" in sys.modules
+from sklearn.metrics import roc_curve  # anyone else who needs it still gets it
+import inspect
+print(json.dumps({"loaded": loaded, "available": assisted.is_sklearn_available(),
+                  "source": "def is_sklearn_available" in inspect.getsource(import_utils),
+                  "roc_curve": roc_curve.__module__}))
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sklearn") is None, reason="scikit-learn is not installed here")
+def test_transformers_does_not_import_scikit_learn_into_a_gym_process():
+    def run(tune: str) -> dict[str, Any]:
+        proc = subprocess.run(
+            [sys.executable, "-c", SKLEARN.replace("{tune}", tune)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    tuned = run("from gym.process import tune_process; tune_process()")
+    assert not tuned["loaded"] and tuned["available"] is False
+    assert tuned["source"], "transformers' module reads as before (its loader is only wrapped)"
+    assert tuned["roc_curve"].startswith("sklearn.metrics")
+    # The control: without it, loading a model's code imports scikit-learn's metrics.
+    plain = run("")
+    assert plain["loaded"] and plain["available"] is True
