@@ -552,6 +552,51 @@ def test_sequences_opening_alike_score_as_each_alone_and_as_transformers_forward
         assert batched[-1].token == int(reference[-1].argmax())  # the token greedy decoding picks
 
 
+def test_questions_under_one_context_each_run_once_and_score_as_transformers_forward(engine, model_dir):
+    """lm-eval's request of several questions x their answers under one few-shot context: the context
+    runs once, each question once more from a copy of its cache, then each answer."""
+    from gym.serve import scoring
+
+    context = engine.encode_text("The following are questions about the rivers of Europe.\n" * 4)
+    questions = [
+        "Question: which of these rivers is the longest in Europe, and through which countries and cities "
+        "does it flow on its way to the sea?\nAnswer:",
+        "Question: which river flows through Vienna, Bratislava, Budapest and Belgrade on its way east to "
+        "the Black Sea?\nAnswer:",
+    ]
+    sequences = [
+        context + engine.encode_text(q + a) for q in questions for a in (" A", " B. the Volga", " C")
+    ]
+    sequences.append(context + engine.encode_text(" and the lakes"))  # shares only the context
+    (only,) = plan(sequences)
+    rows = [sequences[i] for i in only.members]
+    assert sorted(length > 0 for length, _ in scoring._branches(rows, only.shared)) == [False, True, True]
+    calls = []
+    model = engine.model
+
+    class Counting(torch.nn.Module):  # the same model, its passes counted
+        def __init__(self):
+            super().__init__()
+            self.device = model.device
+
+        def forward(self, **inputs):
+            calls.append(inputs["input_ids"].shape)
+            return model(**inputs)
+
+    together = scoring.score(Counting(), threading.Lock(), engine.pad_id, sequences, 2, True)
+    assert len(calls) == 1 + 2 * 2 + 1  # the context; per question its text, then its answers; the rest
+    assert sum(rows * width for rows, width in calls) < sum(map(len, sequences)) / 2
+    for ids, batched in zip(sequences, together, strict=True):
+        alone = engine.score([ids], top=2, next_token=True)[0]
+        reference = reference_logprobs(model_dir, ids)
+        assert len(batched) == len(ids) + 1 and batched[0] is None
+        for i, (a, b) in enumerate(zip(alone[1:], batched[1:], strict=True), start=1):
+            assert b.token == a.token and b.logprob == pytest.approx(a.logprob, abs=1e-5)
+            assert b.logprob == pytest.approx(reference[i - 1, b.token].item(), abs=1e-5)
+            assert [t for t, _ in b.top] == [t for t, _ in a.top]
+        assert batched[-1].token == int(reference[-1].argmax())
+
+
 def test_a_model_without_a_copyable_cache_scores_each_row_in_full(engine):
     from gym.serve import scoring
 

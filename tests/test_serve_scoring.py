@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from gym.serve.logprobs import pieces, pieces_many
-from gym.serve.scoring import SCORE_TOKENS, SHARED_PREFIX, Pass, plan
+from gym.serve.scoring import SCORE_TOKENS, SHARED_PREFIX, Pass, _branches, plan
 from gym.tiny import tokenizer_dir
 
 
@@ -40,6 +40,27 @@ def test_a_sequence_that_is_the_opening_of_another_keeps_its_last_token():
     a = list(range(40))
     passes = plan([a, [*a, 99, 98]])
     assert passes == [Pass([0, 1], shared=39)]
+
+
+def test_continuations_that_go_on_alike_branch_from_the_shared_opening():
+    rng = random.Random(1)
+    context = [rng.randrange(1000) for _ in range(SHARED_PREFIX + 5)]
+    questions = [[rng.randrange(1000) for _ in range(SHARED_PREFIX + n)] for n in (0, 3, 9)]
+    sequences = [context + q + [7, a] for q in questions for a in (1, 2, 3)]
+    sequences.append([*context, 5, 5, 5])  # goes on like no other row
+    sequences.append(context + questions[0][: SHARED_PREFIX - 1] + [9])  # too little in common
+    (only,) = plan(sequences)
+    assert only.shared == len(context)
+    rows = [sequences[i] for i in only.members]
+    branches = _branches(rows, only.shared)
+    assert sorted(m for _, members in branches for m in members) == list(range(len(rows)))  # each once
+    split = {frozenset(only.members[m] for m in members): length for length, members in branches}
+    assert split.pop(frozenset({9, 10})) == 0  # the rows sharing nothing further: one padded batch
+    for q, question in enumerate(questions):  # the question and the cue before each answer, run once
+        assert split.pop(frozenset(range(3 * q, 3 * q + 3))) == len(question) + 1
+    assert not split
+    for length, members in branches:  # each row keeps its last token for its own pass
+        assert all(len(context) + length < len(rows[m]) for m in members)
 
 
 def test_passes_stay_within_the_token_budget():

@@ -5,13 +5,16 @@
 The sequences of one call are planned into forward passes (`plan`): sequences that open with the
 same tokens (the same few-shot context followed by each answer, as lm-eval sends a multiple-choice
 question) share one pass over that context, whose cache then serves every continuation, as a
-server's prefix cache does; the rest share right-padded passes, similar lengths together. A
-batch's padding only ever follows a row's own tokens, which causal attention never lets them see,
-so no attention mask is passed and SDPA keeps its fused causal kernel.
+server's prefix cache does; the rest share right-padded passes, similar lengths together. Within a
+shared pass, continuations that go on alike (one question's answers, where a request holds several
+questions under one context) share a second level the same way (`_branches`). A batch's padding
+only ever follows a row's own tokens, which causal attention never lets them see, so no attention
+mask is passed and SDPA keeps its fused causal kernel.
 """
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,6 +46,28 @@ class Pass:
 
     members: list[int]
     shared: int = 0
+
+
+def _branches(rows: Sequence[Sequence[int]], start: int) -> list[tuple[int, list[int]]]:
+    """Rows (sorted, all equal up to `start`) grouped by how they go on: (length, members) where the
+    members share `length` more tokens (at least SHARED_PREFIX, each keeping its last token), and
+    one (0, members) entry for the rows sharing nothing further."""
+    branches, alone = [], []
+    group, length = [0], len(rows[0]) - 1 - start
+    for i in [*range(1, len(rows)), None]:
+        if i is not None:
+            common = _common(rows[group[0]][start:], rows[i][start:], min(length, len(rows[i]) - 1 - start))
+            if common >= SHARED_PREFIX:
+                group.append(i)
+                length = common
+                continue
+        if len(group) > 1:
+            branches.append((length, group))
+        else:
+            alone.extend(group)
+        if i is not None:
+            group, length = [i], len(rows[i]) - 1 - start
+    return [*branches, (0, alone)] if alone else branches
 
 
 def _common(a: Sequence[int], b: Sequence[int], limit: int) -> int:
@@ -126,25 +151,31 @@ def _shared(
     top: int,
     next_token: bool,
 ) -> list[Entries]:
-    """The shared opening once (its cache copied to every row), then each row's own tokens."""
-    width = max(len(r) for r in rows) - shared
-    tails = [r[shared:] + [pad_id] * (width - len(r) + shared) for r in rows]
+    """The shared opening once, then each branch (`_branches`) from a copy of its cache: the part
+    its rows share once more, then each row's own tokens, right-padded, the cache copied per row."""
+    branches = _branches(rows, shared)
+    logits: dict[int, torch.Tensor] = {}  # each row's logits after the opening, to its own end
     with lock:
         head = model(input_ids=torch.tensor([rows[0][:shared]], device=model.device), use_cache=True)
-        cache = head.past_key_values
-        copyable = callable(getattr(cache, "batch_repeat_interleave", None))
-        if copyable:
-            cache.batch_repeat_interleave(len(rows))
-            logits = model(input_ids=torch.tensor(tails, device=model.device), past_key_values=cache).logits
+        copyable = callable(getattr(head.past_key_values, "batch_repeat_interleave", None))
+        for n, (length, members) in enumerate(branches if copyable else []):
+            # the last branch extends the opening's cache itself, the others a copy of it
+            cache = head.past_key_values if n == len(branches) - 1 else copy.deepcopy(head.past_key_values)
+            before = [head.logits[0, shared - 1 :]]  # predicts each row's first token after the opening
+            if length:
+                part = torch.tensor([rows[members[0]][shared : shared + length]], device=model.device)
+                before.append(model(input_ids=part, past_key_values=cache, use_cache=True).logits[0])
+            start = shared + length
+            width = max(len(rows[m]) for m in members) - start
+            tails = [rows[m][start:] + [pad_id] * (width - len(rows[m]) + start) for m in members]
+            cache.batch_repeat_interleave(len(members))
+            out = model(input_ids=torch.tensor(tails, device=model.device), past_key_values=cache).logits
+            for b, m in enumerate(members):
+                logits[m] = torch.cat([*before, out[b, : len(rows[m]) - start]])
     if not copyable:  # a model that keeps no cache this can copy: each row in full
         return _padded(model, lock, pad_id, rows, 0, top, next_token)
     opening = _entries(head.logits[0], rows[0][:shared], top, False)  # the shared tokens' entries
-    last = head.logits[0, shared - 1 :]  # the distribution after the opening: each row's next token
-    return [
-        opening
-        + _entries(torch.cat([last, logits[b, : len(r) - shared]]), r[shared - 1 :], top, next_token)[1:]
-        for b, r in enumerate(rows)
-    ]
+    return [opening + _entries(logits[b], r[shared - 1 :], top, next_token)[1:] for b, r in enumerate(rows)]
 
 
 def _entries(logits: torch.Tensor, ids: list[int], top: int, next_token: bool) -> Entries:
