@@ -164,15 +164,22 @@ def index_distributions_once() -> None:
     installed distribution: ~0.5 s each here, with the ~230 distributions of gym's environment (LLaMA-
     Factory's ~110 take 0.2 s). Nothing installs packages under a running gym process, so the first
     result serves both; every caller gets its own copy, as each call did before (callers may change
-    what they get). MLflow asks the `importlib_metadata` backport for the same index as it logs a model
-    (to warn about requirement mismatches; another 0.5 s): once that is imported, a second call here
-    points it at the same result.
+    what they get).
     """
     once = importlib.metadata.packages_distributions
     if not isinstance(once, _Once):
         once = importlib.metadata.packages_distributions = _Once(once)
-    backport = sys.modules.get("importlib_metadata")  # the PyPI copy of the same module
-    if backport is not None and not isinstance(getattr(backport, "packages_distributions", None), _Once):
+    share_distribution_index()
+
+
+def share_distribution_index() -> None:
+    """Let the `importlib_metadata` backport (the PyPI copy of importlib.metadata), once imported, answer
+    with the index a gym process keeps (`index_distributions_once`; nothing changes in a process that
+    keeps none). MLflow asks the backport for it as it logs a model, to warn about requirement
+    mismatches: another 0.5 s scan otherwise."""
+    once = importlib.metadata.packages_distributions
+    backport = sys.modules.get("importlib_metadata")
+    if isinstance(once, _Once) and backport is not None:
         backport.packages_distributions = once  # type: ignore[attr-defined]
 
 

@@ -348,9 +348,9 @@ def register_model(
     import mlflow
 
     from gym.models import is_reward_model
-    from gym.process import index_distributions_once
+    from gym.process import share_distribution_index
 
-    index_distributions_once()  # mlflow's importlib_metadata: the index this process already built
+    share_distribution_index()  # mlflow's importlib_metadata: the index a gym process already built
     task = "text-classification" if is_reward_model(model_dir) else "text-generation"
     with using_uri(tracking_uri(uri)), mlflow.start_run(run_id=run_id):
         info = mlflow.transformers.log_model(

@@ -421,3 +421,18 @@ def test_transformers_does_not_import_scikit_learn_into_a_gym_process():
     # The control: without it, loading a model's code imports scikit-learn's metrics.
     plain = run("")
     assert plain["loaded"] and plain["available"] is True
+
+
+def test_a_process_that_keeps_no_index_is_left_as_it_is():
+    """Outside gym's own processes (gym as a library), registering a model changes no import machinery."""
+    import importlib.metadata
+
+    import importlib_metadata
+
+    from gym import process
+
+    before = (importlib.metadata.packages_distributions, importlib_metadata.packages_distributions)
+    if isinstance(before[0], process._Once):
+        pytest.skip("this test process already keeps an index")
+    process.share_distribution_index()
+    assert (importlib.metadata.packages_distributions, importlib_metadata.packages_distributions) == before
