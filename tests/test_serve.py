@@ -597,6 +597,48 @@ def test_questions_under_one_context_each_run_once_and_score_as_transformers_for
         assert batched[-1].token == int(reference[-1].argmax())
 
 
+def test_a_call_starts_from_the_context_the_call_before_it_ran(engine, model_dir):
+    """lm-eval's consecutive requests repeat the few-shot context: the second runs only what differs,
+    and scores as transformers' forward does, whatever the two calls share."""
+    from gym.serve import scoring
+
+    context = engine.encode_text("The following are questions about the rivers of Europe.\n" * 4)
+    model, calls = engine.model, []
+
+    class Counting(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.device = model.device
+
+        def forward(self, **inputs):
+            calls.append(inputs["input_ids"].numel())
+            return model(**inputs)
+
+    memo = scoring.Memo()
+    requests = [
+        (2, "Question: which river is the longest?\nAnswer:"),
+        (2, "Question: which river flows through Vienna?\nAnswer:"),
+        (3, "Question: which river flows through Paris?\nAnswer:"),  # other alternatives: run in full
+        (3, "The following are questions about the lakes of Europe."),  # parts early: from there on
+    ]
+    ran = []
+    for top, text in requests:
+        sequences = [context + engine.encode_text(text + a) for a in (" A", " B. the Volga", " C")]
+        calls.clear()
+        got = scoring.score(Counting(), threading.Lock(), engine.pad_id, sequences, top, True, memo)
+        ran.append(sum(calls))
+        for ids, scored in zip(sequences, got, strict=True):
+            reference = reference_logprobs(model_dir, ids)
+            for i, entry in enumerate(scored[1:], start=1):
+                assert entry.logprob == pytest.approx(reference[i - 1, entry.token].item(), abs=1e-5)
+                want = reference[i - 1].topk(top).indices.tolist()
+                assert [t for t, _ in entry.top] == want
+        assert memo.tokens == sequences[0][: len(memo.tokens)] and memo.top == top
+    assert ran[1] < ran[0] - len(context) + 3  # the context did not run again
+    assert ran[2] > len(context)  # another `top`: the context's entries differ, it runs in full
+    assert ran[3] < ran[2] - 20  # the part both contexts open with did not run again
+
+
 def test_a_model_without_a_copyable_cache_scores_each_row_in_full(engine):
     from gym.serve import scoring
 

@@ -101,3 +101,14 @@ def test_texts_of_sequences_that_open_alike_equal_each_read_alone(parts, data):
     for ids, got in zip(sequences, together, strict=True):
         assert got == pieces(decode_many, ids)
         assert "".join(got) == TOK.decode(ids, skip_special_tokens=True).rstrip("\ufffd")
+
+
+def test_only_a_cache_that_keeps_every_position_is_kept_for_the_next_call():
+    """Cutting a cache back to a shared opening is exact only where every layer keeps all positions."""
+    from transformers import DynamicCache, LlamaConfig, MistralConfig
+
+    from gym.serve.scoring import _croppable
+
+    assert _croppable(DynamicCache(config=LlamaConfig(num_hidden_layers=2)))
+    assert not _croppable(DynamicCache(config=MistralConfig(num_hidden_layers=2, sliding_window=16)))
+    assert not _croppable(None)

@@ -97,6 +97,7 @@ class Engine:
         self._encode_lock = threading.Lock()
         self._token_texts: dict[int, str] = {}
         self._model_lock = threading.Lock()  # one forward at a time: a batch's generate, or scoring
+        self._scoring_memo = scoring.Memo()  # the last scored opening (read and kept under the lock)
         self.stats = {
             "batches": 0,
             "rows": 0,
@@ -221,7 +222,9 @@ class Engine:
         report them: the model's own distribution (no temperature). With `next_token`, each list ends
         with one more entry: the most likely token after the sequence (what greedy decoding picks).
         Sequences are batched, and a shared opening is run once (gym/serve/scoring.py)."""
-        return scoring.score(self.model, self._model_lock, self.pad_id, sequences, top, next_token)
+        return scoring.score(
+            self.model, self._model_lock, self.pad_id, sequences, top, next_token, self._scoring_memo
+        )
 
     # ---- requests -------------------------------------------------------------------------------------
 

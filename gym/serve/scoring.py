@@ -7,7 +7,9 @@ same tokens (the same few-shot context followed by each answer, as lm-eval sends
 question) share one pass over that context, whose cache then serves every continuation, as a
 server's prefix cache does; the rest share right-padded passes, similar lengths together. Within a
 shared pass, continuations that go on alike (one question's answers, where a request holds several
-questions under one context) share a second level the same way (`_branches`). A batch's padding
+questions under one context) share a second level the same way (`_branches`), and a call's opening
+starts from the one the call before it ran (`Memo`: lm-eval's consecutive requests repeat the same
+few-shot context) as far as the two agree. A batch's padding
 only ever follows a row's own tokens, which causal attention never lets them see, so no attention
 mask is passed and SDPA keeps its fused causal kernel.
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 import copy
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -37,6 +39,17 @@ class TokenLogprob:
 
 
 Entries = list[TokenLogprob | None]
+
+
+@dataclass
+class Memo:
+    """The shared opening the last call ran, kept for the next: its tokens, its KV cache (kept as it
+    was: calls extend copies of it) and its tokens' entries with `top` alternatives."""
+
+    tokens: list[int] = field(default_factory=list)
+    cache: Any = None
+    entries: Entries = field(default_factory=list)
+    top: int = -1
 
 
 @dataclass(frozen=True)
@@ -118,22 +131,27 @@ def score(
     sequences: Sequence[Sequence[int]],
     top: int = 0,
     next_token: bool = False,
+    memo: Memo | None = None,
 ) -> list[Entries]:
     """Each sequence's entries: None for its first token (no context), then each token's
     log-probability with the `top` most likely tokens at its place; with `next_token`, one more entry
     for the most likely token after the sequence (what greedy decoding picks). `lock` is held while
-    the model runs (generation takes turns with scoring)."""
+    the model runs (generation takes turns with scoring). `memo`: the opening of a previous call to
+    start from, updated with this call's (the caller keeps one per model)."""
     out: dict[int, Entries] = {}
     with torch.inference_mode():
         for p in plan(sequences):
             rows = [list(sequences[i]) for i in p.members]
-            run = _shared if p.shared else _padded
-            out.update(zip(p.members, run(model, lock, pad_id, rows, p.shared, top, next_token), strict=True))
+            if p.shared:
+                scored = _shared(model, lock, pad_id, rows, p.shared, top, next_token, memo)
+            else:
+                scored = _padded(model, lock, pad_id, rows, top, next_token)
+            out.update(zip(p.members, scored, strict=True))
     return [out[i] for i in range(len(sequences))]
 
 
 def _padded(
-    model: Any, lock: threading.Lock, pad_id: int, rows: list[list[int]], _: int, top: int, next_token: bool
+    model: Any, lock: threading.Lock, pad_id: int, rows: list[list[int]], top: int, next_token: bool
 ) -> list[Entries]:
     width = max(map(len, rows))
     ids = torch.tensor([r + [pad_id] * (width - len(r)) for r in rows], device=model.device)
@@ -150,32 +168,88 @@ def _shared(
     shared: int,
     top: int,
     next_token: bool,
+    memo: Memo | None = None,
 ) -> list[Entries]:
-    """The shared opening once, then each branch (`_branches`) from a copy of its cache: the part
-    its rows share once more, then each row's own tokens, right-padded, the cache copied per row."""
-    branches = _branches(rows, shared)
-    logits: dict[int, torch.Tensor] = {}  # each row's logits after the opening, to its own end
+    """The shared opening once (`_opening`), then each branch (`_branches`) from a copy of its cache:
+    the part its rows share once more, then each row's own tokens, right-padded, the cache copied per
+    row."""
     with lock:
-        head = model(input_ids=torch.tensor([rows[0][:shared]], device=model.device), use_cache=True)
-        copyable = callable(getattr(head.past_key_values, "batch_repeat_interleave", None))
-        for n, (length, members) in enumerate(branches if copyable else []):
-            # the last branch extends the opening's cache itself, the others a copy of it
-            cache = head.past_key_values if n == len(branches) - 1 else copy.deepcopy(head.past_key_values)
-            before = [head.logits[0, shared - 1 :]]  # predicts each row's first token after the opening
-            if length:
-                part = torch.tensor([rows[members[0]][shared : shared + length]], device=model.device)
-                before.append(model(input_ids=part, past_key_values=cache, use_cache=True).logits[0])
-            start = shared + length
-            width = max(len(rows[m]) for m in members) - start
-            tails = [rows[m][start:] + [pad_id] * (width - len(rows[m]) + start) for m in members]
-            cache.batch_repeat_interleave(len(members))
-            out = model(input_ids=torch.tensor(tails, device=model.device), past_key_values=cache).logits
-            for b, m in enumerate(members):
-                logits[m] = torch.cat([*before, out[b, : len(rows[m]) - start]])
-    if not copyable:  # a model that keeps no cache this can copy: each row in full
-        return _padded(model, lock, pad_id, rows, 0, top, next_token)
-    opening = _entries(head.logits[0], rows[0][:shared], top, False)  # the shared tokens' entries
+        opened = _opening(model, rows[0][:shared], top, memo)
+        if opened is not None:
+            cache, last, opening = opened
+            logits = _after_opening(model, pad_id, rows, shared, cache, last)
+    if opened is None:  # a model that keeps no cache this can copy: each row in full
+        return _padded(model, lock, pad_id, rows, top, next_token)
     return [opening + _entries(logits[b], r[shared - 1 :], top, next_token)[1:] for b, r in enumerate(rows)]
+
+
+def _after_opening(
+    model: Any, pad_id: int, rows: list[list[int]], shared: int, head: Any, last: torch.Tensor
+) -> dict[int, torch.Tensor]:
+    """Each row's logits after the opening (whose cache is `head` and last logits `last`) to its end,
+    branch by branch (`_branches`)."""
+    branches = _branches(rows, shared)
+    logits: dict[int, torch.Tensor] = {}
+    for n, (length, members) in enumerate(branches):
+        # the last branch extends the opening's cache itself, the others a copy of it
+        cache = head if n == len(branches) - 1 else copy.deepcopy(head)
+        before = [last]  # predicts each row's first token after the opening
+        if length:
+            part = torch.tensor([rows[members[0]][shared : shared + length]], device=model.device)
+            before.append(model(input_ids=part, past_key_values=cache, use_cache=True).logits[0])
+        start = shared + length
+        width = max(len(rows[m]) for m in members) - start
+        tails = [rows[m][start:] + [pad_id] * (width - len(rows[m]) + start) for m in members]
+        cache.batch_repeat_interleave(len(members))
+        out = model(input_ids=torch.tensor(tails, device=model.device), past_key_values=cache).logits
+        for b, m in enumerate(members):
+            logits[m] = torch.cat([*before, out[b, : len(rows[m]) - start]])
+    return logits
+
+
+def _opening(
+    model: Any, ids: list[int], top: int, memo: Memo | None
+) -> tuple[Any, torch.Tensor, Entries] | None:
+    """Run a shared opening: its KV cache, the logits after it ([1, vocab]) and its tokens' entries;
+    None where the model keeps no cache this can copy.
+
+    Where `memo` holds an opening that begins like this one (at least SHARED_PREFIX tokens, with the
+    same `top`), a copy of its cache, cut back to where the two part, starts the pass: only the rest
+    runs. The memo then keeps this opening (a copy of its cache, which branches will extend).
+    """
+    agree = 0
+    if memo is not None and memo.cache is not None and memo.top == top:
+        agree = _common(memo.tokens, ids, min(len(memo.tokens), len(ids)))
+    if memo is not None and agree >= SHARED_PREFIX:
+        keep = agree - 1  # the last agreeing token runs again: its logits score the next one
+        cache = copy.deepcopy(memo.cache)
+        cache.crop(-(len(memo.tokens) - keep))
+        tail = torch.tensor([ids[keep:]], device=model.device)
+        rest = model(input_ids=tail, past_key_values=cache).logits[0]
+        entries = memo.entries[: keep + 1] + _entries(rest, ids[keep:], top, False)[1:]
+    else:
+        head = model(input_ids=torch.tensor([ids], device=model.device), use_cache=True)
+        cache, rest = head.past_key_values, head.logits[0]
+        if not callable(getattr(cache, "batch_repeat_interleave", None)):
+            return None
+        entries = _entries(rest, ids, top, False)
+    if memo is not None:
+        if _croppable(cache):
+            memo.tokens, memo.cache, memo.entries, memo.top = list(ids), copy.deepcopy(cache), entries, top
+        else:
+            memo.cache = None
+    return cache, rest[-1:], entries
+
+
+def _croppable(cache: Any) -> bool:
+    """A cache whose layers all keep every past position (so cutting it back leaves an exact prefix):
+    not a sliding window's, a quantized or a linear-attention one."""
+    from transformers.cache_utils import DynamicLayer
+
+    layers = getattr(cache, "layers", None)
+    if not layers:
+        return False
+    return all(type(layer) is DynamicLayer for layer in layers)
 
 
 def _entries(logits: torch.Tensor, ids: list[int], top: int, next_token: bool) -> Entries:
