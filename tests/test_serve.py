@@ -552,6 +552,18 @@ def test_sequences_opening_alike_score_as_each_alone_and_as_transformers_forward
         assert batched[-1].token == int(reference[-1].argmax())  # the token greedy decoding picks
 
 
+class Counting(torch.nn.Module):
+    """A served model as scoring runs it, the shape ([rows, tokens]) of each pass recorded."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.inner, self.device, self.passes = model, model.device, []
+
+    def forward(self, **inputs):
+        self.passes.append(tuple(inputs["input_ids"].shape))
+        return self.inner(**inputs)
+
+
 def test_questions_under_one_context_each_run_once_and_score_as_transformers_forward(engine, model_dir):
     """lm-eval's request of several questions x their answers under one few-shot context: the context
     runs once, each question once more from a copy of its cache, then each answer."""
@@ -571,19 +583,9 @@ def test_questions_under_one_context_each_run_once_and_score_as_transformers_for
     (only,) = plan(sequences)
     rows = [sequences[i] for i in only.members]
     assert sorted(length > 0 for length, _ in scoring._branches(rows, only.shared)) == [False, True, True]
-    calls = []
-    model = engine.model
-
-    class Counting(torch.nn.Module):  # the same model, its passes counted
-        def __init__(self):
-            super().__init__()
-            self.device = model.device
-
-        def forward(self, **inputs):
-            calls.append(inputs["input_ids"].shape)
-            return model(**inputs)
-
-    together = scoring.score(Counting(), threading.Lock(), engine.pad_id, sequences, 2, True)
+    counted = Counting(engine.model)
+    together = scoring.score(counted, threading.Lock(), engine.pad_id, sequences, 2, True)
+    calls = counted.passes
     assert len(calls) == 1 + 2 * 2 + 1  # the context; per question its text, then its answers; the rest
     assert sum(rows * width for rows, width in calls) < sum(map(len, sequences)) / 2
     for ids, batched in zip(sequences, together, strict=True):
@@ -603,17 +605,6 @@ def test_a_call_starts_from_the_context_the_call_before_it_ran(engine, model_dir
     from gym.serve import scoring
 
     context = engine.encode_text("The following are questions about the rivers of Europe.\n" * 4)
-    model, calls = engine.model, []
-
-    class Counting(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.device = model.device
-
-        def forward(self, **inputs):
-            calls.append(inputs["input_ids"].numel())
-            return model(**inputs)
-
     memo = scoring.Memo()
     requests = [
         (2, "Question: which river is the longest?\nAnswer:"),
@@ -624,9 +615,9 @@ def test_a_call_starts_from_the_context_the_call_before_it_ran(engine, model_dir
     ran = []
     for top, text in requests:
         sequences = [context + engine.encode_text(text + a) for a in (" A", " B. the Volga", " C")]
-        calls.clear()
-        got = scoring.score(Counting(), threading.Lock(), engine.pad_id, sequences, top, True, memo)
-        ran.append(sum(calls))
+        counted = Counting(engine.model)
+        got = scoring.score(counted, threading.Lock(), engine.pad_id, sequences, top, True, memo)
+        ran.append(sum(rows * width for rows, width in counted.passes))
         for ids, scored in zip(sequences, got, strict=True):
             reference = reference_logprobs(model_dir, ids)
             for i, entry in enumerate(scored[1:], start=1):
