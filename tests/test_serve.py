@@ -630,6 +630,41 @@ def test_a_call_starts_from_the_context_the_call_before_it_ran(engine, model_dir
     assert ran[3] < ran[2] - 20  # the part both contexts open with did not run again
 
 
+def pieces(shortest: int, longest: int) -> st.SearchStrategy[list[int]]:
+    return st.lists(st.integers(5, 4000), min_size=shortest, max_size=longest)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    contexts=st.lists(pieces(8, 40), min_size=1, max_size=2),
+    questions=st.lists(pieces(16, 30), min_size=1, max_size=3),
+    calls=st.lists(
+        st.lists(st.tuples(st.integers(0, 1), st.integers(0, 2), pieces(1, 4)), min_size=3, max_size=8),
+        min_size=1,
+        max_size=3,
+    ),
+    top=st.integers(0, 2),
+)
+def test_scores_are_the_same_however_calls_share_their_openings(engine, contexts, questions, calls, top):
+    """Consecutive calls whose sequences open alike at random depths (a context, then a question, then
+    an answer) score as each sequence does alone, with nothing kept from the call before."""
+    from gym.serve import scoring
+
+    memo = scoring.Memo()
+    for call in calls:
+        sequences = [
+            contexts[c % len(contexts)] * 2 + questions[q % len(questions)] * 2 + a for c, q, a in call
+        ]
+        kept = scoring.score(engine.model, threading.Lock(), engine.pad_id, sequences, top, True, memo)
+        for ids, got in zip(sequences, kept, strict=True):
+            (alone,) = scoring.score(engine.model, threading.Lock(), engine.pad_id, [ids], top, True)
+            # the given tokens, then the most likely next one (which a near-tie may pick differently)
+            assert [e.token for e in got[1:-1]] == ids[1:] == [e.token for e in alone[1:-1]]
+            assert [e.logprob for e in got[1:]] == pytest.approx([e.logprob for e in alone[1:]], abs=1e-5)
+            for a, b in zip(got[1:], alone[1:], strict=True):  # the alternatives' scores, best first
+                assert [lp for _, lp in a.top] == pytest.approx([lp for _, lp in b.top], abs=1e-5)
+
+
 def test_a_model_without_a_copyable_cache_scores_each_row_in_full(engine):
     from gym.serve import scoring
 
