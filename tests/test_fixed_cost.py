@@ -423,16 +423,24 @@ def test_transformers_does_not_import_scikit_learn_into_a_gym_process():
     assert plain["loaded"] and plain["available"] is True
 
 
-def test_a_process_that_keeps_no_index_is_left_as_it_is():
-    """Outside gym's own processes (gym as a library), registering a model changes no import machinery."""
-    import importlib.metadata
+LIBRARY = """
+import importlib.metadata, json
+from pathlib import Path
+import importlib_metadata
+before = (importlib.metadata.packages_distributions, importlib_metadata.packages_distributions)
+from gym import tracking
+from gym.models import resolve
+tracking.register_model(tracking.start_run("library"), Path(resolve("gym-tiny").path), "tiny-library", {})
+after = (importlib.metadata.packages_distributions, importlib_metadata.packages_distributions)
+print(json.dumps({"unchanged": after == before}))
+"""
 
-    import importlib_metadata
 
-    from gym import process
-
-    before = (importlib.metadata.packages_distributions, importlib_metadata.packages_distributions)
-    if isinstance(before[0], process._Once):
-        pytest.skip("this test process already keeps an index")
-    process.share_distribution_index()
-    assert (importlib.metadata.packages_distributions, importlib_metadata.packages_distributions) == before
+def test_gym_as_a_library_registers_a_model_without_changing_the_import_machinery(gym_home):
+    """Outside gym's own processes (no tune_process), registering a model changes no one's index."""
+    env = {**os.environ, "GYM_HOME": str(gym_home)}
+    proc = subprocess.run(
+        [sys.executable, "-c", LIBRARY], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"unchanged": True}
