@@ -541,6 +541,12 @@ def test_sequences_opening_alike_score_as_each_alone_and_as_transformers_forward
     sequences = [context + a for a in answers] + [context[:40]]  # and one that is only their opening
     assert [p.shared for p in plan(sequences)] == [39]  # one pass, the opening run once
     together = engine.score(sequences, top=2, next_token=True)
+    assert_scored_as_alone_and_by_forward(engine, model_dir, sequences, together)
+
+
+def assert_scored_as_alone_and_by_forward(engine, model_dir, sequences, together) -> None:
+    """Each sequence's scores (top 2, and the next token) from a shared call equal those of a plain
+    pass of its own and of transformers' forward."""
     for ids, batched in zip(sequences, together, strict=True):
         alone = engine.score([ids], top=2, next_token=True)[0]  # a plain pass of its own
         reference = reference_logprobs(model_dir, ids)
@@ -588,15 +594,7 @@ def test_questions_under_one_context_each_run_once_and_score_as_transformers_for
     calls = counted.passes
     assert len(calls) == 1 + 2 * 2 + 1  # the context; per question its text, then its answers; the rest
     assert sum(rows * width for rows, width in calls) < sum(map(len, sequences)) / 2
-    for ids, batched in zip(sequences, together, strict=True):
-        alone = engine.score([ids], top=2, next_token=True)[0]
-        reference = reference_logprobs(model_dir, ids)
-        assert len(batched) == len(ids) + 1 and batched[0] is None
-        for i, (a, b) in enumerate(zip(alone[1:], batched[1:], strict=True), start=1):
-            assert b.token == a.token and b.logprob == pytest.approx(a.logprob, abs=1e-5)
-            assert b.logprob == pytest.approx(reference[i - 1, b.token].item(), abs=1e-5)
-            assert [t for t, _ in b.top] == [t for t, _ in a.top]
-        assert batched[-1].token == int(reference[-1].argmax())
+    assert_scored_as_alone_and_by_forward(engine, model_dir, sequences, together)
 
 
 def test_a_call_starts_from_the_context_the_call_before_it_ran(engine, model_dir):
