@@ -201,3 +201,20 @@ def test_single_pretty_printed_object_is_not_taken_for_records(tmp_path: Path):
         rows(tmp_path / "a.json")
     (tmp_path / "b.json").write_text('{"instruction": "a", "output": "b"}\n')
     assert rows(tmp_path / "b.json")[0][2] == {"instruction": "a", "output": "b"}
+
+
+def test_truncated_json_line_points_at_its_end(tmp_path: Path):
+    """A line cut short is reported where it ends, not at column 1 of the next line."""
+    (tmp_path / "a.jsonl").write_text('{"a": 1}\n{"a": 2, "b": "x"\r\n{"a": 3}\n')
+    with pytest.raises(DataError) as e:
+        rows(tmp_path / "a.jsonl")
+    assert e.value.record == 2
+    expected = "line 2 is not valid JSON (column 18: Expecting ',' delimiter, the line ends before its object"
+    assert expected in str(e.value)
+
+
+def test_bad_json_inside_a_line_names_its_column(tmp_path: Path):
+    (tmp_path / "a.jsonl").write_text('{"a": 1}\n{"a": tru, "b": 2}\n')
+    with pytest.raises(DataError) as e:
+        rows(tmp_path / "a.jsonl")
+    assert "line 2 is not valid JSON (column 7: Expecting value)" in str(e.value)

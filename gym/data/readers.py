@@ -88,11 +88,13 @@ def _read_json_lines(path: Path) -> Records:
             if not line.strip():
                 continue
             no += 1
+            text = line.rstrip("\r\n")  # positions in the line, not past its end
             try:
-                row = json.loads(line)
+                row = json.loads(text)
             except json.JSONDecodeError as e:
+                cut = ", the line ends before its object does" if e.pos >= len(text.rstrip()) else ""
                 raise DataError(
-                    f"line {line_no} is not valid JSON (column {e.colno}: {e.msg})",
+                    f"line {line_no} is not valid JSON (column {e.colno}: {e.msg}{cut})",
                     file=file,
                     record=no,
                     hint="JSON Lines files need one complete JSON object per line",
