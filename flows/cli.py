@@ -1,7 +1,7 @@
 """The `gym` console script: one table of subcommands, each a function `argv -> exit status`.
 
     gym train [--method M] [any flow parameter as --flag] [--json]     runs a Prefect flow
-    gym registry list|show NAME        gym data preview DATASET          library commands
+    gym registry [list|show NAME]      gym data [preview] DATASET        library commands
     gym up [--worker] | gym status | gym down          Prefect and MLflow servers for the workspace
 
 It lives above the library (flows/ may import gym/, never the reverse), so `import gym` never

@@ -1,7 +1,7 @@
 """Library subcommands of the `gym` console script (flows/cli.py dispatches to them).
 
-    gym registry list [--json] | gym registry show NAME
-    gym data preview DATASET [-n 3] [--model gym-tiny]
+    gym registry [list] [--json] | gym registry [show] NAME
+    gym data [preview] DATASET [-n 3] [--model gym-tiny]
 
 These use the library alone and never import Prefect; commands that run flows (`gym train`)
 live above the library, in flows/commands.py. `main(argv)` runs any of them in-process.
@@ -21,12 +21,21 @@ from gym.cli_options import ArgumentParser
 from gym.errors import GymError
 
 
+def _with_action(argv: Sequence[str], actions: Sequence[str], default: str) -> list[str]:
+    """`argv` with its action spelled out: `default` when the first word is none of `actions`."""
+    if argv and (argv[0] in actions or argv[0] in ("-h", "--help")):
+        return list(argv)
+    return [default, *argv]
+
+
 def cmd_registry(argv: Sequence[str]) -> int:
     parser = ArgumentParser(prog="gym registry", description="List or show models in the registry.")
-    parser.add_argument("action", choices=["list", "show"])
+    parser.add_argument("action", choices=["list", "show"], help="list (the default) or show NAME")
     parser.add_argument("name", nargs="?")
     parser.add_argument("--json", action="store_true", help="Print JSON.")
-    args = parser.parse_args(argv)
+    # `gym registry` lists, `gym registry NAME` shows one
+    bare = not argv or argv[0].startswith("-")
+    args = parser.parse_args(_with_action(argv, ("list", "show"), "list" if bare else "show"))
     from gym import registry
 
     models = registry.load_models()
@@ -52,7 +61,7 @@ def cmd_registry(argv: Sequence[str]) -> int:
 
 def cmd_data(argv: Sequence[str]) -> int:
     parser = ArgumentParser(prog="gym data", description="Look at a dataset the way gym reads it.")
-    parser.add_argument("action", choices=["preview"])
+    parser.add_argument("action", choices=["preview"], help="preview (the default)")
     parser.add_argument("dataset", help="Dataset registry name, file, folder or hub id.")
     parser.add_argument("-n", type=int, default=3, help="Records to show.")
     parser.add_argument(
@@ -60,7 +69,7 @@ def cmd_data(argv: Sequence[str]) -> int:
     )
     parser.add_argument("--template", default=None, help="Chat template (default: the model's).")
     parser.add_argument("--json", action="store_true", help="Print JSON.")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_with_action(argv, ("preview",), "preview"))  # `gym data FILE` previews it
     from gym.data.preview import preview
 
     print(preview(args.dataset, n=args.n, model=args.model, template=args.template, as_json=args.json))

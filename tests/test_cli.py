@@ -45,6 +45,24 @@ def test_registry_show_unknown_name_suggests(capsys):
     assert "qwen2.5-7b-instruct" in capsys.readouterr().err
 
 
+def test_actions_default_to_what_a_bare_command_means(capsys):
+    """`gym registry` lists, `gym registry NAME` shows, `gym data DATASET` previews: each prints
+    what its spelled-out form does."""
+    for short, spelled in (
+        (["registry"], ["registry", "list"]),
+        (["registry", "--json"], ["registry", "list", "--json"]),
+        (["registry", "gym-tiny"], ["registry", "show", "gym-tiny"]),
+        (["data", "demo_sft", "-n", "1"], ["data", "preview", "demo_sft", "-n", "1"]),
+        (["data", "-n", "1", "demo_sft"], ["data", "preview", "demo_sft", "-n", "1"]),
+    ):
+        assert main(short) == 0, short
+        got = capsys.readouterr().out
+        assert main(spelled) == 0
+        assert got == capsys.readouterr().out and got.strip(), short
+    assert main(["registry", "qwen2.5-7b-instrct"]) == 2  # an unknown name still gets suggestions
+    assert "qwen2.5-7b-instruct" in capsys.readouterr().err
+
+
 def test_data_preview_marks_trained_tokens(capsys):
     assert main(["data", "preview", "demo_sft", "-n", "2", "--model", "gym-tiny"]) == 0
     out = capsys.readouterr().out
