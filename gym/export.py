@@ -323,7 +323,7 @@ def replace_dir(output_dir: Path, marker: str) -> Iterator[Path]:
 def build_parser() -> argparse.ArgumentParser:
     from gym.cli_llamafactory_tools import epilog
 
-    parser = ArgumentParser(prog="gym export", description=__doc__.splitlines()[0], epilog=epilog("export"))
+    parser = ArgumentParser(prog="gym export", description=__doc__.split("\n\n")[0], epilog=epilog("export"))
     parser.add_argument(
         "--model", required=True, help="Model/adapter/stage directory, registry name or models:/ URI."
     )

@@ -227,7 +227,7 @@ def _labels(config: Any) -> list[str]:
 
 def cmd_promote(argv: Sequence[str]) -> int:
     """`gym promote`: decide and print the decision (Markdown, or JSON with --json)."""
-    parser = ArgumentParser(prog="gym promote", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="gym promote", description=__doc__.split("\n\n")[0])
     parser.add_argument("--name", "--model", required=True, help="Registered model name (or --model).")
     parser.add_argument(
         "--metric",

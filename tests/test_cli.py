@@ -181,3 +181,22 @@ def test_a_mistyped_command_gets_the_command_it_may_mean(capsys):
     assert "error: unknown command 'trian' (did you mean train?); choose from train, " in err
     assert gym(["frobnicate"]) == 2
     assert "did you mean" not in capsys.readouterr().err
+
+
+def test_every_command_help_opens_with_whole_sentences(capsys):
+    """`gym COMMAND --help` describes the command in full sentences (two cut theirs at a line's end)."""
+    import importlib
+
+    from flows.cli import COMMANDS
+
+    for name, (target, _) in COMMANDS.items():
+        if name in ("train", "up", "status", "down"):  # they run flows or servers; their help is tested there
+            continue
+        module, function = target.split(":")
+        try:
+            getattr(importlib.import_module(module), function)(["--help"])
+        except SystemExit as exc:
+            assert exc.code == 0, name
+        out = capsys.readouterr().out
+        description = out.split("\n\n")[1]
+        assert description.rstrip().endswith((".", ")", ":")), (name, description)
