@@ -45,13 +45,20 @@ class Promotion(BaseModel):
     promoted: bool
     reason: str
 
+    @property
+    def current_score(self) -> float | None:
+        """The score of the version the champion alias points to now."""
+        if self.champion == self.challenger:
+            return self.challenger_score
+        return self.champion_score if self.champion == self.previous_champion else None
+
     def markdown(self) -> str:
         verdict = "promoted" if self.promoted else "kept the champion"
         before = f"v{self.previous_champion}" if self.previous_champion else "none"
         rows = [
             ("challenger", f"v{self.challenger}", _fmt(self.challenger_score)),
             ("champion before", before, _fmt(self.champion_score)),
-            ("champion now", f"v{self.champion}" if self.champion else "none", ""),
+            ("champion now", f"v{self.champion}" if self.champion else "none", _fmt(self.current_score)),
         ]
         table = "\n".join(f"| {a} | {b} | {c} |" for a, b, c in rows)
         return (

@@ -91,9 +91,11 @@ def test_champion_moves_only_when_the_challenger_wins_by_the_margin(gym_home, va
     tags = MlflowClient(tracking.tracking_uri()).get_model_version(name, "2").tags
     assert tags["promotion.decision"] == "kept" and tags["promotion.compared_with"] == "1"
     assert tags["promotion.reason"] == close.reason
+    assert "| champion now | v1 | 0.5000 |" in close.markdown()  # kept: the champion's own score
 
     by_loss = promote(name, "sft_loss_last", margin=0.1, mode="min")  # 0.8 beats 1.0 by 0.2
     assert by_loss.promoted and by_loss.champion == "2" and by_loss.previous_champion == "1"
+    assert "| champion now | v2 | 0.8000 |" in by_loss.markdown()  # promoted: the challenger's
     with pytest.raises(ConfigError, match="available: exact_match_after, sft_loss_last"):
         promote(name, "dpo_reward_accuracy")  # neither version has it
 
