@@ -248,6 +248,17 @@ def load_tokenizer(ref: ModelRef) -> Any:
     return tok
 
 
+def context_window(config: Any) -> int | None:
+    """How many positions a model attends over (prompt and generated tokens together): its text
+    config's max_position_embeddings (n_positions / n_ctx in GPT-2-style configs); None if it names none."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for attr in ("max_position_embeddings", "n_positions", "n_ctx"):
+        value = getattr(text, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
 def is_reward_model(path: str | Path) -> bool:
     """Whether the model folder at `path` is a sequence-classification model (a reward or value model:
     a score head on the backbone, no language-model head), by its config.json's `architectures`."""

@@ -99,3 +99,15 @@ def test_a_trained_model_folder_deleted_from_the_workspace_says_how_to_rebuild(t
     for load in (load_model, load_tokenizer):
         with pytest.raises(ConfigError, match="--refresh-cache"):
             load(gone)
+
+
+def test_context_window_reads_each_config_family_and_is_none_when_unnamed():
+    from transformers import GPT2Config, LlamaConfig, LlavaConfig, PretrainedConfig
+
+    from gym.models import context_window
+
+    assert context_window(LlamaConfig(max_position_embeddings=300)) == 300
+    assert context_window(GPT2Config(n_positions=96)) == 96  # GPT-2 names it n_positions
+    vision_chat = LlavaConfig(text_config=LlamaConfig(max_position_embeddings=700).to_dict())
+    assert context_window(vision_chat) == 700  # its language model's window
+    assert context_window(PretrainedConfig()) is None

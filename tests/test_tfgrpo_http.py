@@ -67,6 +67,30 @@ def test_local_client_is_seeded_and_batched(tiny_ref):
     assert client.identity.startswith("local:gym-tiny@")
 
 
+def test_local_client_stops_at_the_model_window(tiny_ref):
+    """Replies end where the model's positions do (as gym serve's limit does) instead of running past
+    them; a prompt that fills the window is a failed call that says why."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from gym.tfgrpo.clients import LLMError, LoadedClient
+
+    tokenizer = load_tokenizer(tiny_ref)
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=2, vocab_size=len(tokenizer), max_position_embeddings=64,
+                         tie_word_embeddings=False)  # fmt: skip
+    model = LlamaForCausalLM(config)
+    model.generation_config.suppress_tokens = [tokenizer.eos_token_id]  # only a limit ends a reply
+    client = LoadedClient(model, tokenizer, template="chatml")
+    out = client.complete(MSG, temperature=0.0, max_tokens=500, seed=1, n=2)
+    assert out.usage.prompt_tokens + out.usage.completion_tokens // 2 == 64, out.usage
+    short = client.complete(MSG, temperature=0.0, max_tokens=5, seed=1)
+    assert short.usage.completion_tokens == 5  # room enough: max_tokens as asked
+    with pytest.raises(LLMError, match=r"the prompt has \d+ tokens and the model's context window is 64"):
+        client.complete([{"role": "user", "content": "word " * 80}], temperature=0.0, max_tokens=5, seed=1)
+
+
 def test_tiny_model_over_http_as_policy_and_judge_degrades_safely(served, tmp_path):
     questions, digest = load_questions("demo_sft", limit=3)
     settings = TfGrpoSettings(

@@ -32,6 +32,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
 from gym.errors import GymError
+from gym.models import context_window
 from gym.serve import scoring
 from gym.serve.params import SamplingParams
 from gym.serve.requests import Delta, Event, Failed, Finished, Request, RequestError, Result, Row, RowTracker
@@ -76,7 +77,7 @@ class Engine:
         self.library = experiences
         self.max_batch_size = max_batch_size
         config = model.config.get_text_config()
-        self.context_length: int | None = getattr(config, "max_position_embeddings", None)
+        self.context_length: int | None = context_window(config)
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         defaults = model.generation_config
         eos = defaults.eos_token_id if defaults.eos_token_id is not None else config.eos_token_id

@@ -152,6 +152,23 @@ class LocalClient:
 
         return render(tokenizer, messages, self.ref.template, add_generation_prompt=True)
 
+    def _room(self, model: Any, prompt_tokens: int, max_tokens: int) -> int:
+        """`max_tokens`, cut to what is left of the model's window after the prompt: generation stops
+        there (as a reply cut by max_tokens does), instead of running on past the positions the model
+        was trained on. A prompt that fills the window fails the call, saying so."""
+        from gym.models import context_window
+
+        window = context_window(model.config)
+        if window is None:
+            return max_tokens
+        if prompt_tokens >= window:
+            raise LLMError(
+                f"{self.identity}: the prompt has {prompt_tokens} tokens and the model's context window is "
+                f"{window}: nothing is left to generate; shorten the prompt (fewer experiences, a shorter "
+                "question) or use a model with a longer window"
+            )
+        return min(max_tokens, window - prompt_tokens)
+
     def complete(
         self, messages: Messages, *, temperature: float, max_tokens: int, seed: int, n: int = 1
     ) -> Completion:
@@ -161,6 +178,7 @@ class LocalClient:
             model, tokenizer = self._load()
             prompt = self._render(tokenizer, messages)
             batch = tokenizer([prompt] * n, return_tensors="pt", add_special_tokens=False)
+            max_tokens = self._room(model, int(batch["input_ids"].shape[1]), max_tokens)
             torch.manual_seed(seed)
             sampling: dict[str, Any] = (
                 {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0}
