@@ -18,7 +18,7 @@ import pytest
 
 from flows.cli import main
 from gym.models import ModelRef, load_model, load_tokenizer, resolve
-from gym.tfgrpo.clients import LocalClient, OpenAIClient
+from gym.tfgrpo.clients import LLMError, LocalClient, OpenAIClient
 from gym.tfgrpo.config import TfGrpoSettings
 from gym.tfgrpo.data import load_questions
 from gym.tfgrpo.engine import train
@@ -67,13 +67,37 @@ def test_local_client_is_seeded_and_batched(tiny_ref):
     assert client.identity.startswith("local:gym-tiny@")
 
 
+def test_local_client_batches_calls_made_at_once_each_as_if_alone(tiny_ref):
+    """Calls from several threads (TF-GRPO's rollouts and optimizer stages) share the engine's batches;
+    each reply is the one the call gets alone, and no reply runs past gym-tiny's 512-token window."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    client = LocalClient(tiny_ref)
+    asks = [[{"role": "user", "content": f"item {i}: " + "word " * (i % 4)}] for i in range(12)]
+
+    def call(messages):
+        return client.complete(messages, temperature=0.0, max_tokens=8, seed=0, n=2)
+
+    alone = [call(m) for m in asks]
+    engine = client._load()[0]
+    before = engine.stats["batches"]
+    with ThreadPoolExecutor(12) as pool:
+        together = list(pool.map(call, asks))
+    assert together == alone
+    assert engine.stats["batches"] - before < len(asks) and engine.stats["largest_batch"] > 2
+    long = client.complete(MSG, temperature=1.0, max_tokens=2000, seed=5)  # the engine alone refuses 2000
+    assert long.usage.prompt_tokens + long.usage.completion_tokens <= 512
+    with pytest.raises(LLMError, match=r"the prompt has \d+ tokens and the model's context window is 512"):
+        client.complete([{"role": "user", "content": "word " * 600}], temperature=0.0, max_tokens=5, seed=1)
+
+
 def test_local_client_stops_at_the_model_window(tiny_ref):
     """Replies end where the model's positions do (as gym serve's limit does) instead of running past
     them; a prompt that fills the window is a failed call that says why."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from gym.tfgrpo.clients import LLMError, LoadedClient
+    from gym.tfgrpo.clients import LoadedClient
 
     tokenizer = load_tokenizer(tiny_ref)
     torch.manual_seed(0)

@@ -7,7 +7,8 @@ The HTTP client is the official `openai` package (retries with exponential backo
 and connection errors, honouring Retry-After; a timeout per request); the API key is read from an
 environment variable, never passed around or logged. Calls to one endpoint share a semaphore, so
 the concurrency limit holds per endpoint across every role and thread of the process. The local
-client generates the n samples of a call in one batch, seeded, one call at a time.
+client runs gym serve's engine in-process: calls made at the same time are generated in one batch,
+each with its own seed.
 """
 
 from __future__ import annotations
@@ -121,7 +122,9 @@ class OpenAIClient:
 
 
 class LocalClient:
-    """A registry model or checkpoint run in-process with transformers (loaded once, on first use)."""
+    """A registry model or checkpoint run in-process (loaded once, on first use) by gym serve's engine
+    (gym.serve.engine): calls made at the same time, from the rollout and optimizer threads, are
+    generated together in batches, each row sampled with its own seed."""
 
     def __init__(
         self, model: Any, *, template: str | None = None, trust_remote_code: bool = False, max_n: int = 64
@@ -136,29 +139,18 @@ class LocalClient:
         self.default_system = self.ref.default_system
         self.max_n = max_n
         self._lock = threading.Lock()
-        self._loaded: tuple[Any, Any] | None = None
-
-    def _load(self) -> tuple[Any, Any]:
-        if self._loaded is None:
-            from gym.models import load_model, load_tokenizer
-
-            tokenizer = load_tokenizer(self.ref)
-            tokenizer.padding_side = "left"
-            self._loaded = (load_model(self.ref).eval(), tokenizer)
-        return self._loaded
+        self._engine: Any = None
+        self._tokenizer: Any = None
 
     def _render(self, tokenizer: Any, messages: Messages) -> str:
         from gym.templates import render
 
         return render(tokenizer, messages, self.ref.template, add_generation_prompt=True)
 
-    def _room(self, model: Any, prompt_tokens: int, max_tokens: int) -> int:
+    def _room(self, window: int | None, prompt_tokens: int, max_tokens: int) -> int:
         """`max_tokens`, cut to what is left of the model's window after the prompt: generation stops
         there (as a reply cut by max_tokens does), instead of running on past the positions the model
         was trained on. A prompt that fills the window fails the call, saying so."""
-        from gym.models import context_window
-
-        window = context_window(model.config)
         if window is None:
             return max_tokens
         if prompt_tokens >= window:
@@ -169,36 +161,50 @@ class LocalClient:
             )
         return min(max_tokens, window - prompt_tokens)
 
+    def _load(self) -> tuple[Any, Any]:
+        """The engine over this client's own copy of the model (it owns its generation config), and the
+        tokenizer prompts are rendered with."""
+        with self._lock:
+            if self._engine is None:
+                from gym.models import load_model, load_tokenizer
+                from gym.serve.engine import Engine
+
+                tokenizer = load_tokenizer(self.ref)
+                self._engine = Engine(
+                    load_model(self.ref),
+                    tokenizer,
+                    name=self.identity,
+                    chat_template=tokenizer.chat_template or "",  # prompts are rendered here, not there
+                    max_batch_size=self.max_n,
+                )
+                self._tokenizer = tokenizer
+            return self._engine, self._tokenizer
+
     def complete(
         self, messages: Messages, *, temperature: float, max_tokens: int, seed: int, n: int = 1
     ) -> Completion:
-        import torch
+        from pydantic import ValidationError
 
-        with self._lock:  # one generation at a time: the torch RNG below is process-wide
-            model, tokenizer = self._load()
+        from gym.serve.params import SamplingParams
+        from gym.serve.requests import RequestError
+
+        engine, tokenizer = self._load()
+        with self._lock:
             prompt = self._render(tokenizer, messages)
-            batch = tokenizer([prompt] * n, return_tensors="pt", add_special_tokens=False)
-            max_tokens = self._room(model, int(batch["input_ids"].shape[1]), max_tokens)
-            torch.manual_seed(seed)
-            sampling: dict[str, Any] = (
-                {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0}
-                if temperature > 0
-                else {"do_sample": False}
+        ids = engine.encode_text(prompt)
+        try:
+            params = SamplingParams(
+                max_tokens=self._room(engine.context_length, len(ids), max_tokens),
+                temperature=temperature,
+                n=n,
+                seed=seed,
             )
-            with torch.inference_mode():
-                out = model.generate(
-                    **batch,
-                    max_new_tokens=max_tokens,
-                    pad_token_id=tokenizer.pad_token_id,
-                    eos_token_id=tokenizer.eos_token_id,
-                    **sampling,
-                )
-            new = out[:, batch["input_ids"].shape[1] :]
-            texts = tokenizer.batch_decode(new, skip_special_tokens=True)
-            produced = int((new != tokenizer.pad_token_id).sum())
+            result = engine.generate(ids, params)
+        except (RequestError, ValidationError) as exc:
+            raise LLMError(f"{self.identity}: {exc}") from exc
         return Completion(
-            texts=texts,
-            usage=Usage(prompt_tokens=int(batch["input_ids"].shape[1]), completion_tokens=produced),
+            texts=[choice.text for choice in result.choices],
+            usage=Usage(prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens),
         )
 
 
@@ -206,6 +212,9 @@ class LoadedClient(LocalClient):
     """A transformers model and tokenizer already in memory (`GRPOTrainer(model=..., tokenizer=...)`).
 
     Prompts are rendered with gym's `template` if given, else with the tokenizer's own chat template.
+    The model stays the caller's, its generation config untouched: it generates with transformers'
+    `generate`, the n samples of a call in one batch, one call at a time (the torch RNG is
+    process-wide), replies stopping at its context window as LocalClient's do.
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, template: str | None = None, max_n: int = 64) -> None:
@@ -228,3 +237,35 @@ class LoadedClient(LocalClient):
 
             return render(tokenizer, messages, self.template, add_generation_prompt=True)
         return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+
+    def complete(
+        self, messages: Messages, *, temperature: float, max_tokens: int, seed: int, n: int = 1
+    ) -> Completion:
+        import torch
+
+        from gym.models import context_window
+
+        with self._lock:
+            model, tokenizer = self._loaded
+            prompt = self._render(tokenizer, messages)
+            batch = tokenizer([prompt] * n, return_tensors="pt", add_special_tokens=False)
+            prompt_tokens = int(batch["input_ids"].shape[1])
+            budget = self._room(context_window(model.config), prompt_tokens, max_tokens)
+            torch.manual_seed(seed)
+            sampling: dict[str, Any] = (
+                {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0}
+                if temperature > 0
+                else {"do_sample": False}
+            )
+            with torch.inference_mode():
+                out = model.generate(
+                    **batch,
+                    max_new_tokens=budget,
+                    pad_token_id=tokenizer.pad_token_id,
+                    eos_token_id=tokenizer.eos_token_id,
+                    **sampling,
+                )
+            new = out[:, prompt_tokens:]
+            texts = tokenizer.batch_decode(new, skip_special_tokens=True)
+            produced = int((new != tokenizer.pad_token_id).sum())
+        return Completion(texts=texts, usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=produced))
