@@ -14,7 +14,7 @@ from gym.models import resolve
 from gym.serve.engine import Engine, RequestError
 from gym.serve.loading import resolve_served
 from gym.serve.params import SamplingParams
-from gym.serve.sampling import nucleus
+from gym.serve.sampling import draw, nucleus, row_generator
 from gym.templates import load_template
 from gym.tfgrpo.injection import EXPERIENCE_FILE, experience_block
 
@@ -111,6 +111,23 @@ def test_nucleus_keeps_the_smallest_set_holding_top_p():
     kept = nucleus(probs, torch.tensor([0.75, 0.5]))
     assert torch.equal(kept, torch.tensor([[0.5, 0.3, 0.0, 0.0], [0.0, 0.0, 0.0, 0.5]]))
     assert torch.equal(nucleus(probs, torch.tensor([1.0, 1.0])), probs)
+
+
+def test_draw_samples_each_row_from_its_distribution_whatever_shares_the_batch():
+    """Frequencies match each row's probabilities (zero-probability tokens never come up), and a row
+    draws the same tokens alone as beside other rows, given its generator's seed."""
+    probs = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.0, 0.1, 0.0, 0.9], [0.25, 0.25, 0.25, 0.25]])
+    draws = 20_000
+    gens = [row_generator(seed, 0) for seed in (1, 2, 3)]
+    picked = torch.cat([draw(probs, gens) for _ in range(draws)], dim=1)  # [rows, draws]
+    counts = torch.stack([torch.bincount(row, minlength=4) for row in picked]).float() / draws
+    assert counts[0, 3] == 0 and counts[1, 0] == 0 and counts[1, 2] == 0
+    assert torch.allclose(counts, probs, atol=0.015), counts  # > 4 standard deviations
+    gen = row_generator(2, 0)
+    alone = [draw(probs[1:2], [gen]).item() for _ in range(200)]
+    gens = [row_generator(seed, 0) for seed in (7, 2, 9)]
+    together = [draw(probs[[2, 1, 0]], gens)[1].item() for _ in range(200)]
+    assert alone == together and len(set(alone)) == 2
 
 
 def test_other_backends_fail_early_with_what_to_install():

@@ -3,9 +3,10 @@
 transformers' `generate` applies one sampling configuration to a whole batch. A server batches
 requests that each carry their own OpenAI parameters, so the engine runs `generate` greedily and
 gives it `RowSampler`, a `LogitsProcessor` that draws each sampled row's token with that row's
-temperature, nucleus and random generator and leaves only that token for the greedy step to
-pick. Greedy rows (temperature 0) pass through untouched. A seeded request draws from its own
-`torch.Generator`, so its text does not depend on which other requests share its batch.
+temperature, nucleus and random generator (`draw`: the rows' distributions batched, one uniform
+number per row) and leaves only that token for the greedy step to pick. Greedy rows (temperature
+0) pass through untouched. A seeded request draws from its own `torch.Generator`, so its text
+does not depend on which other requests share its batch.
 `Penalties` runs before it: OpenAI's logit bias, and its presence and frequency penalties on the
 tokens each row has generated so far.
 """
@@ -38,6 +39,18 @@ def nucleus(probs: Any, top_p: Any) -> Any:
     return torch.zeros_like(probs).scatter(-1, order, sorted_probs)
 
 
+def draw(probs: Any, generators: list[Any]) -> Any:
+    """One token per row by inverse transform sampling: a uniform number from the row's own generator,
+    located in the row's cumulative distribution ([rows, 1] ids). Only the draws are row by row;
+    `torch.multinomial` with one generator per row took ~90 us a row at a 4k vocabulary, ~3 ms at
+    150k, per generated token. A token of probability 0 is never drawn."""
+    u = torch.cat([torch.rand(1, generator=gen, device=gen.device) for gen in generators])
+    exact = torch.float32 if probs.device.type == "mps" else torch.float64  # MPS has no float64
+    cdf = probs.to(exact).cumsum(dim=-1)
+    target = (u.to(probs.device, exact) * cdf[:, -1]).unsqueeze(-1)
+    return torch.searchsorted(cdf, target, right=True).clamp_(max=probs.shape[-1] - 1)
+
+
 class RowSampler(LogitsProcessor):
     """LogitsProcessor drawing sampled rows' tokens with per-row parameters (see module docstring)."""
 
@@ -56,11 +69,7 @@ class RowSampler(LogitsProcessor):
         probs = logits.softmax(dim=-1)
         if self.nucleus:
             probs = nucleus(probs, self.top_p.to(scores.device))
-        chosen = [
-            torch.multinomial(row.cpu(), 1, generator=gen)
-            for row, gen in zip(probs, self.generators, strict=True)
-        ]
-        picked = torch.stack(chosen)
+        picked = draw(probs, self.generators)
         forced = torch.full((len(self.rows), scores.shape[-1]), float("-inf"), device=scores.device)
         forced.scatter_(1, picked, 0.0)
         out = scores.clone()
