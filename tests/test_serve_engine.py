@@ -130,6 +130,17 @@ def test_draw_samples_each_row_from_its_distribution_whatever_shares_the_batch()
     assert alone == together and len(set(alone)) == 2
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (generators on the GPU)")
+def test_on_a_gpu_rows_draw_with_their_own_cuda_generators():
+    probs = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.0, 0.1, 0.0, 0.9]], device="cuda")
+    gens = [row_generator(seed, 0, "cuda") for seed in (1, 2)]
+    picked = torch.cat([draw(probs, gens) for _ in range(5000)], dim=1)
+    assert picked.device.type == "cuda"
+    counts = torch.stack([torch.bincount(row, minlength=4) for row in picked]).float() / 5000
+    assert counts[0, 3] == 0 and counts[1, 0] == 0 and torch.allclose(counts, probs, atol=0.03), counts
+
+
 def test_other_backends_fail_early_with_what_to_install():
     from gym.serve.backends import require
 
