@@ -95,6 +95,7 @@ def completions_get_the_library_only_when_asked(engine: Engine, block: str) -> N
 def test_requests_the_model_cannot_hold_are_refused_before_generating():
     with Engine.load("gym-tiny", max_batch_size=4) as engine:
         assert engine.context_length == 512
+        assert engine.model.config._attn_implementation == "gym_sdpa_gqa"  # gym-tiny: 8 heads, 4 kv
         with pytest.raises(RequestError, match="maximum context length is 512"):
             engine.generate([5] * 500, SamplingParams(max_tokens=20))
         with pytest.raises(RequestError, match="batch size 4"):
@@ -139,6 +140,38 @@ def test_on_a_gpu_rows_draw_with_their_own_cuda_generators():
     assert picked.device.type == "cuda"
     counts = torch.stack([torch.bincount(row, minlength=4) for row in picked]).float() / 5000
     assert counts[0, 3] == 0 and counts[1, 0] == 0 and torch.allclose(counts, probs, atol=0.03), counts
+
+
+def test_grouped_heads_under_a_mask_match_transformers_sdpa_bitwise():
+    """The engine's attention (gym/attention.py) skips transformers' per-head copies of keys and
+    values under a padding mask; its outputs, and a padded batch's greedy generation, stay bitwise
+    those of transformers' SDPA."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from gym import attention
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=8,
+                         num_key_value_heads=2, vocab_size=300)  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    layer = model.model.layers[0].self_attn
+    q, k, v = torch.randn(3, 8, 5, 8), torch.randn(3, 2, 12, 8), torch.randn(3, 2, 12, 8)
+    mask = torch.ones(3, 1, 5, 12, dtype=torch.bool)
+    mask[0, :, :, :4] = False
+    ours = attention.gqa_sdpa_forward(layer, q, k, v, mask, scaling=0.3)[0]
+    assert torch.equal(ours, sdpa_attention_forward(layer, q, k, v, mask, scaling=0.3)[0])
+    ids = torch.randint(3, 300, (3, 20))
+    padding = torch.ones_like(ids)
+    padding[0, :6] = 0
+    with torch.no_grad():
+        before = model(input_ids=ids, attention_mask=padding).logits
+        greedy = model.generate(input_ids=ids, attention_mask=padding, max_new_tokens=8, do_sample=False)
+        model.set_attn_implementation(attention.register())
+        assert model.config._attn_implementation == attention.NAME
+        assert torch.equal(model(input_ids=ids, attention_mask=padding).logits, before)
+        again = model.generate(input_ids=ids, attention_mask=padding, max_new_tokens=8, do_sample=False)
+    assert torch.equal(again, greedy)
 
 
 def test_other_backends_fail_early_with_what_to_install():

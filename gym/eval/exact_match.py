@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from gym import attention
 from gym.eval.generation import check_metrics, score
 from gym.models import ModelRef, load_model, load_tokenizer
 from gym.templates import render
@@ -59,6 +60,7 @@ def evaluate(
     tokenizer = load_tokenizer(model)
     tokenizer.padding_side = "left"
     lm = load_model(model).eval()
+    attention.use(lm)  # padded batches: grouped-query heads shared inside SDPA (same answers)
     prompts, refs = [], []
     for rec in records:
         messages = with_system([rec["messages"][:-1]], system)[0]

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gym import attention
 from gym.eval.mc_data import BenchmarkData, load_benchmark
 from gym.eval.mc_prompt import Encoder, max_length
 from gym.eval.mc_score import Request, Scorer, requests_for, resolve_device
@@ -69,6 +70,7 @@ def evaluate_benchmark(model: ModelRef, settings: MCSettings) -> EvalResult:
     tokenizer = load_tokenizer(model)
     requests, notes = build_requests(data, tokenizer, model, settings)
     lm = load_model(model).to(resolve_device(settings.device)).eval()
+    attention.use(lm)  # padded batches: grouped-query heads shared inside SDPA (same scores)
     scorer = Scorer(lm, batch_size=settings.batch_size, prefix_cache=settings.prefix_cache)
     scores = scorer.run(requests, progress=_progress(data.spec.name, requests) if settings.progress else None)
     if scorer.rescored:

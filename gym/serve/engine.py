@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
+from gym import attention
 from gym.errors import GymError
 from gym.models import context_window
 from gym.serve import scoring
@@ -69,6 +70,7 @@ class Engine:
         default_system: str | None = None,
         source: str | None = None,
     ) -> None:
+        attention.use(model)  # grouped-query heads shared inside SDPA under the batch's padding mask
         self.model, self.name, self.chat_template = model.eval(), name, chat_template
         self.source = source  # the folder the weights and tokenizer were loaded from (None: given objects)
         self.default_system = default_system  # conversations without a system message open with it
