@@ -231,6 +231,10 @@ class LoadedClient(LocalClient):
         tokenizer.padding_side = "left"
         self._loaded = (model.eval(), tokenizer)
 
+    def _load(self) -> tuple[Any, Any]:
+        """The caller's model and tokenizer (no engine: see the class docstring)."""
+        return self._loaded
+
     def _render(self, tokenizer: Any, messages: Messages) -> str:
         if self.template is not None:
             from gym.templates import render
@@ -246,7 +250,7 @@ class LoadedClient(LocalClient):
         from gym.models import context_window
 
         with self._lock:
-            model, tokenizer = self._loaded
+            model, tokenizer = self._load()
             prompt = self._render(tokenizer, messages)
             batch = tokenizer([prompt] * n, return_tensors="pt", add_special_tokens=False)
             prompt_tokens = int(batch["input_ids"].shape[1])
