@@ -2,7 +2,8 @@
 
 The tokenized artifact already holds `input_ids` and `labels` (-100 on masked tokens), which
 SFTTrainer uses as they are; its collator pads each batch dynamically, or flattens it without
-padding, or packs rows of cutoff_len tokens (gym.train.speed decides).
+padding, or packs rows of cutoff_len tokens (gym.train.speed decides). Its loss projects only the
+trained-on positions to the vocabulary, in one piece where their logits are small (gym.train.lm_loss).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gym.errors import DataError
-from gym.train import adapters, signals, speed, varlen
+from gym.train import adapters, lm_loss, signals, speed, varlen
 from gym.train.common import trl_args
 from gym.train.config import TrainConfig
 
@@ -80,7 +81,7 @@ def sft_trainer(
         fields |= {"loss_type": "nll", "use_liger_kernel": False}
     args = SFTConfig(**fields)
     with flash_only_warnings_dropped(model):
-        return trainer_cls(
+        return lm_loss.unchunked(trainer_cls)(
             model=model,
             args=args,
             train_dataset=train_data,
