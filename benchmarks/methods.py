@@ -81,9 +81,10 @@ def gym_trainer_spec(config: Any, model: Any, data: Path, out: Path) -> tuple[ty
 
     from gym.data.ingest import load_meta
     from gym.models import load_model, load_tokenizer
-    from gym.train import METHODS, adapters, speed
+    from gym.train import METHODS, _hook, adapters, speed
 
-    loaded = load_model(model, **speed.load_options(speed.resolve(config)))
+    loader = _hook(config.method, "load_model") or load_model  # rm: a one-output classifier
+    loaded = loader(model, **speed.load_options(speed.resolve(config)))
     trainer = METHODS[config.method](
         model=loaded,
         tokenizer=load_tokenizer(model),
@@ -107,7 +108,7 @@ def run_gym(config: Any, model: Any, data: Path) -> tuple[float, int]:
 
 
 def run_trl(trl_class: type, args: Any, model: Any, records: Any, kind: str, out: Path) -> tuple[float, int]:
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     from gym.models import load_tokenizer
 
@@ -115,8 +116,12 @@ def run_trl(trl_class: type, args: Any, model: Any, records: Any, kind: str, out
     fields = {f.name for f in dataclasses.fields(args)}
     reset = {k: v for k, v in SPEED_FIELDS.items() if k in fields}
     trl_args = dataclasses.replace(args, output_dir=str(out), **reset, **extra)
+    if trl_class.__name__ == "RewardTrainer":  # a reward model: one score per sequence
+        loaded = AutoModelForSequenceClassification.from_pretrained(model.path, num_labels=1)
+    else:
+        loaded = AutoModelForCausalLM.from_pretrained(model.path)
     trainer = counting(trl_class)(
-        model=AutoModelForCausalLM.from_pretrained(model.path),
+        model=loaded,
         args=trl_args,
         train_dataset=records,
         processing_class=load_tokenizer(model),  # gym-tiny's tokenizer with its chat template
