@@ -1,5 +1,6 @@
-"""SFT's loss in one piece (gym.train.lm_loss): the same numbers and gradients as TRL's chunked loss,
-taken only inside gym's trainers and only below the budget; TRL's chunks elsewhere."""
+"""SFT's loss without TRL's checkpointed chunks (gym.train.lm_loss): the same numbers and gradients as
+TRL's function, in one piece or several, taken only inside gym's trainers and only below the budget;
+TRL's chunks elsewhere."""
 
 from __future__ import annotations
 
@@ -33,12 +34,12 @@ def trl_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 def batch(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(3, 11, WIDTH, generator=g)
+    hidden = torch.randn(3, 50, WIDTH, generator=g)
     weight = torch.randn(VOCAB, WIDTH, generator=g) / 4
     bias = torch.randn(VOCAB, generator=g)
-    labels = torch.randint(0, VOCAB, (3, 11), generator=g)
-    labels[0, :4] = -100  # a prompt
-    labels[1, 7:] = -100  # padding
+    labels = torch.randint(0, VOCAB, (3, 50), generator=g)
+    labels[0, :10] = -100  # a prompt
+    labels[1, 35:] = -100  # padding
     labels[2, :] = -100  # a row with nothing to learn
     return hidden, weight, bias, labels
 
@@ -56,17 +57,19 @@ def losses_and_grads(fn, active: bool, **kwargs):
     return [loss.detach(), correct, entropy.detach(), valid, hidden.grad, weight.grad]
 
 
+@pytest.mark.parametrize("piece", [lm_loss.PIECE, 64 * VOCAB], ids=["one_piece", "two_pieces"])
 @pytest.mark.parametrize(
     "kwargs",
-    [{}, {"num_items_in_batch": torch.tensor(40)}, {"logit_scale": 0.5, "final_logit_softcapping": 3.0}],
+    [{}, {"num_items_in_batch": torch.tensor(90)}, {"logit_scale": 0.5, "final_logit_softcapping": 3.0}],
     ids=["mean", "num_items_in_batch", "scaled_and_softcapped"],
 )
-def test_one_piece_equals_trls_chunks_in_value_metrics_and_gradients(trl_calls, kwargs):
+def test_gyms_loss_equals_trls_chunks_in_value_metrics_and_gradients(trl_calls, monkeypatch, kwargs, piece):
+    monkeypatch.setattr(lm_loss, "PIECE", piece)  # 64 positions a piece: the batch's 74 take two
     ours = losses_and_grads(lm_loss._loss, active=True, **kwargs)
-    assert trl_calls == [], "below the budget the loss is computed in one piece"
+    assert trl_calls == [], "below the budget gym computes the loss itself"
     theirs = losses_and_grads(lm_loss._trl_loss, active=True, **kwargs)
     assert len(trl_calls) == 1
-    assert int(ours[3]) == int(theirs[3]) == 7 + 6, "shifted: 7 after the prompt, 6 before the padding"
+    assert int(ours[3]) == int(theirs[3]) == 40 + 34, "shifted: 40 after the prompt, 34 before the padding"
     for a, b in zip(ours, theirs, strict=True):
         assert torch.allclose(a.float(), b.float(), rtol=1e-5, atol=1e-6)
 
@@ -74,10 +77,10 @@ def test_one_piece_equals_trls_chunks_in_value_metrics_and_gradients(trl_calls, 
 def test_trls_chunks_outside_gyms_trainers_above_the_budget_and_without_targets(trl_calls, monkeypatch):
     losses_and_grads(lm_loss._loss, active=False)
     assert len(trl_calls) == 1, "an SFTTrainer that isn't gym's keeps TRL's loss"
-    monkeypatch.setattr(lm_loss, "BUDGET", 13 * VOCAB - 1)  # 13 trained-on positions in the batch
+    monkeypatch.setattr(lm_loss, "BUDGET", 74 * VOCAB - 1)  # 74 trained-on positions in the batch
     losses_and_grads(lm_loss._loss, active=True)
     assert len(trl_calls) == 2, "one position over the budget: TRL's chunks bound the memory"
-    monkeypatch.setattr(lm_loss, "BUDGET", 13 * VOCAB)
+    monkeypatch.setattr(lm_loss, "BUDGET", 74 * VOCAB)
     losses_and_grads(lm_loss._loss, active=True)
     assert len(trl_calls) == 2
     hidden, weight, _, labels = batch()

@@ -1,18 +1,22 @@
-"""SFT's cross-entropy over the positions it trains on, in one piece when their logits are small.
+"""SFT's cross-entropy over the positions it trains on, in cache-sized pieces without checkpointing.
 
 TRL 1.12's SFTTrainer (its default `loss_type="chunked_nll"`) projects only the trained-on positions
 (labels != -100) to the vocabulary, in chunks of 256 positions, each under activation checkpointing, so
 that a long batch's logits never exist at once. That bounds memory for large vocabularies; it costs a
-second projection in the backward pass, a chunk padded to 256 rows whatever the batch holds, and the
-checkpoint machinery per chunk. Where the batch's trained-on logits fit in `BUDGET` elements (64 MiB
-in fp32: gym-tiny's 4,096-token vocabulary up to 4,096 positions, a 152k vocabulary up to ~110), gym
-computes them in one piece instead: the same positions, the same sums, the same metrics (token
-accuracy, entropy); above it, and under DeepSpeed ZeRO-3 (a partitioned output layer), TRL's chunks.
+second projection in the backward pass, a chunk padded to 256 rows whatever the batch holds (36
+trained-on positions of a 152k vocabulary cost a 256-row chunk), and the checkpoint machinery per chunk.
+Where the log-probs the backward pass keeps fit in `BUDGET` elements (128 MiB in fp32: 8,192 positions
+of gym-tiny's 4k vocabulary, ~220 of a 152k one), gym computes the loss itself: the same positions, sums
+and metrics (token accuracy, entropy), in pieces of `PIECE` logits (512 positions of a 4k vocabulary,
+64 of a 32k+ one), each projected once, as one matrix product. Above the budget, and under DeepSpeed
+ZeRO-3 (a partitioned output layer), TRL's chunks.
 
-Measured on this machine (OMP_NUM_THREADS=1, gym-tiny, demo SFT data, batch 8): the loss and its
-backward 21.8 -> 6.2 ms a step, training 6.3k -> 14.9k tok/s with the same loss curve.
+Measured on this machine (OMP_NUM_THREADS=1), loss and backward, TRL's chunks -> gym's pieces:
+113 trained-on positions of 8 x 30 tokens (gym-tiny's demo batches), 4k vocabulary, 19.5 -> 5.9 ms;
+1,007 x 4k 85 -> 53 ms; 8,184 x 4k 706 -> 480 ms; 1,023 x 32k 922 -> 566 ms; 29 x 152k 1,198 -> 107
+ms; 199 x 152k 1,093 -> 808 ms.
 
-Only gym's trainers take this path (`unchunked(trainer_cls)` wraps their `compute_loss`); any other
+Only gym's trainers take this path (`trainer(trainer_cls)` wraps their `compute_loss`); any other
 SFTTrainer in the process keeps TRL's function.
 """
 
@@ -21,9 +25,12 @@ from __future__ import annotations
 import contextvars
 from typing import Any
 
-# Trained-on positions x vocabulary size up to which the logits are computed in one piece.
-BUDGET = 2**24
-_active: contextvars.ContextVar[bool] = contextvars.ContextVar("gym_unchunked_loss", default=False)
+# Trained-on positions x vocabulary size up to which gym computes the loss itself (the log-probs kept
+# for the backward pass: 128 MiB in fp32); above it, TRL's checkpointed chunks bound the memory.
+BUDGET = 2**25
+# Logits per piece (8 MiB in fp32, cache-sized on a CPU): 512 positions of a 4k vocabulary, 64 of 32k+.
+PIECE = 2**21
+_active: contextvars.ContextVar[bool] = contextvars.ContextVar("gym_lm_loss", default=False)
 _trl_loss: Any = None
 
 
@@ -42,12 +49,12 @@ def install() -> bool:
     return True
 
 
-def unchunked(trainer_cls: type) -> type:
-    """`trainer_cls` (SFTTrainer or a subclass) whose loss computations take the one-piece path."""
+def trainer(trainer_cls: type) -> type:
+    """`trainer_cls` (SFTTrainer or a subclass) whose loss computations take gym's path."""
     if not install():
         return trainer_cls
 
-    class Unchunked(trainer_cls):  # type: ignore[misc, valid-type]
+    class GymLoss(trainer_cls):  # type: ignore[misc, valid-type]
         def compute_loss(self, *args: Any, **kwargs: Any) -> Any:
             token = _active.set(True)
             try:
@@ -55,8 +62,8 @@ def unchunked(trainer_cls: type) -> type:
             finally:
                 _active.reset(token)
 
-    Unchunked.__name__ = Unchunked.__qualname__ = trainer_cls.__name__
-    return Unchunked
+    GymLoss.__name__ = GymLoss.__qualname__ = trainer_cls.__name__
+    return GymLoss
 
 
 def _loss(
@@ -96,19 +103,23 @@ def _loss(
     count = int(n_valid)  # one host sync, as TRL's chunk count has
     if count == 0 or count * lm_head_weight.size(0) > BUDGET:
         return _trl_loss(*trl_args, **trl_kwargs)  # type: ignore[no-any-return]
-    targets = targets[valid]
-    logits = hidden[valid].float() @ lm_head_weight.float().t()
-    if lm_head_bias is not None:
-        logits = logits + lm_head_bias.float()
-    if logit_scale != 1.0:
-        logits = logits * logit_scale
-    if final_logit_softcapping is not None:
-        logits = final_logit_softcapping * torch.tanh(logits / final_logit_softcapping)
-    log_p = F.log_softmax(logits, dim=-1)
-    loss = F.nll_loss(log_p, targets, reduction="sum")
-    with torch.no_grad():
-        correct = (logits.argmax(dim=-1) == targets).sum().float()
-        entropy = -(log_p.exp() * log_p).sum()
+    hidden, targets = hidden[valid], targets[valid]
+    rows = max(64, min(512, PIECE // lm_head_weight.size(0)))
+    loss = correct = entropy = hidden.new_zeros((), dtype=torch.float32)
+    for start in range(0, count, rows):
+        logits = hidden[start : start + rows].float() @ lm_head_weight.float().t()
+        if lm_head_bias is not None:
+            logits = logits + lm_head_bias.float()
+        if logit_scale != 1.0:
+            logits = logits * logit_scale
+        if final_logit_softcapping is not None:
+            logits = final_logit_softcapping * torch.tanh(logits / final_logit_softcapping)
+        log_p = F.log_softmax(logits, dim=-1)
+        piece = targets[start : start + rows]
+        loss = loss + F.nll_loss(log_p, piece, reduction="sum")
+        with torch.no_grad():
+            correct = correct + (logits.argmax(dim=-1) == piece).sum().float()
+            entropy = entropy - (log_p.exp() * log_p).sum()
     if num_items_in_batch is None:
         loss = loss / n_valid
     else:

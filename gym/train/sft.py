@@ -3,7 +3,7 @@
 The tokenized artifact already holds `input_ids` and `labels` (-100 on masked tokens), which
 SFTTrainer uses as they are; its collator pads each batch dynamically, or flattens it without
 padding, or packs rows of cutoff_len tokens (gym.train.speed decides). Its loss projects only the
-trained-on positions to the vocabulary, in one piece where their logits are small (gym.train.lm_loss).
+trained-on positions to the vocabulary, without TRL's checkpointed chunks where they fit (gym.train.lm_loss).
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def sft_trainer(
         fields |= {"loss_type": "nll", "use_liger_kernel": False}
     args = SFTConfig(**fields)
     with flash_only_warnings_dropped(model):
-        return lm_loss.unchunked(trainer_cls)(
+        return lm_loss.trainer(trainer_cls)(
             model=model,
             args=args,
             train_dataset=train_data,
