@@ -107,3 +107,22 @@ def test_gym_sft_trains_through_it_with_trls_loss_curve(trl_calls, monkeypatch):
     theirs = train.run(config, model, data)
     assert len(trl_calls) == 6
     assert [v for _, v in ours.losses] == pytest.approx([v for _, v in theirs.losses], rel=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_gyms_loss_equals_trls_in_bf16(trl_calls):
+    hidden, weight, bias, labels = (t.cuda() for t in batch())
+    hidden, weight = hidden.bfloat16().requires_grad_(), weight.bfloat16().requires_grad_()
+    results = []
+    for fn in (lm_loss._loss, lm_loss._trl_loss):
+        token = lm_loss._active.set(True)
+        try:
+            loss, correct, entropy, valid = fn(hidden, weight, 4, labels=labels, lm_head_bias=bias)
+        finally:
+            lm_loss._active.reset(token)
+        grads = torch.autograd.grad(loss, [hidden, weight])
+        results.append([loss.detach(), correct, entropy.detach(), valid, *grads])
+    assert len(trl_calls) == 1, "gym's path on the GPU, TRL's for the comparison"
+    for a, b in zip(*results, strict=True):
+        assert torch.allclose(a.float(), b.float(), rtol=2e-2, atol=1e-3)
