@@ -3,7 +3,7 @@
 TRL 1.12's SFTTrainer (its default `loss_type="chunked_nll"`) projects only the trained-on positions
 (labels != -100) to the vocabulary, in chunks of 256 positions, each under activation checkpointing, so
 that a long batch's logits never exist at once. That bounds memory for large vocabularies; it costs a
-second projection in the backward pass, a chunk padded to 256 rows whatever the batch holds (36
+second projection in the backward pass, a chunk padded to 256 rows whatever the batch holds (29
 trained-on positions of a 152k vocabulary cost a 256-row chunk), and the checkpoint machinery per chunk.
 Where the log-probs the backward pass keeps fit in `BUDGET` elements (128 MiB in fp32: 8,192 positions
 of gym-tiny's 4k vocabulary, ~220 of a 152k one), gym computes the loss itself: the same positions, sums
