@@ -40,7 +40,7 @@ run() {
   } >"$out/env.txt" 2>&1
   cat "$out/env.txt"
   # Tests first (a minute): a failing kernel check is worth knowing even if the benchmark runs long.
-  python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_varlen.py tests/test_serve_engine.py tests/test_lm_loss.py 2>&1 | tee "$out/pytest.log" || true
+  python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_varlen.py tests/test_serve_engine.py tests/test_lm_loss.py tests/test_completion_logits.py 2>&1 | tee "$out/pytest.log" || true
   timeout 420 python3 benchmarks/gpu_train.py 2>"$out/gpu_train.err" | tee "$out/gpu_train.json" || true
   tail -n 20 "$out/gpu_train.err"
 }

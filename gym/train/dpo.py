@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gym.errors import ConfigError
-from gym.train import signals
+from gym.train import completion_logits, signals
 from gym.train.common import trl_args
 from gym.train.config import TrainConfig, filled
 from gym.train.pairs import ID_COLUMNS, require_ids
@@ -41,7 +41,7 @@ def build_trainer(
 ) -> Any:
     from trl import DPOConfig, DPOTrainer
 
-    class _Pretokenized(DPOTrainer):
+    class _Pretokenized(completion_logits.trainer(DPOTrainer)):  # type: ignore[misc]
         """DPOTrainer over data gym already tokenized with the model's chat template."""
 
         def _prepare_dataset(self, dataset: Any, processing_class: Any, args: Any, dataset_name: str) -> Any:

@@ -1,0 +1,174 @@
+"""DPO's log-probs from completion windows (gym.train.completion_logits): the windows' arithmetic, and
+gym's DPO trainer against TRL's own `_compute_loss` on the same batch: the same loss, gradients and
+metrics for every loss gym offers, with the reference precomputed, live, or the LoRA-disabled base,
+while the LM head sees only the completion windows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from datasets import load_from_disk
+from trl import DPOTrainer
+
+from gym.models import load_model, load_tokenizer
+from gym.train import TrainConfig, adapters, completion_logits, dpo
+from gym.train.config import with_defaults
+from tests.helpers import tiny, tokenized
+
+
+def test_window_keeps_the_position_before_each_completion_and_the_completion():
+    mask = torch.tensor(
+        [
+            [0, 0, 0, 1, 1, 0, 0, 0],  # prompt of 3, answer of 2, padding
+            [0, 0, 0, 0, 0, 1, 1, 1],  # the answer reaches the row's end
+            [0, 0, 0, 0, 0, 0, 0, 0],  # nothing to learn (truncated away)
+            [1, 1, 0, 0, 0, 0, 0, 0],  # truncated from the start: TRL never predicts position 0
+        ]
+    )
+    index, kept = completion_logits.window(mask)
+    assert index.tolist() == [[2, 3, 4, 5], [4, 5, 6, 7], [0, 1, 2, 3], [0, 1, 2, 3]]
+    assert kept.tolist() == [[0, 1, 1, 0], [0, 1, 1, 1], [0, 0, 0, 0], [0, 1, 0, 0]]
+    # TRL's view: shifted mask positions; the window holds the same labels, once each.
+    for row, (i, k) in enumerate(zip(index, kept, strict=True)):
+        labels = {int(i[j]) for j in range(1, len(i)) if k[j]}
+        assert labels == {p for p in range(1, 8) if mask[row, p]}
+
+
+def test_window_is_none_when_it_saves_nothing():
+    assert completion_logits.window(torch.tensor([[0, 1, 1, 1], [0, 1, 1, 0]])) is None
+    assert completion_logits.window(torch.zeros(2, 5, dtype=torch.long)) is None
+
+
+def build(tmp_path, finetuning_type: str, reference: str, perturb: bool = True, **settings):
+    """gym's DPO trainer on gym-tiny and 64 demo pairs, as gym.train builds it, and one training batch."""
+    model_ref = tiny()
+    data = tokenized("demo_dpo", model_ref, max_samples=64)
+    config = with_defaults(
+        TrainConfig(
+            method=settings.pop("method", "dpo"),
+            finetuning_type=finetuning_type,
+            reference=reference,
+            per_device_train_batch_size=8,
+            **settings,
+        ),
+        model_ref.train_defaults,
+    )
+    model = load_model(model_ref)
+    trainer = dpo.build_trainer(
+        model=model,
+        tokenizer=load_tokenizer(model_ref),
+        config=config,
+        train_data=load_from_disk(str(data)),
+        eval_data=None,
+        output_dir=tmp_path / "checkpoints",
+        peft_config=adapters.trainer_peft_config(model, config, model_ref, wrapped=False),
+        max_length=64,
+    )
+    # Move the policy away from the reference, so log-ratios, rewards and margins are not all zero.
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in trainer.model.parameters():
+            if p.requires_grad and perturb:
+                p.add_(torch.randn(p.shape, generator=g) * 0.02)
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    trainer.model.train()  # TRL files the metrics under "train"
+    return trainer, batch
+
+
+def loss_grads_metrics(trainer, batch, compute):
+    trainer.model.zero_grad()
+    trainer._metrics["train"].clear()
+    trainer._total_train_tokens = 0  # TRL's running token count
+    widths: list[int] = []
+    head = trainer.accelerator.unwrap_model(trainer.model).get_output_embeddings()
+    handle = head.register_forward_hook(lambda m, args, out: widths.append(out.shape[1]))
+    try:
+        loss = compute(trainer, trainer.model, batch, False)
+    finally:
+        handle.remove()
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+    metrics = {k: v[-1] for k, v in trainer._metrics["train"].items()}
+    return loss.detach(), grads, metrics, widths
+
+
+CASES = [
+    ("full", "precomputed", {}),
+    ("full", "live", {}),
+    ("lora", "live", {}),
+    ("full", "precomputed", {"method": "ipo"}),
+    ("full", "precomputed", {"method": "hinge"}),
+    ("full", "live", {"method": "cdpo"}),
+    ("full", "precomputed", {"sft_loss_weight": 0.5}),
+]
+
+
+@pytest.mark.parametrize(
+    ("finetuning_type", "reference", "settings"),
+    CASES,
+    ids=["dpo", "live", "lora", "ipo", "hinge", "cdpo", "rpo"],
+)
+def test_gyms_dpo_equals_trls_in_loss_gradients_and_metrics(tmp_path, finetuning_type, reference, settings):
+    trainer, batch = build(tmp_path, finetuning_type, reference, **settings)
+    ours = loss_grads_metrics(trainer, batch, type(trainer)._compute_loss)
+    theirs = loss_grads_metrics(trainer, batch, DPOTrainer._compute_loss)
+
+    length = batch["input_ids"].shape[1]
+    assert theirs[3] and all(w == length for w in theirs[3])
+    assert ours[3] and all(w < length / 2 for w in ours[3]), "the LM head sees only the completion windows"
+    assert ours[0].item() != pytest.approx(0.6931, abs=1e-3) or settings, "policy and reference differ"
+    assert torch.allclose(ours[0], theirs[0], rtol=1e-5, atol=1e-6)
+    assert ours[1].keys() == theirs[1].keys() and ours[1]
+    for name, grad in ours[1].items():
+        assert torch.allclose(grad, theirs[1][name], rtol=1e-4, atol=1e-6), name
+    assert ours[2].keys() == theirs[2].keys()
+    assert abs(ours[2]["rewards/margins"]) > 1e-4
+    for key, value in ours[2].items():
+        assert value == pytest.approx(theirs[2][key], rel=1e-4, abs=1e-5), key
+
+
+def test_reference_log_probs_equal_trls(tmp_path):
+    trainer, batch = build(tmp_path, "lora", "live")
+    ours = trainer.compute_ref_log_probs(trainer.model, batch)
+    theirs = DPOTrainer.compute_ref_log_probs(trainer, trainer.model, batch)
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+    # The precomputed column gym trains with (computed at set-up, through the windows) is TRL's too.
+    trainer, batch = build(tmp_path, "full", "precomputed", perturb=False)
+    assert torch.allclose(
+        torch.stack([batch["ref_chosen_logps"], batch["ref_rejected_logps"]]),
+        torch.stack(DPOTrainer.compute_ref_log_probs(trainer, trainer.ref_model or trainer.model, batch)),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+
+
+def test_hooks_are_gone_after_each_call_even_when_it_fails(tmp_path):
+    trainer, batch = build(tmp_path, "full", "live")
+    model = trainer.model
+    before = (len(model._forward_pre_hooks), len(model.get_output_embeddings()._forward_pre_hooks))
+    trainer._compute_loss(model, batch, False)
+
+    def fail(module, args):
+        raise RuntimeError("the model failed")
+
+    handle = model.model.norm.register_forward_pre_hook(fail)
+    with pytest.raises(RuntimeError, match="the model failed"):
+        trainer._compute_loss(model, batch, False)
+    handle.remove()
+    assert (len(model._forward_pre_hooks), len(model.get_output_embeddings()._forward_pre_hooks)) == before
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_gyms_dpo_equals_trls(tmp_path):
+    trainer, batch = build(tmp_path, "lora", "live")
+    assert batch["input_ids"].is_cuda and next(trainer.model.parameters()).is_cuda
+    ours = loss_grads_metrics(trainer, batch, type(trainer)._compute_loss)
+    theirs = loss_grads_metrics(trainer, batch, DPOTrainer._compute_loss)
+    assert all(w < batch["input_ids"].shape[1] / 2 for w in ours[3])
+    assert torch.allclose(ours[0], theirs[0], rtol=1e-3, atol=1e-4)
+    for name, grad in ours[1].items():
+        assert torch.allclose(grad, theirs[1][name], rtol=1e-2, atol=1e-4), name
+    for key, value in ours[2].items():
+        assert value == pytest.approx(theirs[2][key], rel=1e-3, abs=1e-4), key
