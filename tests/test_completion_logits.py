@@ -1,17 +1,17 @@
-"""DPO's log-probs from completion windows (gym.train.completion_logits): the windows' arithmetic, and
-gym's DPO trainer against TRL's own `_compute_loss` on the same batch: the same loss, gradients and
-metrics for every loss gym offers, with the reference precomputed, live, or the LoRA-disabled base,
-while the LM head sees only the completion windows."""
+"""Preference log-probs from completion windows (gym.train.completion_logits): the windows' arithmetic,
+and gym's DPO and KTO trainers against TRL's own `_compute_loss` on the same batch: the same loss,
+gradients and metrics for every loss gym offers, with the reference precomputed, live, or the
+LoRA-disabled base, while the LM head sees only the completion windows (KTO's KL rows too)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from datasets import load_from_disk
-from trl import DPOTrainer
+from trl import DPOTrainer, KTOTrainer
 
 from gym.models import load_model, load_tokenizer
-from gym.train import TrainConfig, adapters, completion_logits, dpo
+from gym.train import TrainConfig, adapters, completion_logits, dpo, kto
 from gym.train.config import with_defaults
 from tests.helpers import tiny, tokenized
 
@@ -40,12 +40,14 @@ def test_window_is_none_when_it_saves_nothing():
 
 
 def build(tmp_path, finetuning_type: str, reference: str, perturb: bool = True, **settings):
-    """gym's DPO trainer on gym-tiny and 64 demo pairs, as gym.train builds it, and one training batch."""
+    """gym's DPO (or KTO) trainer on gym-tiny and 64 demo records, as gym.train builds it, and one
+    training batch."""
     model_ref = tiny()
-    data = tokenized("demo_dpo", model_ref, max_samples=64)
+    method = settings.pop("method", "dpo")
+    data = tokenized("demo_kto" if method == "kto" else "demo_dpo", model_ref, max_samples=64)
     config = with_defaults(
         TrainConfig(
-            method=settings.pop("method", "dpo"),
+            method=method,
             finetuning_type=finetuning_type,
             reference=reference,
             per_device_train_batch_size=8,
@@ -54,7 +56,7 @@ def build(tmp_path, finetuning_type: str, reference: str, perturb: bool = True, 
         model_ref.train_defaults,
     )
     model = load_model(model_ref)
-    trainer = dpo.build_trainer(
+    trainer = (kto if method == "kto" else dpo).build_trainer(
         model=model,
         tokenizer=load_tokenizer(model_ref),
         config=config,
@@ -100,22 +102,26 @@ CASES = [
     ("full", "precomputed", {"method": "hinge"}),
     ("full", "live", {"method": "cdpo"}),
     ("full", "precomputed", {"sft_loss_weight": 0.5}),
+    ("full", "precomputed", {"method": "kto"}),
+    ("lora", "live", {"method": "kto"}),
 ]
 
 
 @pytest.mark.parametrize(
     ("finetuning_type", "reference", "settings"),
     CASES,
-    ids=["dpo", "live", "lora", "ipo", "hinge", "cdpo", "rpo"],
+    ids=["dpo", "live", "lora", "ipo", "hinge", "cdpo", "rpo", "kto", "kto_lora"],
 )
 def test_gyms_dpo_equals_trls_in_loss_gradients_and_metrics(tmp_path, finetuning_type, reference, settings):
     trainer, batch = build(tmp_path, finetuning_type, reference, **settings)
+    trl_class = KTOTrainer if settings.get("method") == "kto" else DPOTrainer
     ours = loss_grads_metrics(trainer, batch, type(trainer)._compute_loss)
-    theirs = loss_grads_metrics(trainer, batch, DPOTrainer._compute_loss)
+    theirs = loss_grads_metrics(trainer, batch, trl_class._compute_loss)
 
-    length = batch["input_ids"].shape[1]
-    assert theirs[3] and all(w == length for w in theirs[3])
-    assert ours[3] and all(w < length / 2 for w in ours[3]), "the LM head sees only the completion windows"
+    lengths = {batch[key].shape[1] for key in ("input_ids", "KL_input_ids") if key in batch}
+    assert theirs[3] and set(theirs[3]) <= lengths
+    assert len(ours[3]) == len(theirs[3]), "the same forward passes (KTO's KL rows included)"
+    assert all(w < min(lengths) / 2 for w in ours[3]), "the LM head sees only the completion windows"
     assert ours[0].item() != pytest.approx(0.6931, abs=1e-3) or settings, "policy and reference differ"
     assert torch.allclose(ours[0], theirs[0], rtol=1e-5, atol=1e-6)
     assert ours[1].keys() == theirs[1].keys() and ours[1]
@@ -131,6 +137,17 @@ def test_reference_log_probs_equal_trls(tmp_path):
     trainer, batch = build(tmp_path, "lora", "live")
     ours = trainer.compute_ref_log_probs(trainer.model, batch)
     theirs = DPOTrainer.compute_ref_log_probs(trainer, trainer.model, batch)
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+    trainer, batch = build(tmp_path, "lora", "live", method="kto")  # TRL calls the model positionally here
+    head = trainer.accelerator.unwrap_model(trainer.model).get_output_embeddings()
+    widths: list[int] = []
+    handle = head.register_forward_hook(lambda m, args, out: widths.append(out.shape[1]))
+    ours = trainer.compute_ref_log_probs(trainer.model, batch)
+    handle.remove()
+    theirs = KTOTrainer.compute_ref_log_probs(trainer, trainer.model, batch)
+    assert len(ours) == 2 and ours[1] is not None, "the completions' and the KL rows' log-probs"
+    assert len(widths) == 2 and all(w < batch["input_ids"].shape[1] / 2 for w in widths)
     for a, b in zip(ours, theirs, strict=True):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
     # The precomputed column gym trains with (computed at set-up, through the windows) is TRL's too.

@@ -1,21 +1,22 @@
-"""DPO's log-probs from the completion positions alone: the LM head skips prompt and padding.
+"""Preference log-probs from the completion positions alone: the LM head skips prompt and padding.
 
-TRL 1.12's DPOTrainer projects every position of each prompt + completion row to the vocabulary, then
-masks all but the completion: log-softmax, entropy and the logits metrics run over the whole
-[rows, length, vocabulary] block. On the demo data (prompts of ~21 tokens, answers of ~3) that is about
-six times the positions the loss reads. gym's DPO trainer hands TRL's own `_compute_loss` and
+TRL 1.12's DPOTrainer and KTOTrainer project every position of each prompt + completion row to the
+vocabulary, then mask all but the completion: log-softmax, entropy and the logits metrics run over the
+whole [rows, length, vocabulary] block. On the demo data (prompts of ~21 tokens, answers of ~3) that is
+about six times the positions the loss reads. gym's trainers hand TRL's own `_compute_loss` and
 `compute_ref_log_probs` a compact batch instead: per row, the position before the completion and the
-completion itself (`input_ids` and `completion_mask` gathered into [rows, longest completion + 1]), while
-the model still reads every token: during the call, a pre-hook on each model TRL calls swaps the full
-`input_ids` back in, and a pre-hook on that model's output embedding gathers the compact positions'
-hidden states, so the LM head (and any logit scaling or softcapping after it) runs on those alone.
-Everything TRL derives from the logits (every loss type, ld_alpha, WPO weights, entropy, token accuracy,
-the logits metrics) is masked by the completion mask, so it comes out the same; `attention_mask` stays
-whole (TRL counts tokens with it). Tests compare loss, gradients and metrics with TRL's own path.
+completion itself (each ids / completion-mask pair, KTO's KL rows too, gathered into [rows, longest
+completion + 1]), while the model still reads every token: during the call, a pre-hook on each model
+TRL calls swaps the full ids back in, and a pre-hook on that model's output embedding gathers the
+compact positions' hidden states, so the LM head (and any logit scaling or softcapping after it) runs
+on those alone. Everything TRL derives from the logits (every loss type, ld_alpha, WPO weights, KTO's
+KL estimate, entropy, token accuracy, the logits metrics) is masked by the completion mask, so it
+comes out the same; `attention_mask` stays whole (TRL counts tokens with it). Tests compare loss,
+gradients and metrics with TRL's own path.
 
-Measured on this machine (OMP_NUM_THREADS=1, gym-tiny, the demo pairs, batches of 16, 40 steps,
-`benchmarks/methods.py`), gym / TRL's DPOTrainer tokens/s: dpo 2.8x, ipo 2.5x, cdpo 2.6x, hinge 2.5x
-(1.00-1.11x before). The gain follows the share of prompt and padding in a batch.
+Measured on this machine (OMP_NUM_THREADS=1, gym-tiny, the demo data, batches of 16, 40 steps,
+`benchmarks/methods.py`), gym / the TRL trainer's tokens/s: dpo 2.8x, ipo 2.5x, cdpo 2.6x, hinge 2.5x,
+kto 2.4x (1.00-1.14x before). The gain follows the share of prompt and padding in a batch.
 """
 
 from __future__ import annotations
@@ -63,32 +64,55 @@ def _output_head(module: Any, unwrap: Any) -> Any:
 
 
 @contextlib.contextmanager
-def compact(inputs: dict[str, Any], models: list[Any], unwrap: Any) -> Iterator[dict[str, Any] | None]:
-    """`inputs` with `input_ids` and `completion_mask` cut to the completion windows, while `models`
-    (the modules TRL will call with them) see the full `input_ids` and project only the windows to the
-    vocabulary. Yields None (nothing hooked) where that can't be done or saves nothing."""
+def compact(
+    inputs: dict[str, Any], sequences: list[tuple[str, str]], models: list[Any], unwrap: Any
+) -> Iterator[dict[str, Any] | None]:
+    """`inputs` with each (ids key, completion-mask key) pair of `sequences` cut to its completion
+    windows, while `models` (the modules TRL will call with them) see the full ids and project only
+    the windows to the vocabulary. Yields None (nothing hooked) where that can't be done or saves
+    nothing; a pair whose windows save nothing stays whole."""
     called = list({id(m): m for m in models if m is not None}.values())
-    found = window(inputs["completion_mask"])
     heads = [_output_head(m, unwrap) for m in called]
-    if found is None or any(h is None for h in heads):
+    windows = {key: window(inputs[mask_key]) for key, mask_key in sequences if key in inputs}
+    if not any(windows.values()) or any(h is None for h in heads):
         yield None
         return
-    index, mask = found
-    full_ids = inputs["input_ids"]
-    ids = full_ids.gather(1, index)
-    rows, length = full_ids.shape
+    small = dict(inputs)
+    # Every ids tensor a model may be called with in here -> (the full ids, the window index).
+    known: dict[int, tuple[Any, Any, Any]] = {}
+    for key, mask_key in sequences:
+        found = windows.get(key)
+        if found is None:
+            continue
+        index, mask = found
+        full = inputs[key]
+        small[key], small[mask_key] = full.gather(1, index), mask
+        known[id(small[key])] = (small[key], full, index)
+        known[id(full)] = (full, full, index)  # a wrapper (DDP, PEFT) passing the swapped ids on
+    current: list[Any] = [None]  # the window of the forward under way, and its full ids
 
-    def restore_ids(module: Any, args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-        if kwargs.get("input_ids") is ids:
-            kwargs["input_ids"] = full_ids
-        return args, kwargs
+    def restore_ids(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        positional = "input_ids" not in kwargs and bool(args)
+        ids = args[0] if positional else kwargs.get("input_ids")
+        entry = known.get(id(ids))
+        if entry is None or entry[0] is not ids:
+            current[0] = None  # a call this context didn't cut: its logits stay whole
+            return None
+        _, full, index = entry
+        current[0] = (index, full)
+        if positional:
+            return (full, *args[1:]), kwargs
+        return args, {**kwargs, "input_ids": full}
 
-    def keep_window(module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    def keep_window(module: Any, args: tuple[Any, ...]) -> Any:
+        if current[0] is None:
+            return None
+        index, full = current[0]
         hidden = args[0]
-        if tuple(hidden.shape[:2]) != (rows, length):
+        if tuple(hidden.shape[:2]) != tuple(full.shape):
             raise RuntimeError(
-                f"gym's completion-only logits expected hidden states of {rows} x {length} positions at the "
-                f"output layer, got {tuple(hidden.shape[:2])}: this model's forward slices them itself"
+                f"gym's completion-only logits expected {tuple(full.shape)} hidden states at the output "
+                f"layer, got {tuple(hidden.shape[:2])}: this model's forward slices them itself"
             )
         picked = hidden.gather(1, index.to(hidden.device)[..., None].expand(-1, -1, hidden.shape[-1]))
         return (picked, *args[1:])
@@ -99,27 +123,36 @@ def compact(inputs: dict[str, Any], models: list[Any], unwrap: Any) -> Iterator[
             handles.append(m.register_forward_pre_hook(restore_ids, with_kwargs=True))
         for head in {id(h): h for h in heads}.values():  # a LoRA policy and its reference share one
             handles.append(head.register_forward_pre_hook(keep_window))
-        yield {**inputs, "input_ids": ids, "completion_mask": mask}
+        yield small
     finally:
         for handle in handles:
             handle.remove()
 
 
+# The (ids, completion mask) pairs each TRL trainer's loss reads logits for.
+SEQUENCES = {
+    "DPOTrainer": [("input_ids", "completion_mask")],
+    "KTOTrainer": [("input_ids", "completion_mask"), ("KL_input_ids", "KL_completion_mask")],
+}
+
+
 def trainer(trainer_cls: type) -> type:
-    """`trainer_cls` (TRL's DPOTrainer or a subclass) computing its log-probs from completion windows."""
+    """`trainer_cls` (TRL's DPOTrainer or KTOTrainer, or a subclass) computing its log-probs from
+    completion windows: TRL's `_compute_loss` and `compute_ref_log_probs` run on the compact batch."""
+    sequences = next(SEQUENCES[c.__name__] for c in trainer_cls.__mro__ if c.__name__ in SEQUENCES)
 
     class CompletionLogits(trainer_cls):  # type: ignore[misc, valid-type]
         def _compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool) -> Any:
             if return_outputs or self.args.torch_compile:  # callers of the outputs expect full-length logits
                 return super()._compute_loss(model, inputs, return_outputs)
             called = [model, self.model, self.ref_model]  # TRL's policy, PEFT-reference and reference calls
-            with compact(inputs, called, self.accelerator.unwrap_model) as small:
+            with compact(inputs, sequences, called, self.accelerator.unwrap_model) as small:
                 return super()._compute_loss(model, inputs if small is None else small, return_outputs)
 
         def compute_ref_log_probs(self, model: Any, inputs: dict[str, Any]) -> Any:
             if self.args.torch_compile:
                 return super().compute_ref_log_probs(model, inputs)
-            with compact(inputs, [model], self.accelerator.unwrap_model) as small:
+            with compact(inputs, sequences, [model], self.accelerator.unwrap_model) as small:
                 return super().compute_ref_log_probs(model, inputs if small is None else small)
 
     return CompletionLogits

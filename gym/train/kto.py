@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gym.errors import ConfigError, DataError
-from gym.train import signals
+from gym.train import completion_logits, signals
 from gym.train.common import trl_args
 from gym.train.config import TrainConfig, filled
 
@@ -37,7 +37,7 @@ def build_trainer(
 ) -> Any:
     from trl import KTOConfig, KTOTrainer
 
-    class _Pretokenized(KTOTrainer):
+    class _Pretokenized(completion_logits.trainer(KTOTrainer)):  # type: ignore[misc]
         """KTOTrainer over data gym already tokenized with the model's chat template."""
 
         def _prepare_dataset(self, dataset: Any, processing_class: Any, args: Any, dataset_name: str) -> Any:
