@@ -72,6 +72,9 @@ def build(tmp_path, finetuning_type: str, reference: str, perturb: bool = True, 
         for p in trainer.model.parameters():
             if p.requires_grad and perturb:
                 p.add_(torch.randn(p.shape, generator=g) * 0.02)
+    if config.gradient_checkpointing:  # as the Trainer does when training starts
+        trainer.model.gradient_checkpointing_enable(trainer.args.gradient_checkpointing_kwargs)
+        assert trainer.model.is_gradient_checkpointing
     batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
     trainer.model.train()  # TRL files the metrics under "train"
     return trainer, batch
@@ -104,13 +107,14 @@ CASES = [
     ("full", "precomputed", {"sft_loss_weight": 0.5}),
     ("full", "precomputed", {"method": "kto"}),
     ("lora", "live", {"method": "kto"}),
+    ("full", "live", {"gradient_checkpointing": True}),
 ]
 
 
 @pytest.mark.parametrize(
     ("finetuning_type", "reference", "settings"),
     CASES,
-    ids=["dpo", "live", "lora", "ipo", "hinge", "cdpo", "rpo", "kto", "kto_lora"],
+    ids=["dpo", "live", "lora", "ipo", "hinge", "cdpo", "rpo", "kto", "kto_lora", "checkpointing"],
 )
 def test_gyms_dpo_equals_trls_in_loss_gradients_and_metrics(tmp_path, finetuning_type, reference, settings):
     trainer, batch = build(tmp_path, finetuning_type, reference, **settings)
