@@ -193,3 +193,18 @@ def test_on_a_gpu_gyms_dpo_equals_trls(tmp_path):
         assert torch.allclose(grad, theirs[1][name], rtol=1e-2, atol=1e-4), name
     for key, value in ours[2].items():
         assert value == pytest.approx(theirs[2][key], rel=1e-3, abs=1e-4), key
+
+
+def test_a_forward_that_bypasses_the_output_module_gets_its_logits_cut_after(tmp_path, monkeypatch):
+    """A patched forward (Unsloth's, say) may compute the logits without calling the output layer as a
+    module: the hook after the model cuts its full logits to the windows, and the numbers still agree."""
+    trainer, batch = build(tmp_path, "full", "live")
+    monkeypatch.setattr(completion_logits, "_output_head", lambda module, unwrap: torch.nn.Identity())
+    ours = loss_grads_metrics(trainer, batch, type(trainer)._compute_loss)
+    theirs = loss_grads_metrics(trainer, batch, DPOTrainer._compute_loss)
+    assert ours[3] == theirs[3], "the real output layer saw every position"
+    assert torch.allclose(ours[0], theirs[0], rtol=1e-5, atol=1e-6)
+    for name, grad in ours[1].items():
+        assert torch.allclose(grad, theirs[1][name], rtol=1e-4, atol=1e-6), name
+    for key, value in ours[2].items():
+        assert value == pytest.approx(theirs[2][key], rel=1e-4, abs=1e-5), key

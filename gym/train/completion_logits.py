@@ -53,6 +53,11 @@ def window(completion_mask: Any) -> tuple[Any, Any] | None:
     return index, mask.to(completion_mask.dtype)
 
 
+def gather(states: Any, index: Any) -> Any:
+    """states [rows, length, d] at the window positions `index` [rows, K + 1]."""
+    return states.gather(1, index.to(states.device)[..., None].expand(-1, -1, states.shape[-1]))
+
+
 def _output_head(module: Any, unwrap: Any) -> Any:
     from peft import PeftModel
 
@@ -89,17 +94,18 @@ def compact(
         small[key], small[mask_key] = full.gather(1, index), mask
         known[id(small[key])] = (small[key], full, index)
         known[id(full)] = (full, full, index)  # a wrapper (DDP, PEFT) passing the swapped ids on
-    current: list[Any] = [None]  # the window of the forward under way, and its full ids
+    # The window of the forward under way with its full ids, and whether the output layer took it.
+    current: list[Any] = [None, False]
 
     def restore_ids(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         positional = "input_ids" not in kwargs and bool(args)
         ids = args[0] if positional else kwargs.get("input_ids")
         entry = known.get(id(ids))
         if entry is None or entry[0] is not ids:
-            current[0] = None  # a call this context didn't cut: its logits stay whole
+            current[:] = [None, False]  # a call this context didn't cut: its logits stay whole
             return None
         _, full, index = entry
-        current[0] = (index, full)
+        current[:] = [(index, full), False]
         if positional:
             return (full, *args[1:]), kwargs
         return args, {**kwargs, "input_ids": full}
@@ -110,17 +116,32 @@ def compact(
         index, full = current[0]
         hidden = args[0]
         if tuple(hidden.shape[:2]) != tuple(full.shape):
+            return None  # not the sequence's hidden states: left to `cut_logits`
+        current[1] = True
+        return (gather(hidden, index), *args[1:])
+
+    def cut_logits(module: Any, args: Any, kwargs: Any, output: Any) -> Any:
+        """After the model: if its output layer didn't take the window (a patched forward computing the
+        logits itself), cut the full logits to it, so TRL's arithmetic still lines up."""
+        window_, took = current
+        current[:] = [None, False]
+        logits = getattr(output, "logits", None)
+        if window_ is None or took or logits is None:
+            return None
+        index, full = window_
+        if tuple(logits.shape[:2]) != tuple(full.shape):
             raise RuntimeError(
-                f"gym's completion-only logits expected {tuple(full.shape)} hidden states at the output "
-                f"layer, got {tuple(hidden.shape[:2])}: this model's forward slices them itself"
+                f"gym's completion-only logits expected logits for {tuple(full.shape)} positions, got "
+                f"{tuple(logits.shape[:2])}: this model's forward slices them itself"
             )
-        picked = hidden.gather(1, index.to(hidden.device)[..., None].expand(-1, -1, hidden.shape[-1]))
-        return (picked, *args[1:])
+        output.logits = gather(logits, index)
+        return output
 
     handles = []
     try:
         for m in called:
             handles.append(m.register_forward_pre_hook(restore_ids, with_kwargs=True))
+            handles.append(m.register_forward_hook(cut_logits, with_kwargs=True))
         for head in {id(h): h for h in heads}.values():  # a LoRA policy and its reference share one
             handles.append(head.register_forward_pre_hook(keep_window))
         yield small
