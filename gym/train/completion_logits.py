@@ -9,10 +9,12 @@ completion itself (each ids / completion-mask pair, KTO's KL rows too, gathered 
 completion + 1]), while the model still reads every token: during the call, a pre-hook on each model
 TRL calls swaps the full ids back in, and a pre-hook on that model's output embedding gathers the
 compact positions' hidden states, so the LM head (and any logit scaling or softcapping after it) runs
-on those alone. Everything TRL derives from the logits (every loss type, ld_alpha, WPO weights, KTO's
-KL estimate, entropy, token accuracy, the logits metrics) is masked by the completion mask, so it
-comes out the same; `attention_mask` stays whole (TRL counts tokens with it). Tests compare loss,
-gradients and metrics with TRL's own path.
+on those alone; a forward that computes its logits without calling that module (a patched one) gets
+its full logits cut to the windows after it returns, so the arithmetic holds either way. Everything
+TRL derives from the logits (every loss type, ld_alpha, WPO weights, KTO's KL estimate, entropy, token
+accuracy, the logits metrics) is masked by the completion mask, so it comes out the same;
+`attention_mask` stays whole (TRL counts tokens with it). Tests compare loss, gradients and metrics
+with TRL's own path.
 
 Measured on this machine (OMP_NUM_THREADS=1, gym-tiny, the demo data, batches of 16, 40 steps,
 `benchmarks/methods.py`), gym / the TRL trainer's tokens/s: dpo 2.8x, ipo 2.5x, cdpo 2.6x, hinge 2.5x,
