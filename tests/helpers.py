@@ -21,3 +21,12 @@ def tokenized(name: str, model: ModelRef, max_samples: int | None = None, **sett
             data.path, model.path, model.template, TokenizeSettings(max_samples=max_samples, **settings)
         ).path
     )
+
+
+ARCHITECTURES = {  # families in registry/ (config-built, tiny): their own masks, windows, norms, heads
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 8}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 0, "eos_token_id": 1}),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 8, "sliding_window": 4}),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"head_dim": 8, "sliding_window": 4}),
+}

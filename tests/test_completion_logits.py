@@ -13,7 +13,7 @@ from trl import DPOTrainer, KTOTrainer
 from gym.models import load_model, load_tokenizer
 from gym.train import TrainConfig, adapters, completion_logits, dpo, kto
 from gym.train.config import with_defaults
-from tests.helpers import tiny, tokenized
+from tests.helpers import ARCHITECTURES, tiny, tokenized
 
 
 def test_window_keeps_the_position_before_each_completion_and_the_completion():
@@ -208,3 +208,45 @@ def test_a_forward_that_bypasses_the_output_module_gets_its_logits_cut_after(tmp
         assert torch.allclose(grad, theirs[1][name], rtol=1e-4, atol=1e-6), name
     for key, value in ours[2].items():
         assert value == pytest.approx(theirs[2][key], rel=1e-4, abs=1e-5), key
+
+
+@pytest.mark.parametrize("family", ["llama", *ARCHITECTURES])
+def test_every_registry_family_gives_the_same_answer_log_probs_from_windows(family):
+    """The hooks on config-built tiny models of the registry's families (their own heads, Gemma's
+    logit softcapping), called as TRL calls them: by keyword and positionally."""
+    import transformers
+    from trl.trainer.utils import selective_log_softmax
+
+    config_name, model_name, extra = ARCHITECTURES.get(family, ("LlamaConfig", "LlamaForCausalLM", {}))
+    size = {"vocab_size": 100, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2}
+    if family == "gemma2":
+        extra = {**extra, "final_logit_softcapping": 5.0}
+    config = getattr(transformers, config_name)(**size, num_attention_heads=4, num_key_value_heads=2, **extra)
+    torch.manual_seed(0)
+    model = getattr(transformers, model_name)(config).eval()
+    prompts, answers = [5, 9, 3, 7], [4, 2, 6, 1]
+    length = max(p + a for p, a in zip(prompts, answers, strict=True)) + 1
+    ids = torch.randint(2, 100, (4, length))
+    attention = torch.zeros(4, length, dtype=torch.long)
+    completion = torch.zeros(4, length, dtype=torch.long)
+    for row, (p, a) in enumerate(zip(prompts, answers, strict=True)):
+        attention[row, : p + a] = 1
+        completion[row, p : p + a] = 1
+
+    def answer_logps(logits, ids, completion):
+        logps = selective_log_softmax(logits[:, :-1], ids[:, 1:]) * completion[:, 1:]
+        return logps.sum(dim=1)
+
+    with torch.no_grad():
+        expected = answer_logps(model(input_ids=ids, attention_mask=attention).logits, ids, completion)
+        inputs = {"input_ids": ids, "attention_mask": attention, "completion_mask": completion}
+        with completion_logits.compact(
+            inputs, [("input_ids", "completion_mask")], [model], lambda m: m
+        ) as small:
+            assert small is not None
+            by_name = model(input_ids=small["input_ids"], attention_mask=attention).logits
+            positional = model(small["input_ids"], attention_mask=attention).logits
+    assert by_name.shape[1] == positional.shape[1] == max(answers) + 1
+    for logits in (by_name, positional):
+        got = answer_logps(logits, small["input_ids"], small["completion_mask"])
+        assert torch.allclose(got, expected, rtol=1e-5, atol=1e-5)

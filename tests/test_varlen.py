@@ -13,7 +13,7 @@ from gym.errors import ConfigError
 from gym.models import load_model, load_tokenizer
 from gym.train import speed, varlen
 from gym.train.speed import Resolved
-from tests.helpers import tiny
+from tests.helpers import ARCHITECTURES, tiny
 
 LENGTHS = [5, 17, 9, 30, 1, 12]
 
@@ -185,15 +185,6 @@ def logging_filters() -> list:
     import logging
 
     return logging.getLogger("trl.trainer.sft_trainer").filters
-
-
-ARCHITECTURES = {  # families in registry/ (config-built, tiny): their own masks, windows, norms, heads
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 8}),
-    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 0, "eos_token_id": 1}),
-    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 8, "sliding_window": 4}),
-    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"head_dim": 8, "sliding_window": 4}),
-}
 
 
 @pytest.mark.parametrize("family", list(ARCHITECTURES))
