@@ -7,8 +7,9 @@
 #                                         # installs them under /tmp/site, then writes to DIR (default $OUT):
 #                                         #   gpu_train.json  gym's default SFT vs TRL defaults (benchmarks/gpu_train.py)
 #                                         #   pytest.log      the GPU-marked tests (pytest -m gpu)
+#                                         #   preference_windows.json  DPO's loss step, gym vs TRL, at 4 shapes
 #                                         #   env.txt         GPU, driver and package versions
-# `run` takes about 5-6 minutes there (the benchmark is stopped at 7). The versions fetched are the ones gym pins
+# `run` takes about 6-7 minutes there (the benchmarks are stopped at 7 and 2). The versions fetched are the ones gym pins
 # (constraints/cpu.txt); the packages the image already has are used as they are.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,10 +44,12 @@ run() {
   python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_varlen.py tests/test_serve_engine.py tests/test_lm_loss.py tests/test_completion_logits.py 2>&1 | tee "$out/pytest.log" || true
   timeout 420 python3 benchmarks/gpu_train.py 2>"$out/gpu_train.err" | tee "$out/gpu_train.json" || true
   tail -n 20 "$out/gpu_train.err"
+  timeout 120 python3 benchmarks/preference_windows.py --device cuda --repeats 3 2>"$out/preference_windows.err" \
+    | tee "$out/preference_windows.json" || true
 }
 
 case "${1:-}" in
   fetch) fetch ;;
   run) shift; run "$@" ;;
-  *) sed -n '2,12p' "$0"; exit 2 ;;
+  *) sed -n '2,13p' "$0"; exit 2 ;;
 esac

@@ -1,4 +1,4 @@
-"""The prepared GPU benchmark runs end to end (its --smoke mode: tiny model, CPU)."""
+"""The prepared benchmarks run end to end in their --smoke modes (tiny models, CPU)."""
 
 from __future__ import annotations
 
@@ -34,3 +34,19 @@ def test_gpu_train_smoke_compares_gym_and_trl_on_the_same_loss_curve():
     assert result["gym_settings"]["liger"] is False, "no Liger without CUDA"
     assert result["loss_gap"] < 1e-3
     assert result["gym_loss_first_last"] == pytest.approx(result["trl_loss_first_last"], abs=1e-3)
+
+
+@pytest.mark.slow
+def test_preference_windows_benchmark_runs_both_paths_to_the_same_loss():
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/preference_windows.py", "--smoke"],
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]  # it exits non-zero if the two losses differ
+    (row,) = json.loads(proc.stdout.strip().splitlines()[-1])["rows"]
+    assert (row["pairs"], row["prompt"], row["answer_max"]) == (2, 12, 6)
+    assert row["gym_ms"] > 0 and row["trl_ms"] > 0 and 0 < row["answer_share"] < 1
