@@ -18,7 +18,7 @@ with TRL's own path.
 
 Measured on this machine (OMP_NUM_THREADS=1, gym-tiny, the demo data, batches of 16, 40 steps,
 `benchmarks/methods.py`), gym / the TRL trainer's tokens/s: dpo 2.8x, ipo 2.5x, cdpo 2.6x, hinge 2.5x,
-kto 2.4x (1.00-1.14x before). The gain follows the share of prompt and padding in a batch.
+kto 2.0-2.4x (1.00-1.14x before). The gain follows the share of prompt and padding in a batch.
 """
 
 from __future__ import annotations
