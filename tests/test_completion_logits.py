@@ -1,7 +1,8 @@
 """Preference log-probs from completion windows (gym.train.completion_logits): the windows' arithmetic,
 and gym's DPO and KTO trainers against TRL's own `_compute_loss` on the same batch: the same loss,
 gradients and metrics for every loss gym offers, with the reference precomputed, live, or the
-LoRA-disabled base, while the LM head sees only the completion windows (KTO's KL rows too)."""
+LoRA-disabled base, while the LM head sees only the completion windows (KTO's KL rows too); gym's
+SimPO against TRL's CPOTrainer forward likewise."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from datasets import load_from_disk
 from trl import DPOTrainer, KTOTrainer
 
 from gym.models import load_model, load_tokenizer
-from gym.train import TrainConfig, adapters, completion_logits, dpo, kto
+from gym.train import TrainConfig, adapters, completion_logits, dpo, kto, simpo
 from gym.train.config import with_defaults
 from tests.helpers import ARCHITECTURES, tiny, tokenized
 
@@ -40,7 +41,7 @@ def test_window_is_none_when_it_saves_nothing():
 
 
 def build(tmp_path, finetuning_type: str, reference: str, perturb: bool = True, **settings):
-    """gym's DPO (or KTO) trainer on gym-tiny and 64 demo records, as gym.train builds it, and one
+    """gym's DPO (or KTO, or SimPO) trainer on gym-tiny and 64 demo records, as gym.train builds it, and one
     training batch."""
     model_ref = tiny()
     method = settings.pop("method", "dpo")
@@ -56,7 +57,7 @@ def build(tmp_path, finetuning_type: str, reference: str, perturb: bool = True, 
         model_ref.train_defaults,
     )
     model = load_model(model_ref)
-    trainer = (kto if method == "kto" else dpo).build_trainer(
+    trainer = {"kto": kto, "simpo": simpo}.get(method, dpo).build_trainer(
         model=model,
         tokenizer=load_tokenizer(model_ref),
         config=config,
@@ -250,3 +251,71 @@ def test_every_registry_family_gives_the_same_answer_log_probs_from_windows(fami
     for logits in (by_name, positional):
         got = answer_logps(logits, small["input_ids"], small["completion_mask"])
         assert torch.allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def pair_loss_grads_metrics(trainer, batch, windows: bool):
+    """CPO's loss, gradients and logged metrics for `batch`, through gym's windows or TRL's forward."""
+    trainer._gym_windows = windows
+    trainer.model.zero_grad()
+    widths: list[int] = []
+    head = trainer.accelerator.unwrap_model(trainer.model).get_output_embeddings()
+    handle = head.register_forward_hook(lambda m, args, out: widths.append(out.shape[1]))
+    try:
+        loss, metrics = trainer.get_batch_loss_metrics(trainer.model, batch)
+    finally:
+        handle.remove()
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+    return loss.detach(), grads, metrics, widths
+
+
+@pytest.mark.parametrize(
+    ("finetuning_type", "settings"),
+    [
+        ("full", {}),
+        ("lora", {}),
+        ("full", {"sft_loss_weight": 0.5}),
+        ("full", {"gradient_checkpointing": True}),
+    ],
+    ids=["simpo", "lora", "nll", "checkpointing"],
+)
+def test_gyms_simpo_equals_trls_cpo_forward(tmp_path, finetuning_type, settings):
+    trainer, batch = build(tmp_path, finetuning_type, "live", method="simpo", **settings)
+    ours = pair_loss_grads_metrics(trainer, batch, windows=True)
+    assert trainer._gym_windows, "gym-tiny's head output is its logits: the windows stay on"
+    theirs = pair_loss_grads_metrics(trainer, batch, windows=False)
+
+    length = batch["chosen_input_ids"].shape[1]
+    assert theirs[3] == [max(length, batch["rejected_input_ids"].shape[1])]
+    assert len(ours[3]) == 1 and ours[3][0] < length / 2, "the LM head sees only the answers' windows"
+    assert torch.allclose(ours[0], theirs[0], rtol=1e-5, atol=1e-6)
+    assert ours[1].keys() == theirs[1].keys() and ours[1]
+    for name, grad in ours[1].items():
+        assert torch.allclose(grad, theirs[1][name], rtol=1e-4, atol=1e-6), name
+    assert ours[2].keys() == theirs[2].keys()
+    assert abs(ours[2]["rewards/margins"]) > 1e-4
+    assert (ours[2]["nll_loss"] > 0) == ("sft_loss_weight" in settings)
+    for key, value in ours[2].items():  # the logits' means (every position, vocabulary) included
+        assert value == pytest.approx(theirs[2][key], rel=1e-4, abs=1e-5), key
+
+
+def test_simpo_keeps_trls_forward_for_a_model_that_changes_its_heads_output(tmp_path):
+    """Softcapped or scaled logits (Gemma 2, Cohere, Granite) have no mean from the hidden states: the
+    first batch shows it, and that batch and every later one go through TRL's forward."""
+    trainer, batch = build(tmp_path, "full", "live", method="simpo")
+    model = trainer.model
+    softcap = lambda m, args, out: out.__setitem__("logits", 5 * torch.tanh(out.logits / 5))  # noqa: E731
+    handle = model.register_forward_hook(softcap)
+    try:
+        theirs = pair_loss_grads_metrics(trainer, batch, windows=False)
+        trainer._gym_windows = True
+        ours = pair_loss_grads_metrics(trainer, batch, windows=True)
+        assert not trainer._gym_windows
+        again = pair_loss_grads_metrics(trainer, batch, windows=trainer._gym_windows)
+    finally:
+        handle.remove()
+    assert len(ours[3]) == 2 and ours[3][0] < ours[3][1] == theirs[3][0], "the probe, then TRL's forward"
+    assert again[3] == theirs[3]
+    assert torch.allclose(ours[0], theirs[0], rtol=1e-5, atol=1e-6)
+    for key, value in ours[2].items():
+        assert value == pytest.approx(theirs[2][key], rel=1e-4, abs=1e-5), key

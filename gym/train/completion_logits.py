@@ -179,3 +179,93 @@ def trainer(trainer_cls: type) -> type:
                 return super().compute_ref_log_probs(model, inputs if small is None else small)
 
     return CompletionLogits
+
+
+def pair_trainer(trainer_cls: type) -> type:
+    """`trainer_cls` (TRL's CPOTrainer, which gym's simpo runs, or a subclass) computing its pairs'
+    log-probs from completion windows.
+
+    CPO's `concatenated_forward` reads the logits at the answers' positions (log-probs, and the NLL
+    term when `cpo_alpha` > 0, over labels that mask the prompt) and reports the mean of every logit
+    of every position as `logits/chosen` and `logits/rejected`. Here the LM head sees the windows
+    alone; the logits' mean comes from the hidden states, exactly: the mean over the vocabulary of a
+    linear head's output at a position is that position's hidden state times the mean weight row (plus
+    the mean bias). Where a model changes its head's output (Gemma 2's softcapping, Cohere's or
+    Granite's scaling) or computes logits without that module, the first batch shows it and the
+    trainer keeps TRL's own forward from then on."""
+    import torch
+    from torch import nn
+
+    IGNORE = -100  # CPO's label for "not an answer token", fixed in TRL 1.12
+
+    class PairCompletionLogits(trainer_cls):  # type: ignore[misc, valid-type]
+        _gym_windows = True  # set False for good once a model shows it post-processes its head's output
+
+        def concatenated_forward(self, model: Any, batch: dict[str, Any]) -> Any:
+            if (
+                self.is_encoder_decoder
+                or self.aux_loss_enabled
+                or self.args.torch_compile
+                or not self._gym_windows
+            ):
+                return super().concatenated_forward(model, batch)
+            head = _output_head(model, self.accelerator.unwrap_model)
+            cat = self.concatenated_inputs(
+                batch,
+                is_encoder_decoder=False,
+                padding_value=self.pad_token_id,
+                device=self.accelerator.device,
+            )
+            labels, ids = cat["concatenated_labels"], cat["concatenated_input_ids"]
+            found = window((labels != IGNORE).long())
+            if found is None or type(head) not in (nn.Linear,):
+                return super().concatenated_forward(model, batch)
+            index, mask = found
+            seen: dict[str, Any] = {}
+
+            def keep_window(module: Any, args: tuple[Any, ...]) -> Any:
+                hidden = args[0]
+                if "means" in seen or tuple(hidden.shape[:2]) != tuple(ids.shape):
+                    return None
+                weight = module.weight.detach().float()
+                means = hidden.detach().float() @ weight.mean(
+                    dim=0
+                )  # [rows, length]: each position's mean logit
+                if module.bias is not None:
+                    means = means + module.bias.detach().float().mean()
+                seen["means"] = means
+                return (gather(hidden, index), *args[1:])
+
+            handles = [
+                head.register_forward_pre_hook(keep_window),
+                head.register_forward_hook(lambda module, args, output: seen.setdefault("head", output)),
+            ]
+            try:
+                outputs = model(ids, attention_mask=cat["concatenated_attention_mask"], use_cache=False)
+            finally:
+                for handle in handles:
+                    handle.remove()
+            if "means" not in seen or outputs.logits is not seen.get("head"):
+                self._gym_windows = (
+                    False  # logits post-processed or made elsewhere: TRL's forward from now on
+                )
+                del outputs, seen
+                return super().concatenated_forward(model, batch)
+            logits = outputs.logits  # [rows, K + 1, vocabulary]
+            small = torch.where(mask.bool(), labels.gather(1, index), IGNORE)
+            chosen = batch["chosen_labels"].shape[0]
+            if self.cpo_alpha == 0:
+                nll = torch.tensor(0.0).to(self.accelerator.device)
+            else:  # CPO's cross-entropy over the chosen answers' labels, from the windows
+                nll = nn.functional.cross_entropy(
+                    logits[:chosen, :-1].reshape(-1, logits.shape[-1]),
+                    small[:chosen, 1:].reshape(-1).to(logits.device),
+                    ignore_index=IGNORE,
+                )
+            logps = self.get_batch_logps(
+                logits, small, average_log_prob=self.loss_type in ("ipo", "simpo"), is_encoder_decoder=False
+            )
+            means = seen["means"]
+            return logps[:chosen], logps[chosen:], means[:chosen], means[chosen:], nll
+
+    return PairCompletionLogits

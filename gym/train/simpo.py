@@ -7,7 +7,8 @@ leaves out CPO's behaviour-cloning term, so this is SimPO itself, not CPO-SimPO;
 (LLaMA-Factory's pref_ftx) sets that term's weight.
 
 TRL's CPOTrainer (trl.experimental in TRL 1.12) tokenizes row by row; gym feeds it
-gym's own chat-template ids (gym.train.pairs.row_trainer).
+gym's own chat-template ids (gym.train.pairs.row_trainer), and its LM head projects only the answers'
+positions to the vocabulary (gym.train.completion_logits.pair_trainer): the same loss and metrics.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gym.train import signals
+from gym.train import completion_logits, signals
 from gym.train.common import trl_args
 from gym.train.config import TrainConfig, filled
 from gym.train.pairs import require_ids, row_trainer
@@ -44,7 +45,7 @@ def build_trainer(
         max_length=max_length,
     )
     return row_trainer(
-        CPOTrainer,
+        completion_logits.pair_trainer(CPOTrainer),
         args,
         model=model,
         tokenizer=tokenizer,
