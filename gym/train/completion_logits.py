@@ -246,12 +246,11 @@ def pair_trainer(trainer_cls: type) -> type:
                 for handle in handles:
                     handle.remove()
             if "means" not in seen or outputs.logits is not seen.get("head"):
-                self._gym_windows = (
-                    False  # logits post-processed or made elsewhere: TRL's forward from now on
-                )
+                # Logits post-processed after the head, or made without it: TRL's forward from now on.
+                self._gym_windows = False
                 del outputs, seen
                 return super().concatenated_forward(model, batch)
-            logits = outputs.logits  # [rows, K + 1, vocabulary]
+            logits: Any = outputs.logits  # [rows, K + 1, vocabulary]
             small = torch.where(mask.bool(), labels.gather(1, index), IGNORE)
             chosen = batch["chosen_labels"].shape[0]
             if self.cpo_alpha == 0:
