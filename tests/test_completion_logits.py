@@ -2,7 +2,7 @@
 and gym's DPO and KTO trainers against TRL's own `_compute_loss` on the same batch: the same loss,
 gradients and metrics for every loss gym offers, with the reference precomputed, live, or the
 LoRA-disabled base, while the LM head sees only the completion windows (KTO's KL rows too); gym's
-SimPO against TRL's CPOTrainer forward likewise."""
+SimPO and ORPO against TRL's CPOTrainer and ORPOTrainer forwards likewise."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from datasets import load_from_disk
 from trl import DPOTrainer, KTOTrainer
 
 from gym.models import load_model, load_tokenizer
-from gym.train import TrainConfig, adapters, completion_logits, dpo, kto, simpo
+from gym.train import TrainConfig, adapters, completion_logits, dpo, kto, orpo, simpo
 from gym.train.config import with_defaults
 from tests.helpers import ARCHITECTURES, tiny, tokenized
 
@@ -57,7 +57,7 @@ def build(tmp_path, finetuning_type: str, reference: str, perturb: bool = True, 
         model_ref.train_defaults,
     )
     model = load_model(model_ref)
-    trainer = {"kto": kto, "simpo": simpo}.get(method, dpo).build_trainer(
+    trainer = {"kto": kto, "simpo": simpo, "orpo": orpo}.get(method, dpo).build_trainer(
         model=model,
         tokenizer=load_tokenizer(model_ref),
         config=config,
@@ -254,12 +254,13 @@ def test_every_registry_family_gives_the_same_answer_log_probs_from_windows(fami
 
 
 def pair_loss_grads_metrics(trainer, batch, windows: bool):
-    """CPO's loss, gradients and logged metrics for `batch`, through gym's windows or TRL's forward."""
+    """CPO's or ORPO's loss, gradients and logged metrics for `batch`, through gym's windows or TRL's
+    forward, and the (rows, positions) of each call of the LM head."""
     trainer._gym_windows = windows
     trainer.model.zero_grad()
-    widths: list[int] = []
+    widths: list[tuple[int, int]] = []
     head = trainer.accelerator.unwrap_model(trainer.model).get_output_embeddings()
-    handle = head.register_forward_hook(lambda m, args, out: widths.append(out.shape[1]))
+    handle = head.register_forward_hook(lambda m, args, out: widths.append(tuple(out.shape[:2])))
     try:
         loss, metrics = trainer.get_batch_loss_metrics(trainer.model, batch)
     finally:
@@ -276,33 +277,42 @@ def pair_loss_grads_metrics(trainer, batch, windows: bool):
         ("lora", {}),
         ("full", {"sft_loss_weight": 0.5}),
         ("full", {"gradient_checkpointing": True}),
+        ("full", {"method": "orpo"}),
+        ("lora", {"method": "orpo"}),
+        ("full", {"method": "orpo", "gradient_checkpointing": True}),
     ],
-    ids=["simpo", "lora", "nll", "checkpointing"],
+    ids=["simpo", "lora", "nll", "checkpointing", "orpo", "orpo_lora", "orpo_checkpointing"],
 )
-def test_gyms_simpo_equals_trls_cpo_forward(tmp_path, finetuning_type, settings):
-    trainer, batch = build(tmp_path, finetuning_type, "live", method="simpo", **settings)
+def test_gyms_simpo_and_orpo_equal_trls_forward(tmp_path, finetuning_type, settings):
+    method = settings.pop("method", "simpo")
+    trainer, batch = build(tmp_path, finetuning_type, "live", method=method, **settings)
     ours = pair_loss_grads_metrics(trainer, batch, windows=True)
     assert trainer._gym_windows, "gym-tiny's head output is its logits: the windows stay on"
     theirs = pair_loss_grads_metrics(trainer, batch, windows=False)
 
-    length = batch["chosen_input_ids"].shape[1]
-    assert theirs[3] == [max(length, batch["rejected_input_ids"].shape[1])]
-    assert len(ours[3]) == 1 and ours[3][0] < length / 2, "the LM head sees only the answers' windows"
+    pairs = batch["chosen_input_ids"].shape[0]
+    length = max(batch["chosen_input_ids"].shape[1], batch["rejected_input_ids"].shape[1])
+    assert theirs[3] == [(2 * pairs, length)]
+    if method == "orpo":  # the SFT term reads the chosen rows whole; the rejected ones are cut
+        assert ours[3] == [(pairs, length)]
+    else:
+        assert len(ours[3]) == 1 and ours[3][0][0] == 2 * pairs and ours[3][0][1] < length / 2
     assert torch.allclose(ours[0], theirs[0], rtol=1e-5, atol=1e-6)
     assert ours[1].keys() == theirs[1].keys() and ours[1]
     for name, grad in ours[1].items():
         assert torch.allclose(grad, theirs[1][name], rtol=1e-4, atol=1e-6), name
     assert ours[2].keys() == theirs[2].keys()
     assert abs(ours[2]["rewards/margins"]) > 1e-4
-    assert (ours[2]["nll_loss"] > 0) == ("sft_loss_weight" in settings)
+    assert (ours[2]["nll_loss"] > 0) == ("sft_loss_weight" in settings or method == "orpo")
     for key, value in ours[2].items():  # the logits' means (every position, vocabulary) included
         assert value == pytest.approx(theirs[2][key], rel=1e-4, abs=1e-5), key
 
 
-def test_simpo_keeps_trls_forward_for_a_model_that_changes_its_heads_output(tmp_path):
+@pytest.mark.parametrize("method", ["simpo", "orpo"])
+def test_simpo_and_orpo_keep_trls_forward_for_a_model_that_changes_its_heads_output(tmp_path, method):
     """Softcapped or scaled logits (Gemma 2, Cohere, Granite) have no mean from the hidden states: the
     first batch shows it, and that batch and every later one go through TRL's forward."""
-    trainer, batch = build(tmp_path, "full", "live", method="simpo")
+    trainer, batch = build(tmp_path, "full", "live", method=method)
     model = trainer.model
     softcap = lambda m, args, out: out.__setitem__("logits", 5 * torch.tanh(out.logits / 5))  # noqa: E731
     handle = model.register_forward_hook(softcap)
@@ -314,7 +324,7 @@ def test_simpo_keeps_trls_forward_for_a_model_that_changes_its_heads_output(tmp_
         again = pair_loss_grads_metrics(trainer, batch, windows=trainer._gym_windows)
     finally:
         handle.remove()
-    assert len(ours[3]) == 2 and ours[3][0] < ours[3][1] == theirs[3][0], "the probe, then TRL's forward"
+    assert len(ours[3]) == 2 and ours[3][0] != ours[3][1] == theirs[3][0], "the probe, then TRL's forward"
     assert again[3] == theirs[3]
     assert torch.allclose(ours[0], theirs[0], rtol=1e-5, atol=1e-6)
     for key, value in ours[2].items():

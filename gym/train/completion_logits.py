@@ -182,21 +182,23 @@ def trainer(trainer_cls: type) -> type:
 
 
 def pair_trainer(trainer_cls: type) -> type:
-    """`trainer_cls` (TRL's CPOTrainer, which gym's simpo runs, or a subclass) computing its pairs'
-    log-probs from completion windows.
+    """`trainer_cls` (TRL's CPOTrainer, which gym's simpo runs, or ORPOTrainer, or a subclass) computing
+    its pairs' log-probs from completion windows.
 
-    CPO's `concatenated_forward` reads the logits at the answers' positions (log-probs, and the NLL
-    term when `cpo_alpha` > 0, over labels that mask the prompt) and reports the mean of every logit
-    of every position as `logits/chosen` and `logits/rejected`. Here the LM head sees the windows
-    alone; the logits' mean comes from the hidden states, exactly: the mean over the vocabulary of a
-    linear head's output at a position is that position's hidden state times the mean weight row (plus
-    the mean bias). Where a model changes its head's output (Gemma 2's softcapping, Cohere's or
-    Granite's scaling) or computes logits without that module, the first batch shows it and the
-    trainer keeps TRL's own forward from then on."""
+    Their `concatenated_forward` reads the logits at the answers' positions (log-probs; CPO's NLL term
+    when `cpo_alpha` > 0 also masks the prompt) and reports the mean of every logit of every position
+    as `logits/chosen` and `logits/rejected`. Here the LM head sees the windows alone; the logits'
+    mean comes from the hidden states, exactly: the mean over the vocabulary of a linear head's output
+    at a position is that position's hidden state times the mean weight row (plus the mean bias).
+    ORPO's NLL term reads the chosen rows' prompts too (TRL 1.12's choice): those rows stay whole and
+    only the rejected ones are cut. Where a model changes its head's output (Gemma 2's softcapping,
+    Cohere's or Granite's scaling) or computes logits without that module, the first batch shows it and
+    the trainer keeps TRL's own forward from then on."""
     import torch
     from torch import nn
 
-    IGNORE = -100  # CPO's label for "not an answer token", fixed in TRL 1.12
+    IGNORE = -100  # the label of "not an answer token" in these trainers, fixed in TRL 1.12
+    orpo = any(c.__name__ == "ORPOTrainer" for c in trainer_cls.__mro__)
 
     class PairCompletionLogits(trainer_cls):  # type: ignore[misc, valid-type]
         _gym_windows = True  # set False for good once a model shows it post-processes its head's output
@@ -213,12 +215,14 @@ def pair_trainer(trainer_cls: type) -> type:
             cat = self.concatenated_inputs(
                 batch,
                 is_encoder_decoder=False,
-                padding_value=self.pad_token_id,
+                padding_value=self.padding_value if orpo else self.pad_token_id,
                 device=self.accelerator.device,
             )
             labels, ids = cat["concatenated_labels"], cat["concatenated_input_ids"]
-            found = window((labels != IGNORE).long())
-            if found is None or type(head) not in (nn.Linear,):
+            chosen = batch["chosen_labels"].shape[0]
+            cut = chosen if orpo else 0  # rows from `cut` on are cut to their windows
+            found = window((labels[cut:] != IGNORE).long())
+            if found is None or type(head) is not nn.Linear:
                 return super().concatenated_forward(model, batch)
             index, mask = found
             seen: dict[str, Any] = {}
@@ -234,7 +238,11 @@ def pair_trainer(trainer_cls: type) -> type:
                 if module.bias is not None:
                     means = means + module.bias.detach().float().mean()
                 seen["means"] = means
-                return (gather(hidden, index), *args[1:])
+                windows = gather(hidden[cut:], index)
+                if not cut:
+                    return (windows, *args[1:])
+                seen["windows"] = nn.functional.linear(windows, module.weight, module.bias)
+                return (hidden[:cut], *args[1:])  # the head's own call: the whole chosen rows
 
             handles = [
                 head.register_forward_pre_hook(keep_window),
@@ -250,21 +258,35 @@ def pair_trainer(trainer_cls: type) -> type:
                 self._gym_windows = False
                 del outputs, seen
                 return super().concatenated_forward(model, batch)
-            logits: Any = outputs.logits  # [rows, K + 1, vocabulary]
-            small = torch.where(mask.bool(), labels.gather(1, index), IGNORE)
-            chosen = batch["chosen_labels"].shape[0]
+            logits: Any = outputs.logits  # ORPO: [chosen rows, length, vocab]; CPO: [rows, K + 1, vocab]
+            windows = seen.get("windows", logits)
+            targets = torch.where(mask.bool(), labels[cut:].gather(1, index), IGNORE)
+            means = seen["means"]
+            if (
+                orpo
+            ):  # TRL's NLL: the chosen rows, prompt and answer; logits metrics without the last position
+                whole = torch.where(cat["concatenated_attention_mask"][:chosen] == 1, ids[:chosen], IGNORE)
+                nll = cross_entropy(logits, whole, IGNORE)
+                chosen_logps = self.get_batch_logps(logits, labels[:chosen], average_log_prob=True)
+                rejected_logps = self.get_batch_logps(windows, targets, average_log_prob=True)
+                return chosen_logps, rejected_logps, logits[:, :-1], means[chosen:, :-1], nll
             if self.cpo_alpha == 0:
                 nll = torch.tensor(0.0).to(self.accelerator.device)
             else:  # CPO's cross-entropy over the chosen answers' labels, from the windows
-                nll = nn.functional.cross_entropy(
-                    logits[:chosen, :-1].reshape(-1, logits.shape[-1]),
-                    small[:chosen, 1:].reshape(-1).to(logits.device),
-                    ignore_index=IGNORE,
-                )
-            logps = self.get_batch_logps(
-                logits, small, average_log_prob=self.loss_type in ("ipo", "simpo"), is_encoder_decoder=False
-            )
-            means = seen["means"]
+                nll = cross_entropy(windows[:chosen], targets[:chosen], IGNORE)
+            average = self.loss_type in ("ipo", "simpo")
+            logps = self.get_batch_logps(windows, targets, average_log_prob=average, is_encoder_decoder=False)
             return logps[:chosen], logps[chosen:], means[:chosen], means[chosen:], nll
 
     return PairCompletionLogits
+
+
+def cross_entropy(logits: Any, labels: Any, ignore: int) -> Any:
+    """Mean next-token cross-entropy over the labelled positions, as TRL's CPO and ORPO compute it."""
+    from torch import nn
+
+    return nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]),
+        labels[:, 1:].reshape(-1).to(logits.device),
+        ignore_index=ignore,
+    )

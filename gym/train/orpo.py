@@ -7,7 +7,9 @@ Rewards are beta x the length-normalised log-probability of each answer, so the 
 margin and accuracy are meaningful from the first step (they are not 0 as for DPO).
 
 TRL's ORPOTrainer (trl.experimental in TRL 1.12) tokenizes row by row; gym feeds it
-gym's own chat-template ids (gym.train.pairs.row_trainer).
+gym's own chat-template ids (gym.train.pairs.row_trainer), and its LM head projects the rejected
+answers' positions alone to the vocabulary (gym.train.completion_logits.pair_trainer; the chosen rows
+stay whole for the SFT term): the same loss and metrics.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gym.train import signals
+from gym.train import completion_logits, signals
 from gym.train.common import trl_args
 from gym.train.config import TrainConfig, filled
 from gym.train.pairs import require_ids, row_trainer
@@ -41,7 +43,7 @@ def build_trainer(
         max_length=max_length,
     )
     return row_trainer(
-        ORPOTrainer,
+        completion_logits.pair_trainer(ORPOTrainer),
         args,
         model=model,
         tokenizer=tokenizer,
