@@ -19,6 +19,8 @@ with TRL's own path.
 Measured on this machine (OMP_NUM_THREADS=1, gym-tiny, the demo data, batches of 16, 40 steps,
 `benchmarks/methods.py`), gym / the TRL trainer's tokens/s: dpo 2.8x, ipo 2.5x, cdpo 2.6x, hinge 2.5x,
 kto 2.0-2.4x (1.00-1.14x before). The gain follows the share of prompt and padding in a batch.
+`pair_trainer` does the same for the trainers that build their own forward (CPO, which gym's simpo
+runs: 2.1-2.3x; ORPO: 1.36x).
 """
 
 from __future__ import annotations
