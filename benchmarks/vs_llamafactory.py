@@ -1,9 +1,15 @@
 """Side by side on CPU: LLaMA-Factory 0.9.5, plain TRL and `gym train`, whole processes as users launch them.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/vs_llamafactory.py [--repeats 1] [--setup-only]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/vs_llamafactory.py --stage dpo
 
 The same SFT run for each: a 2.5M-parameter Llama built from a config (saved once, untimed),
 2,000 alpaca records (gym's demo_sft), 100 steps at batch 8, fp32, cosine schedule, lr 3e-3.
+`--stage dpo`: the same model after DPO instead, on gym's 800 demo_dpo pairs (alpaca-style
+instruction/input/chosen/rejected, LLaMA-Factory's `ranking` format), full fine-tuning, sigmoid loss,
+beta 0.1, 100 steps at batch 8, lr 1e-4, each tool with its default reference (LLaMA-Factory: a frozen
+copy run every step; gym: log-probs precomputed once, part of its process time); plain TRL's DPO is
+compared in benchmarks/methods.py, so this stage has no TRL column.
 - LLaMA-Factory: `llamafactory-cli train config.yaml` from its own virtual environment,
   benchmarks/.venv-lf (git-ignored), which this script creates on first use: llamafactory==0.9.5
   with the CPU torch this project pins; its CUDA torchvision is uninstalled and torchaudio's
@@ -40,7 +46,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 LF_VENV = REPO / "benchmarks" / ".venv-lf"
 LF_VERSION = "0.9.5"
-STEPS, BATCH, LR, RECORDS, CUTOFF = 100, 8, 3e-3, 2000, 256
+STEPS, BATCH, CUTOFF = 100, 8, 256
+LR = {"sft": 3e-3, "dpo": 1e-4}
+RECORDS = {"sft": 2000, "dpo": 800}
+DEMO = {"sft": "demo_sft", "dpo": "demo_dpo"}
 # 2.6M parameters: gym-tiny's tokenizer (4,096 tokens, tied embeddings) and 8 Llama layers of width 128.
 MODEL_SHAPE = {
     "hidden_size": 128,
@@ -78,8 +87,8 @@ def _pin(package: str) -> str:
     raise SystemExit(f"{package} is not pinned in constraints/cpu.txt")
 
 
-def prepare(root: Path, env: dict[str, str]) -> tuple[Path, Path]:
-    """Untimed: the model directory (with gym's chatml template) and 2,000 alpaca records."""
+def prepare(root: Path, env: dict[str, str], stage: str) -> tuple[Path, Path]:
+    """Untimed: the model directory (with gym's chatml template) and the stage's alpaca records."""
     code = f"""
 import json, torch
 from pathlib import Path
@@ -96,8 +105,8 @@ tok = AutoTokenizer.from_pretrained({str(REPO / "gym" / "assets" / "gym_tiny")!r
 tok.chat_template = load_template("chatml")
 tok.save_pretrained(out)
 (out / "gym_model.json").write_text(json.dumps({{"template": "chatml", "base_model": "bench-2.5m"}}))
-rows = demo_records("demo_sft")
-for name, part in (("alpaca.jsonl", rows[:{RECORDS}]), ("first-use.jsonl", rows[-64:])):
+rows = demo_records({DEMO[stage]!r})
+for name, part in (("alpaca.jsonl", rows[:{RECORDS[stage]}]), ("first-use.jsonl", rows[-64:])):
     with open(Path({str(root)!r}) / name, "w") as f:
         f.writelines(json.dumps(r) + "\\n" for r in part)
 print(sum(p.numel() for p in model.parameters()))
@@ -109,15 +118,19 @@ print(sum(p.numel() for p in model.parameters()))
     return root / "model", root / "alpaca.jsonl"
 
 
-def lf_config(root: Path, model: Path, data: Path) -> Path:
+def lf_config(root: Path, model: Path, data: Path, stage: str) -> Path:
     """LLaMA-Factory's YAML for the same run (its dataset registry lives beside the data)."""
     data_dir = root / "lf-data"
     data_dir.mkdir(exist_ok=True)
     shutil.copy(data, data_dir / "alpaca.jsonl")
-    (data_dir / "dataset_info.json").write_text(json.dumps({"bench": {"file_name": "alpaca.jsonl"}}))
+    info: dict[str, Any] = {"file_name": "alpaca.jsonl"}
+    if stage == "dpo":
+        columns = {"prompt": "instruction", "query": "input", "chosen": "chosen", "rejected": "rejected"}
+        info.update(ranking=True, columns=columns)
+    (data_dir / "dataset_info.json").write_text(json.dumps({"bench": info}))
     config = {
         "model_name_or_path": str(model),
-        "stage": "sft",
+        "stage": stage,
         "do_train": True,
         "finetuning_type": "full",
         "dataset": "bench",
@@ -132,7 +145,7 @@ def lf_config(root: Path, model: Path, data: Path) -> Path:
         "save_strategy": "no",
         "per_device_train_batch_size": BATCH,
         "gradient_accumulation_steps": 1,
-        "learning_rate": LR,
+        "learning_rate": LR[stage],
         "max_steps": STEPS,
         "lr_scheduler_type": "cosine",
         "warmup_ratio": 0.05,
@@ -142,6 +155,8 @@ def lf_config(root: Path, model: Path, data: Path) -> Path:
         "disable_tqdm": True,
         "use_cpu": True,
     }
+    if stage == "dpo":  # gym's defaults for --method dpo
+        config.update(pref_loss="sigmoid", pref_beta=0.1, pref_ftx=0.0)
     path = root / "lf.yaml"
     path.write_text("\n".join(f"{k}: {json.dumps(v)}" for k, v in config.items()) + "\n")
     return path
@@ -171,16 +186,27 @@ def trainer_tok_s(log: Path) -> float | None:
     return float(tokens[-1]) / float(runtime[-1])
 
 
-def gym_tok_s(log: Path) -> float | None:
-    """gym prints its summary as JSON last: real tokens/s of the SFT stage."""
-    last = [line for line in log.read_text().splitlines() if line.startswith("{")][-1]
-    return json.loads(last).get("sft_tokens_per_second")
+def tokens_seen(log: Path) -> int | None:
+    """The training tokens a Trainer log counted (the last `num_input_tokens_seen`): the same data and
+    steps should give the same count in every tool, which shows the tokens/s compare like with like."""
+    found = re.findall(r"'(?:num_input_tokens_seen|num_tokens)': '?([\d.e+]+)", log.read_text())
+    return int(float(found[-1])) if found else None
+
+
+def gym_summary(log: Path, stage: str) -> tuple[float | None, int | None]:
+    """gym prints its summary as JSON last: real tokens/s of the trained stage; the tokens it counted
+    are in the stage's result.json, beside the model."""
+    last = json.loads([line for line in log.read_text().splitlines() if line.startswith("{")][-1])
+    result = Path(last["model_dir"]).parent / "result.json"
+    tokens = json.loads(result.read_text()).get("tokens_seen") if result.is_file() else None
+    return last.get(f"{stage}_tokens_per_second"), tokens
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--setup-only", action="store_true", help="Create benchmarks/.venv-lf and stop.")
+    p.add_argument("--stage", choices=("sft", "dpo"), default="sft", help="The method all tools run.")
     a = p.parse_args()
     lf_cli = setup_llamafactory()
     if a.setup_only:
@@ -199,29 +225,33 @@ def main() -> None:
         "GYM_HOME": str(root / "prep"),
     }
     env.pop("PYTHONPATH", None)
-    model, data = prepare(root, {**env, "PYTHONPATH": str(REPO)})
-    lf_yaml = lf_config(root, model, data)
-    trl_cmd = [
-        sys.executable,
-        "benchmarks/trl_sft_baseline.py",
-        f"--model={model}",
-        f"--data={data}",
-        f"--steps={STEPS}",
-        f"--lr={LR}",
-        f"--batch-size={BATCH}",
-        f"--out={root / 'trl-out'}",
-    ]
+    model, data = prepare(root, {**env, "PYTHONPATH": str(REPO)}, a.stage)
+    lf_yaml = lf_config(root, model, data, a.stage)
+    trl_cmd = (
+        None
+        if a.stage != "sft"
+        else [
+            sys.executable,
+            "benchmarks/trl_sft_baseline.py",
+            f"--model={model}",
+            f"--data={data}",
+            f"--steps={STEPS}",
+            f"--lr={LR['sft']}",
+            f"--batch-size={BATCH}",
+            f"--out={root / 'trl-out'}",
+        ]
+    )
     gym_cmd = [
         sys.executable,
         "-m",
         "flows.cli",
         "train",
-        "--method=sft",
+        f"--method={a.stage}",
         f"--model={model}",
         f"--dataset={data}",
         "--eval_dataset=None",
         f"--max-steps={STEPS}",
-        f"--train.learning_rate={LR}",
+        f"--train.learning_rate={LR[a.stage]}",
         f"--train.per_device_train_batch_size={BATCH}",
         f"--train.save_steps={10 * STEPS}",
         f"--data.cutoff_len={CUTOFF}",
@@ -235,10 +265,11 @@ def main() -> None:
             row["lf_s"], row["lf_cpu_s"] = timed(
                 [str(lf_cli), "train", str(lf_yaml)], {**env, "PATH": _path(lf_cli)}, log
             )
-            row["lf_tok_s"] = trainer_tok_s(log)
-            log = root / f"trl-{r}.log"
-            row["trl_s"], row["trl_cpu_s"] = timed(trl_cmd, env, log)
-            row["trl_tok_s"] = trainer_tok_s(log)
+            row["lf_tok_s"], row["lf_tokens"] = trainer_tok_s(log), tokens_seen(log)
+            if trl_cmd is not None:
+                log = root / f"trl-{r}.log"
+                row["trl_s"], row["trl_cpu_s"] = timed(trl_cmd, env, log)
+                row["trl_tok_s"] = trainer_tok_s(log)
             for mode, extra in (("ephemeral", {}), ("server", {"PREFECT_API_URL": api_url})):
                 home = {**env, **extra, "GYM_HOME": str(root / f"gym-{mode}-{r}")}
                 home["PREFECT_HOME"] = str(root / f"prefect-{mode}-{r}")
@@ -249,22 +280,31 @@ def main() -> None:
                 row[f"gym_{mode}_first_use_s"], _ = timed(first, home, first_log)
                 log = root / f"gym-{mode}-{r}.log"
                 row[f"gym_{mode}_s"], row[f"gym_{mode}_cpu_s"] = timed(gym_cmd, home, log)
-                row[f"gym_{mode}_tok_s"] = gym_tok_s(log)
+                row[f"gym_{mode}_tok_s"], row[f"gym_{mode}_tokens"] = gym_summary(log, a.stage)
             rows.append(row)
             print("run", r, json.dumps(row), flush=True)
     best = {k: _best(k, [x[k] for x in rows]) for k in rows[0]}
-    summary: dict[str, Any] = {"steps": STEPS, "batch": BATCH, "records": RECORDS, "repeats": a.repeats}
+    summary: dict[str, Any] = {
+        "stage": a.stage,
+        "steps": STEPS,
+        "batch": BATCH,
+        "records": RECORDS[a.stage],
+        "repeats": a.repeats,
+    }
     summary.update({k: round(v, 2) if isinstance(v, float) else v for k, v in best.items()})
     with contextlib.suppress(TypeError, ZeroDivisionError):
         summary["gym_vs_lf_train_tok_s"] = round(best["gym_ephemeral_tok_s"] / best["lf_tok_s"], 3)
     summary["gym_ephemeral_vs_lf_process"] = round(best["gym_ephemeral_s"] / best["lf_s"], 3)
     summary["gym_server_vs_lf_process"] = round(best["gym_server_s"] / best["lf_s"], 3)
-    summary["trl_vs_lf_process"] = round(best["trl_s"] / best["lf_s"], 3)
+    if trl_cmd is not None:
+        summary["trl_vs_lf_process"] = round(best["trl_s"] / best["lf_s"], 3)
     # CPU seconds move less than wall seconds when other work shares the machine.
     for mode in ("ephemeral", "server"):
         summary[f"gym_{mode}_vs_lf_process_cpu"] = round(best[f"gym_{mode}_cpu_s"] / best["lf_cpu_s"], 3)
     print(f"{'':24s}{'process s':>12s}{'process cpu s':>15s}{'train tok/s':>14s}")
-    for name in ("lf", "trl", "gym_ephemeral", "gym_server"):
+    for name in (
+        ("lf", "trl", "gym_ephemeral", "gym_server") if trl_cmd else ("lf", "gym_ephemeral", "gym_server")
+    ):
         tok = best.get(f"{name}_tok_s")
         print(
             f"{name:24s}{best[f'{name}_s']:12.1f}{best[f'{name}_cpu_s']:15.1f}"
