@@ -86,16 +86,24 @@ def loss_grads_metrics(trainer, batch, compute):
     trainer._metrics["train"].clear()
     trainer._total_train_tokens = 0  # TRL's running token count
     widths: list[int] = []
-    head = trainer.accelerator.unwrap_model(trainer.model).get_output_embeddings()
-    handle = head.register_forward_hook(lambda m, args, out: widths.append(out.shape[1]))
+    body: list[tuple[int, int]] = []  # the (rows, tokens) each forward ran through the model
+    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+    head = unwrapped.get_output_embeddings()
+    handles = [
+        head.register_forward_hook(lambda m, args, out: widths.append(out.shape[1])),
+        unwrapped.get_input_embeddings().register_forward_hook(
+            lambda m, a, out: body.append(tuple(out.shape[:2]))
+        ),
+    ]
     try:
         loss = compute(trainer, trainer.model, batch, False)
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
     loss.backward()
     grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
     metrics = {k: v[-1] for k, v in trainer._metrics["train"].items()}
-    return loss.detach(), grads, metrics, widths
+    return loss.detach(), grads, metrics, widths, body
 
 
 CASES = [
@@ -127,6 +135,12 @@ def test_gyms_dpo_equals_trls_in_loss_gradients_and_metrics(tmp_path, finetuning
     assert theirs[3] and set(theirs[3]) <= lengths
     assert len(ours[3]) == len(theirs[3]), "the same forward passes (KTO's KL rows included)"
     assert all(w < min(lengths) / 2 for w in ours[3]), "the LM head sees only the completion windows"
+    if (
+        trl_class is DPOTrainer
+    ):  # each pair once: [prompt, chosen, rejected], fewer tokens than TRL's two rows
+        pairs = batch["input_ids"].shape[0] // 2
+        assert all(rows == pairs for rows, _ in ours[4]) and ours[4]
+        assert all(r * t < 0.75 * theirs[4][0][0] * theirs[4][0][1] for r, t in ours[4])
     assert ours[0].item() != pytest.approx(0.6931, abs=1e-3) or settings, "policy and reference differ"
     assert torch.allclose(ours[0], theirs[0], rtol=1e-5, atol=1e-6)
     assert ours[1].keys() == theirs[1].keys() and ours[1]
@@ -203,7 +217,7 @@ def test_a_forward_that_bypasses_the_output_module_gets_its_logits_cut_after(tmp
     monkeypatch.setattr(completion_logits, "_output_head", lambda module, unwrap: torch.nn.Identity())
     ours = loss_grads_metrics(trainer, batch, type(trainer)._compute_loss)
     theirs = loss_grads_metrics(trainer, batch, DPOTrainer._compute_loss)
-    assert ours[3] == theirs[3], "the real output layer saw every position"
+    assert all(w >= batch["input_ids"].shape[1] for w in ours[3]), "the real output layer saw every position"
     assert torch.allclose(ours[0], theirs[0], rtol=1e-5, atol=1e-6)
     for name, grad in ours[1].items():
         assert torch.allclose(grad, theirs[1][name], rtol=1e-4, atol=1e-6), name
@@ -329,3 +343,125 @@ def test_simpo_and_orpo_keep_trls_forward_for_a_model_that_changes_its_heads_out
     assert torch.allclose(ours[0], theirs[0], rtol=1e-5, atol=1e-6)
     for key, value in ours[2].items():
         assert value == pytest.approx(theirs[2][key], rel=1e-4, abs=1e-5), key
+
+
+def pair_batch(vocab: int = 100):
+    """Two DPO pairs as TRL's collator lays them out: chosen rows, then rejected rows, right-padded."""
+    prompts, chosen, rejected = [5, 9], [4, 2], [3, 6]
+    g = torch.Generator().manual_seed(1)
+    rows = []
+    for p, c, r in zip(prompts, chosen, rejected, strict=True):
+        prompt = torch.randint(2, vocab, (p,), generator=g)
+        rows.append(
+            (prompt, torch.randint(2, vocab, (c,), generator=g), torch.randint(2, vocab, (r,), generator=g))
+        )
+    sequences = [(pr, c) for pr, c, _ in rows] + [(pr, r) for pr, _, r in rows]
+    length = max(len(p) + len(a) for p, a in sequences)
+    ids = torch.zeros(len(sequences), length, dtype=torch.long)
+    attention, completion = torch.zeros_like(ids), torch.zeros_like(ids)
+    for row, (p, a) in enumerate(sequences):
+        ids[row, : len(p) + len(a)] = torch.cat([p, a])
+        attention[row, : len(p) + len(a)] = 1
+        completion[row, len(p) : len(p) + len(a)] = 1
+    return {"input_ids": ids, "attention_mask": attention, "completion_mask": completion}
+
+
+def answer_logps(logits, ids, completion):
+    from trl.trainer.utils import selective_log_softmax
+
+    return (selective_log_softmax(logits[:, :-1], ids[:, 1:]) * completion[:, 1:]).sum(dim=1)
+
+
+@pytest.mark.parametrize("family", ["llama", "llama_eager", *ARCHITECTURES, "gemma2_wide", "gemma3_wide"])
+def test_every_registry_family_runs_each_pair_once_with_the_same_log_probs(family):
+    """Shared rows ([prompt, chosen, rejected], the rejected answer's positions restarting after the
+    prompt, a 4D mask hiding the chosen answer from it) give each answer the log-probs of its own row,
+    on config-built tiny models of the registry's families; SDPA's bool mask and eager's additive one.
+    The Gemmas' sliding window of 4 tokens is shorter than the shared rows: they keep TRL's rows (a
+    custom mask would bypass the window); with a window of 64 ("_wide") they share too."""
+    import transformers
+
+    base = family.removesuffix("_wide").removesuffix("_eager")
+    config_name, model_name, extra = ARCHITECTURES.get(base, ("LlamaConfig", "LlamaForCausalLM", {}))
+    if family.endswith("_wide"):
+        extra = {**extra, "sliding_window": 64, "final_logit_softcapping": 5.0}
+    size = {"vocab_size": 100, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2}
+    config = getattr(transformers, config_name)(**size, num_attention_heads=4, num_key_value_heads=2, **extra)
+    if family.endswith("_eager"):
+        config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = getattr(transformers, model_name)(config).eval()
+    inputs = pair_batch()
+    ids, attention, completion = inputs["input_ids"], inputs["attention_mask"], inputs["completion_mask"]
+    body: list[tuple[int, int]] = []
+    model.get_input_embeddings().register_forward_hook(lambda m, a, out: body.append(tuple(out.shape[:2])))
+    with torch.no_grad():
+        expected = answer_logps(model(input_ids=ids, attention_mask=attention).logits, ids, completion)
+        with completion_logits.compact(
+            inputs, [("input_ids", "completion_mask")], [model], lambda m: m, pairs=True
+        ) as small:
+            assert small is not None
+            logits = model(input_ids=small["input_ids"], attention_mask=attention).logits
+    if base in ("gemma2", "gemma3") and not family.endswith("_wide"):
+        assert body[-1] == tuple(ids.shape), "TRL's rows"
+    else:
+        assert body[-1] == (2, 9 + 2 + 6), "one row per pair, as long as the longest prompt + answers"
+    got = answer_logps(logits, small["input_ids"], small["completion_mask"])
+    assert torch.allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_shared_rows_layout():
+    from gym.train import shared_prompt
+
+    inputs = pair_batch()
+    shared = shared_prompt.share(inputs["input_ids"], inputs["attention_mask"], inputs["completion_mask"])
+    assert shared is not None
+    ids = inputs["input_ids"]
+    # Pair 1: prompt of 9, chosen of 2, rejected of 6: [prompt, chosen, rejected], 17 tokens (the widest).
+    assert shared.ids.shape == (2, 17)
+    assert torch.equal(shared.ids[1], torch.cat([ids[1, :11], ids[3, 9:15]]))
+    assert shared.positions[1].tolist() == [*range(11), *range(9, 15)]
+    allowed = shared.allowed[1, 0]
+    assert allowed[12, :9].all() and not allowed[12, 9:11].any(), (
+        "the rejected answer sees the prompt, not chosen"
+    )
+    assert allowed[12, 11:13].all() and not allowed[12, 13:].any()
+    assert allowed[10, :11].all() and not allowed[10, 11:].any()
+    # Pair 0 (prompt 5, chosen 4, rejected 3 = 12 tokens) is padded to 17: padding is never a key.
+    assert not shared.allowed[0, 0, :, 12:].any()
+    eager = shared.mask("eager")
+    assert eager.dtype == torch.float32 and torch.equal(eager == 0, shared.allowed)
+    # TRL's row 3 (pair 1's rejected row) position 9 (its first answer token) is shared position 11.
+    assert shared.locate(torch.tensor([[8, 9], [8, 9], [8, 9], [8, 9]])).tolist() == [
+        [8, 9],
+        [8, 9],
+        [12, 13],
+        [8, 11],
+    ]
+
+
+def test_rows_that_cannot_share_a_prompt_stay_as_they_are():
+    from gym.train import shared_prompt
+
+    inputs = pair_batch()
+    ids, attention, completion = inputs["input_ids"], inputs["attention_mask"], inputs["completion_mask"]
+    assert shared_prompt.share(ids, attention, completion) is not None
+    other = ids.clone()
+    other[3, 0] = (other[3, 0] + 1) % 100
+    assert shared_prompt.share(other, attention, completion) is None, "a pair whose prompts differ"
+    assert shared_prompt.share(ids.flip(1), attention.flip(1), completion.flip(1)) is None, "left padding"
+    assert shared_prompt.share(ids[:3], attention[:3], completion[:3]) is None, "an odd number of rows"
+    gap = completion.clone()
+    gap[1, 10] = 0  # row 1: prompt of 9, answer at 9-10
+    assert shared_prompt.share(ids, attention, gap) is None, "an answer that stops before its row does"
+
+    class Config:
+        _attn_implementation = "sdpa"
+        sliding_window = None
+
+    config = Config()
+    assert shared_prompt.fits(config, 17)
+    config.sliding_window = 16
+    assert not shared_prompt.fits(config, 17), "a sliding window shorter than the shared rows"
+    config.sliding_window, config._attn_implementation = None, "flash_attention_2"
+    assert not shared_prompt.fits(config, 17), "an attention that builds its own mask"

@@ -26,8 +26,11 @@ runs: 2.1-2.3x; ORPO: 1.36x).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
+
+from gym.train import shared_prompt
 
 
 def window(completion_mask: Any) -> tuple[Any, Any] | None:
@@ -72,14 +75,43 @@ def _output_head(module: Any, unwrap: Any) -> Any:
     return get() if callable(get) else None
 
 
+def _config(module: Any, unwrap: Any) -> Any:
+    from peft import PeftModel
+
+    model = unwrap(module)
+    if isinstance(model, PeftModel):
+        model = model.get_base_model()
+    return getattr(model, "config", None)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cut:
+    """What a forward under way reads: the window `index` of rows of `shape` (shared rows, if any)."""
+
+    index: Any
+    shape: tuple[int, ...]
+    shared: shared_prompt.Shared | None = None
+
+    def take(self, states: Any) -> Any:
+        if self.shared is not None:
+            return self.shared.gather(states, self.index)
+        return gather(states, self.index)
+
+
 @contextlib.contextmanager
 def compact(
-    inputs: dict[str, Any], sequences: list[tuple[str, str]], models: list[Any], unwrap: Any
+    inputs: dict[str, Any],
+    sequences: list[tuple[str, str]],
+    models: list[Any],
+    unwrap: Any,
+    pairs: bool = False,
 ) -> Iterator[dict[str, Any] | None]:
     """`inputs` with each (ids key, completion-mask key) pair of `sequences` cut to its completion
     windows, while `models` (the modules TRL will call with them) see the full ids and project only
     the windows to the vocabulary. Yields None (nothing hooked) where that can't be done or saves
-    nothing; a pair whose windows save nothing stays whole."""
+    nothing; a pair whose windows save nothing stays whole. `pairs` (DPO's batches: chosen rows, then
+    rejected rows): a keyword call with the batch's own `attention_mask` runs each pair as one row
+    with its prompt once (gym.train.shared_prompt), where the layout and every model allow it."""
     called = list({id(m): m for m in models if m is not None}.values())
     heads = [_output_head(m, unwrap) for m in called]
     windows = {key: window(inputs[mask_key]) for key, mask_key in sequences if key in inputs}
@@ -87,8 +119,10 @@ def compact(
         yield None
         return
     small = dict(inputs)
-    # Every ids tensor a model may be called with in here -> (the full ids, the window index).
-    known: dict[int, tuple[Any, Any, Any]] = {}
+    attention = inputs.get("attention_mask")
+    configs = {id(m): _config(m, unwrap) for m in called}
+    # Every ids tensor a model may be called with in here -> (those ids, the full ids, the cut, shared).
+    known: dict[int, tuple[Any, Any, _Cut, shared_prompt.Shared | None]] = {}
     for key, mask_key in sequences:
         found = windows.get(key)
         if found is None:
@@ -96,9 +130,24 @@ def compact(
         index, mask = found
         full = inputs[key]
         small[key], small[mask_key] = full.gather(1, index), mask
-        known[id(small[key])] = (small[key], full, index)
-        known[id(full)] = (full, full, index)  # a wrapper (DDP, PEFT) passing the swapped ids on
-    # The window of the forward under way with its full ids, and whether the output layer took it.
+        shared = None
+        if pairs and key == "input_ids" and attention is not None:
+            shared = shared_prompt.share(full, attention, inputs[mask_key])
+            if shared is not None and not all(
+                shared_prompt.fits(c, shared.ids.shape[1]) for c in configs.values()
+            ):
+                shared = None
+        cut = _Cut(index, tuple(full.shape))
+        known[id(small[key])] = (small[key], full, cut, shared)
+        known[id(full)] = (full, full, cut, None)  # a wrapper (DDP, PEFT) passing the swapped ids on
+        if shared is not None:
+            known[id(shared.ids)] = (
+                shared.ids,
+                shared.ids,
+                _Cut(index, tuple(shared.ids.shape), shared),
+                None,
+            )
+    # The cut of the forward under way, and whether the output layer took it.
     current: list[Any] = [None, False]
 
     def restore_ids(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -108,37 +157,54 @@ def compact(
         if entry is None or entry[0] is not ids:
             current[:] = [None, False]  # a call this context didn't cut: its logits stay whole
             return None
-        _, full, index = entry
-        current[:] = [(index, full), False]
+        _, full, cut, shared = entry
+        if (
+            shared is not None
+            and not positional
+            and kwargs.get("attention_mask") is attention
+            and kwargs.get("position_ids") is None
+            and not kwargs.get("output_router_logits")  # an MoE's router statistics count every token
+        ):
+            current[:] = [_Cut(cut.index, tuple(shared.ids.shape), shared), False]
+            implementation = getattr(configs.get(id(module)), "_attn_implementation", "sdpa")
+            mask = shared.mask(implementation)
+            return args, {
+                **kwargs,
+                "input_ids": shared.ids,
+                "attention_mask": mask,
+                "position_ids": shared.positions,
+            }
+        current[:] = [cut, False]
+        if full is ids:
+            return None
         if positional:
             return (full, *args[1:]), kwargs
         return args, {**kwargs, "input_ids": full}
 
     def keep_window(module: Any, args: tuple[Any, ...]) -> Any:
-        if current[0] is None:
+        cut = current[0]
+        if cut is None:
             return None
-        index, full = current[0]
         hidden = args[0]
-        if tuple(hidden.shape[:2]) != tuple(full.shape):
+        if tuple(hidden.shape[:2]) != cut.shape:
             return None  # not the sequence's hidden states: left to `cut_logits`
         current[1] = True
-        return (gather(hidden, index), *args[1:])
+        return (cut.take(hidden), *args[1:])
 
     def cut_logits(module: Any, args: Any, kwargs: Any, output: Any) -> Any:
         """After the model: if its output layer didn't take the window (a patched forward computing the
         logits itself), cut the full logits to it, so TRL's arithmetic still lines up."""
-        window_, took = current
+        cut, took = current
         current[:] = [None, False]
         logits = getattr(output, "logits", None)
-        if window_ is None or took or logits is None:
+        if cut is None or took or logits is None:
             return None
-        index, full = window_
-        if tuple(logits.shape[:2]) != tuple(full.shape):
+        if tuple(logits.shape[:2]) != cut.shape:
             raise RuntimeError(
-                f"gym's completion-only logits expected logits for {tuple(full.shape)} positions, got "
+                f"gym's completion-only logits expected logits for {cut.shape} positions, got "
                 f"{tuple(logits.shape[:2])}: this model's forward slices them itself"
             )
-        output.logits = gather(logits, index)
+        output.logits = cut.take(logits)
         return output
 
     handles = []
@@ -165,19 +231,20 @@ def trainer(trainer_cls: type) -> type:
     """`trainer_cls` (TRL's DPOTrainer or KTOTrainer, or a subclass) computing its log-probs from
     completion windows: TRL's `_compute_loss` and `compute_ref_log_probs` run on the compact batch."""
     sequences = next(SEQUENCES[c.__name__] for c in trainer_cls.__mro__ if c.__name__ in SEQUENCES)
+    pairs = any(c.__name__ == "DPOTrainer" for c in trainer_cls.__mro__)  # rows: chosen ones, then rejected
 
     class CompletionLogits(trainer_cls):  # type: ignore[misc, valid-type]
         def _compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool) -> Any:
             if return_outputs or self.args.torch_compile:  # callers of the outputs expect full-length logits
                 return super()._compute_loss(model, inputs, return_outputs)
             called = [model, self.model, self.ref_model]  # TRL's policy, PEFT-reference and reference calls
-            with compact(inputs, sequences, called, self.accelerator.unwrap_model) as small:
+            with compact(inputs, sequences, called, self.accelerator.unwrap_model, pairs) as small:
                 return super()._compute_loss(model, inputs if small is None else small, return_outputs)
 
         def compute_ref_log_probs(self, model: Any, inputs: dict[str, Any]) -> Any:
             if self.args.torch_compile:
                 return super().compute_ref_log_probs(model, inputs)
-            with compact(inputs, sequences, [model], self.accelerator.unwrap_model) as small:
+            with compact(inputs, sequences, [model], self.accelerator.unwrap_model, pairs) as small:
                 return super().compute_ref_log_probs(model, inputs if small is None else small)
 
     return CompletionLogits
