@@ -465,3 +465,30 @@ def test_rows_that_cannot_share_a_prompt_stay_as_they_are():
     assert not shared_prompt.fits(config, 17), "a sliding window shorter than the shared rows"
     config.sliding_window, config._attn_implementation = None, "flash_attention_2"
     assert not shared_prompt.fits(config, 17), "an attention that builds its own mask"
+
+
+def test_a_call_with_inputs_laid_out_by_row_keeps_trls_rows():
+    """Position ids, token types or images passed beside the ids follow TRL's rows: no shared rows."""
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    inputs = pair_batch()
+    ids, attention, completion = inputs["input_ids"], inputs["attention_mask"], inputs["completion_mask"]
+    positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
+    body: list[tuple[int, int]] = []
+    model.get_input_embeddings().register_forward_hook(lambda m, a, out: body.append(tuple(out.shape[:2])))
+    with torch.no_grad():
+        expected = answer_logps(model(input_ids=ids, attention_mask=attention).logits, ids, completion)
+        with completion_logits.compact(
+            inputs, [("input_ids", "completion_mask")], [model], lambda m: m, pairs=True
+        ) as small:
+            logits = model(
+                input_ids=small["input_ids"], attention_mask=attention, position_ids=positions
+            ).logits
+    assert body[-1] == tuple(ids.shape)
+    got = answer_logps(logits, small["input_ids"], small["completion_mask"])
+    assert torch.allclose(got, expected, rtol=1e-5, atol=1e-5)

@@ -164,9 +164,9 @@ def compact(
             shared is not None
             and not positional
             and kwargs.get("attention_mask") is attention
-            and kwargs.get("position_ids") is None
             and not kwargs.get("output_router_logits")  # an MoE's router statistics count every token
-        ):
+            and set(kwargs) <= {"input_ids", "attention_mask", "use_cache", "output_router_logits"}
+        ):  # other inputs (position ids, images, token types) are laid out by row: TRL's rows
             current[:] = [_Cut(cut.index, tuple(shared.ids.shape), shared), False]
             implementation = getattr(configs.get(id(module)), "_attn_implementation", "sdpa")
             mask = shared.mask(implementation)
