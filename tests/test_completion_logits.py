@@ -273,15 +273,24 @@ def pair_loss_grads_metrics(trainer, batch, windows: bool):
     trainer._gym_windows = windows
     trainer.model.zero_grad()
     widths: list[tuple[int, int]] = []
-    head = trainer.accelerator.unwrap_model(trainer.model).get_output_embeddings()
-    handle = head.register_forward_hook(lambda m, args, out: widths.append(tuple(out.shape[:2])))
+    body: list[tuple[int, int]] = []
+    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+    handles = [
+        unwrapped.get_output_embeddings().register_forward_hook(
+            lambda m, args, out: widths.append(tuple(out.shape[:2]))
+        ),
+        unwrapped.get_input_embeddings().register_forward_hook(
+            lambda m, a, out: body.append(tuple(out.shape[:2]))
+        ),
+    ]
     try:
         loss, metrics = trainer.get_batch_loss_metrics(trainer.model, batch)
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
     loss.backward()
     grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
-    return loss.detach(), grads, metrics, widths
+    return loss.detach(), grads, metrics, widths, body
 
 
 @pytest.mark.parametrize(
@@ -311,6 +320,9 @@ def test_gyms_simpo_and_orpo_equal_trls_forward(tmp_path, finetuning_type, setti
         assert ours[3] == [(pairs, length)]
     else:
         assert len(ours[3]) == 1 and ours[3][0][0] == 2 * pairs and ours[3][0][1] < length / 2
+    # Each pair ran as one row, its prompt once (its padding kept: TRL's logits means read it).
+    assert theirs[4] == [(2 * pairs, length)]
+    assert len(ours[4]) == 1 and ours[4][0][0] == pairs and ours[4][0][1] < 2 * length * 0.9
     assert torch.allclose(ours[0], theirs[0], rtol=1e-5, atol=1e-6)
     assert ours[1].keys() == theirs[1].keys() and ours[1]
     for name, grad in ours[1].items():
@@ -492,3 +504,23 @@ def test_a_call_with_inputs_laid_out_by_row_keeps_trls_rows():
     assert body[-1] == tuple(ids.shape)
     got = answer_logps(logits, small["input_ids"], small["completion_mask"])
     assert torch.allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_shared_rows_can_keep_each_rows_padding():
+    """With `padding`, every position of TRL's rows has its place: a row's padding follows its answer,
+    at the positions it has in its row, sees that row's tokens and is no one's key."""
+    from gym.train import shared_prompt
+
+    inputs = pair_batch()  # rows of 15: pair 0 prompt 5, chosen 4 (+6 padding), rejected 3 (+7)
+    ids, attention = inputs["input_ids"], inputs["attention_mask"]
+    shared = shared_prompt.share(ids, attention, inputs["completion_mask"], padding=True)
+    assert shared is not None and shared.ids.shape == (2, 5 + 10 + 10)
+    assert torch.equal(shared.ids[0], torch.cat([ids[0], ids[2, 5:]]))
+    assert shared.positions[0].tolist() == [*range(15), *range(5, 15)]
+    allowed = shared.allowed[0, 0]
+    assert not allowed[:, 9:15].any() and not allowed[:, 18:].any(), "padding is no one's key"
+    assert allowed[12, :9].all(), "the chosen row's padding sees its row"
+    assert allowed[20, :5].all() and allowed[20, 15:18].all() and not allowed[20, 5:15].any()
+    everywhere = torch.arange(15).expand(4, -1)
+    located = shared.locate(everywhere)
+    assert located[0].tolist() == list(range(15)) and located[2].tolist() == [*range(5), *range(15, 25)]

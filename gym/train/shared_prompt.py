@@ -6,7 +6,9 @@ with position ids that restart the rejected answer where the prompt ends and a 4
 in which the rejected answer sees the prompt and itself but not the chosen answer: every token's
 hidden state is the one it has in its own row (the same attention, over the same keys, at the same
 positions), while the prompt is computed once. `locate` maps the positions TRL reads in its rows to
-the shared rows, for gym.train.completion_logits to gather them before the LM head.
+the shared rows, for gym.train.completion_logits to gather them before the LM head. DPO's trainer
+uses it, and CPO's (simpo) and ORPO's, which also keep each row's padding in place (their logits'
+means read it).
 
 Only where that holds exactly: right-padded rows whose completion runs from the end of an identical
 prompt to the end of the row, a model on SDPA or eager attention (the ones that take a custom 4D
@@ -44,24 +46,39 @@ class Shared:
         blocked = torch.zeros(self.allowed.shape, dtype=torch.float32, device=self.allowed.device)
         return blocked.masked_fill(~self.allowed, torch.finfo(torch.float32).min)
 
-    def locate(self, index: Any) -> Any:
-        """Positions `index` [2 x pairs, K] of the original rows, in their shared rows."""
+    def locate(self, index: Any, rows: Any = None) -> Any:
+        """Positions `index` [n, K] of original rows `rows` [n] (default: all of them, in order), in
+        their shared rows."""
         import torch
 
         half = self.ids.shape[0]
-        rejected = (torch.arange(index.shape[0], device=index.device) >= half)[:, None]
-        moved = torch.where(rejected & (index >= self.prompt[:, None]), index + self.chosen[:, None], index)
+        if rows is None:
+            rows = torch.arange(index.shape[0], device=index.device)
+        rejected = (rows >= half)[:, None]
+        moved = torch.where(
+            rejected & (index >= self.prompt[rows][:, None]), index + self.chosen[rows][:, None], index
+        )
         return moved.clamp(max=self.ids.shape[1] - 1)
 
-    def gather(self, states: Any, index: Any) -> Any:
-        """`states` [pairs, length, ...] of the shared rows at the original rows' positions `index`."""
-        located = self.locate(index.to(states.device))
-        return states[self.rows.to(states.device)[:, None], located]
+    def gather(self, states: Any, index: Any, rows: Any = None) -> Any:
+        """`states` [pairs, length, ...] of the shared rows at positions `index` [n, K] of the original
+        rows `rows` [n] (default: all of them, in order)."""
+        import torch
+
+        index = index.to(states.device)
+        if rows is None:
+            rows = torch.arange(index.shape[0], device=states.device)
+        rows = rows.to(states.device)
+        return states[(rows % self.ids.shape[0])[:, None], self.locate(index, rows)]
 
 
-def share(ids: Any, attention: Any, completion: Any) -> Shared | None:
+def share(ids: Any, attention: Any, completion: Any, padding: bool = False) -> Shared | None:
     """The pairs of a DPO batch (`ids`, `attention`, `completion` [2 x pairs, length], chosen rows
-    then rejected rows) as shared rows, or None where they don't fit the layout or save little."""
+    then rejected rows) as shared rows, or None where they don't fit the layout or save little.
+
+    `padding`: each row's padding comes along after its answer, with the positions and the attention
+    it has in its row (it sees the row's tokens; no token sees it), for callers that read the
+    padding positions' hidden states too (TRL's CPO and ORPO average the logits over them)."""
     import torch
 
     count, length = ids.shape
@@ -83,28 +100,31 @@ def share(ids: Any, attention: Any, completion: Any) -> Shared | None:
         return None
     if not bool(((ids[:half] == ids[half:]) | (steps >= prompt[:, None])).all()):
         return None  # the two rows of a pair differ in their prompt
-    chosen, rejected = ends[:half] - prompt, ends[half:] - prompt
+    tails = (length if padding else ends) - starts  # each row after its prompt: answer (and padding)
+    chosen, rejected = tails[:half], tails[half:]
     total = prompt + chosen + rejected
     width = int(total.max())
     if half * width > SAVING * count * length:
         return None
     t = torch.arange(width, device=ids.device)[None, :]
     first = t < (prompt + chosen)[:, None]  # prompt and chosen answer: the chosen row as it is
-    real = t < total[:, None]
+    inside = t < total[:, None]
     pair = torch.arange(half, device=ids.device)[:, None]
     source = torch.where(first, t, t - chosen[:, None]).clamp(0, length - 1)
-    shared_ids = ids[torch.where(first, pair, pair + half), source]
+    source_row = torch.where(first, pair, pair + half)
+    shared_ids = ids[source_row, source]
+    key = inside & attention[source_row, source].bool()  # a row's padding is no one's key
     in_chosen = first & (t >= prompt[:, None])
-    in_rejected = real & ~first
+    in_rejected = inside & ~first
     causal = t[:, :, None] >= t[:, None, :]  # [1, query, key]
-    allowed = causal & real[:, None, :] & ~(in_rejected[:, :, None] & in_chosen[:, None, :])
+    allowed = causal & key[:, None, :] & ~(in_rejected[:, :, None] & in_chosen[:, None, :])
     return Shared(
         ids=shared_ids,
         positions=source,
         allowed=allowed[:, None],
         rows=torch.arange(count, device=ids.device) % half,
         prompt=starts,
-        chosen=torch.cat([chosen, chosen]),
+        chosen=torch.cat([chosen, chosen]),  # the chosen row's tail: where a rejected tail begins
     )
 
 
