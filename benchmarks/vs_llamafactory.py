@@ -9,7 +9,8 @@ The same SFT run for each: a 2.5M-parameter Llama built from a config (saved onc
 instruction/input/chosen/rejected, LLaMA-Factory's `ranking` format), full fine-tuning, sigmoid loss,
 beta 0.1, 100 steps at batch 8, lr 1e-4, each tool with its default reference (LLaMA-Factory: a frozen
 copy run every step; gym: log-probs precomputed once, part of its process time); plain TRL's DPO is
-compared in benchmarks/methods.py, so this stage has no TRL column.
+compared in benchmarks/methods.py, so this stage has no TRL column. `--stage orpo` and `--stage simpo`:
+the same pairs, reference-free, with gym's defaults (ORPO lambda 0.1; SimPO beta 2.0, gamma 1.0).
 - LLaMA-Factory: `llamafactory-cli train config.yaml` from its own virtual environment,
   benchmarks/.venv-lf (git-ignored), which this script creates on first use: llamafactory==0.9.5
   with the CPU torch this project pins; its CUDA torchvision is uninstalled and torchaudio's
@@ -47,9 +48,16 @@ sys.path.insert(0, str(REPO))
 LF_VENV = REPO / "benchmarks" / ".venv-lf"
 LF_VERSION = "0.9.5"
 STEPS, BATCH, CUTOFF = 100, 8, 256
-LR = {"sft": 3e-3, "dpo": 1e-4}
-RECORDS = {"sft": 2000, "dpo": 800}
-DEMO = {"sft": "demo_sft", "dpo": "demo_dpo"}
+PAIRED = ("dpo", "orpo", "simpo")  # LLaMA-Factory's stage dpo with its pref_loss
+LR = {"sft": 3e-3} | {m: 1e-4 for m in PAIRED}
+RECORDS = {"sft": 2000} | {m: 800 for m in PAIRED}
+DEMO = {"sft": "demo_sft"} | {m: "demo_dpo" for m in PAIRED}
+# gym's defaults for each method, in LLaMA-Factory's names (ORPO's lambda is its pref_beta).
+PREF = {
+    "dpo": {"pref_loss": "sigmoid", "pref_beta": 0.1, "pref_ftx": 0.0},
+    "orpo": {"pref_loss": "orpo", "pref_beta": 0.1},
+    "simpo": {"pref_loss": "simpo", "pref_beta": 2.0, "simpo_gamma": 1.0, "pref_ftx": 0.0},
+}
 # 2.6M parameters: gym-tiny's tokenizer (4,096 tokens, tied embeddings) and 8 Llama layers of width 128.
 MODEL_SHAPE = {
     "hidden_size": 128,
@@ -124,13 +132,13 @@ def lf_config(root: Path, model: Path, data: Path, stage: str) -> Path:
     data_dir.mkdir(exist_ok=True)
     shutil.copy(data, data_dir / "alpaca.jsonl")
     info: dict[str, Any] = {"file_name": "alpaca.jsonl"}
-    if stage == "dpo":
+    if stage in PAIRED:
         columns = {"prompt": "instruction", "query": "input", "chosen": "chosen", "rejected": "rejected"}
         info.update(ranking=True, columns=columns)
     (data_dir / "dataset_info.json").write_text(json.dumps({"bench": info}))
     config = {
         "model_name_or_path": str(model),
-        "stage": stage,
+        "stage": "dpo" if stage in PAIRED else stage,
         "do_train": True,
         "finetuning_type": "full",
         "dataset": "bench",
@@ -155,8 +163,7 @@ def lf_config(root: Path, model: Path, data: Path, stage: str) -> Path:
         "disable_tqdm": True,
         "use_cpu": True,
     }
-    if stage == "dpo":  # gym's defaults for --method dpo
-        config.update(pref_loss="sigmoid", pref_beta=0.1, pref_ftx=0.0)
+    config.update(PREF.get(stage, {}))
     path = root / "lf.yaml"
     path.write_text("\n".join(f"{k}: {json.dumps(v)}" for k, v in config.items()) + "\n")
     return path
@@ -206,7 +213,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--setup-only", action="store_true", help="Create benchmarks/.venv-lf and stop.")
-    p.add_argument("--stage", choices=("sft", "dpo"), default="sft", help="The method all tools run.")
+    p.add_argument("--stage", choices=("sft", *PAIRED), default="sft", help="The method all tools run.")
     a = p.parse_args()
     lf_cli = setup_llamafactory()
     if a.setup_only:
