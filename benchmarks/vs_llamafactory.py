@@ -11,6 +11,8 @@ beta 0.1, 100 steps at batch 8, lr 1e-4, each tool with its default reference (L
 copy run every step; gym: log-probs precomputed once, part of its process time); plain TRL's DPO is
 compared in benchmarks/methods.py, so this stage has no TRL column. `--stage orpo` and `--stage simpo`:
 the same pairs, reference-free, with gym's defaults (ORPO lambda 0.1; SimPO beta 2.0, gamma 1.0).
+`--stage kto`: gym's 600 demo_kto records (an answer each, labelled desirable or not), beta 0.1,
+weights 1.0, each tool's default reference.
 - LLaMA-Factory: `llamafactory-cli train config.yaml` from its own virtual environment,
   benchmarks/.venv-lf (git-ignored), which this script creates on first use: llamafactory==0.9.5
   with the CPU torch this project pins; its CUDA torchvision is uninstalled and torchaudio's
@@ -49,14 +51,15 @@ LF_VENV = REPO / "benchmarks" / ".venv-lf"
 LF_VERSION = "0.9.5"
 STEPS, BATCH, CUTOFF = 100, 8, 256
 PAIRED = ("dpo", "orpo", "simpo")  # LLaMA-Factory's stage dpo with its pref_loss
-LR = {"sft": 3e-3} | {m: 1e-4 for m in PAIRED}
-RECORDS = {"sft": 2000} | {m: 800 for m in PAIRED}
-DEMO = {"sft": "demo_sft"} | {m: "demo_dpo" for m in PAIRED}
+LR = {"sft": 3e-3, "kto": 1e-4} | {m: 1e-4 for m in PAIRED}
+RECORDS = {"sft": 2000, "kto": 600} | {m: 800 for m in PAIRED}
+DEMO = {"sft": "demo_sft", "kto": "demo_kto"} | {m: "demo_dpo" for m in PAIRED}
 # gym's defaults for each method, in LLaMA-Factory's names (ORPO's lambda is its pref_beta).
 PREF = {
     "dpo": {"pref_loss": "sigmoid", "pref_beta": 0.1, "pref_ftx": 0.0},
     "orpo": {"pref_loss": "orpo", "pref_beta": 0.1},
     "simpo": {"pref_loss": "simpo", "pref_beta": 2.0, "simpo_gamma": 1.0, "pref_ftx": 0.0},
+    "kto": {"pref_beta": 0.1, "pref_ftx": 0.0, "kto_chosen_weight": 1.0, "kto_rejected_weight": 1.0},
 }
 # 2.6M parameters: gym-tiny's tokenizer (4,096 tokens, tied embeddings) and 8 Llama layers of width 128.
 MODEL_SHAPE = {
@@ -135,6 +138,13 @@ def lf_config(root: Path, model: Path, data: Path, stage: str) -> Path:
     if stage in PAIRED:
         columns = {"prompt": "instruction", "query": "input", "chosen": "chosen", "rejected": "rejected"}
         info.update(ranking=True, columns=columns)
+    if stage == "kto":  # one answer per record and whether it is desirable (LLaMA-Factory's kto_tag)
+        info["columns"] = {
+            "prompt": "instruction",
+            "query": "input",
+            "response": "output",
+            "kto_tag": "label",
+        }
     (data_dir / "dataset_info.json").write_text(json.dumps({"bench": info}))
     config = {
         "model_name_or_path": str(model),
@@ -213,7 +223,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--setup-only", action="store_true", help="Create benchmarks/.venv-lf and stop.")
-    p.add_argument("--stage", choices=("sft", *PAIRED), default="sft", help="The method all tools run.")
+    p.add_argument(
+        "--stage", choices=("sft", *PAIRED, "kto"), default="sft", help="The method all tools run."
+    )
     a = p.parse_args()
     lf_cli = setup_llamafactory()
     if a.setup_only:
