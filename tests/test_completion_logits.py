@@ -471,12 +471,21 @@ def test_rows_that_cannot_share_a_prompt_stay_as_they_are():
         _attn_implementation = "sdpa"
         sliding_window = None
 
-    config = Config()
-    assert shared_prompt.fits(config, 17)
-    config.sliding_window = 16
-    assert not shared_prompt.fits(config, 17), "a sliding window shorter than the shared rows"
-    config.sliding_window, config._attn_implementation = None, "flash_attention_2"
-    assert not shared_prompt.fits(config, 17), "an attention that builds its own mask"
+    class Model:
+        config = Config()
+
+        def forward(self, input_ids, attention_mask=None, position_ids=None): ...
+
+    class Alibi(Model):
+        def forward(self, input_ids, attention_mask=None): ...  # positions from the 2D mask (Bloom, MPT)
+
+    model = Model()
+    assert shared_prompt.fits(model, 17)
+    assert not shared_prompt.fits(Alibi(), 17), "a model whose positions don't come from position_ids"
+    model.config.sliding_window = 16
+    assert not shared_prompt.fits(model, 17), "a sliding window shorter than the shared rows"
+    model.config.sliding_window, model.config._attn_implementation = None, "flash_attention_2"
+    assert not shared_prompt.fits(model, 17), "an attention that builds its own mask"
 
 
 def test_a_call_with_inputs_laid_out_by_row_keeps_trls_rows():

@@ -67,23 +67,21 @@ def gather(states: Any, index: Any) -> Any:
     return states.gather(1, index.to(states.device)[..., None].expand(-1, -1, states.shape[-1]))
 
 
-def _output_head(module: Any, unwrap: Any) -> Any:
+def _base(module: Any, unwrap: Any) -> Any:
+    """The transformers model under a DDP / accelerate wrapper and a PEFT one."""
     from peft import PeftModel
 
     model = unwrap(module)
-    if isinstance(model, PeftModel):
-        model = model.get_base_model()
-    get = getattr(model, "get_output_embeddings", None)
+    return model.get_base_model() if isinstance(model, PeftModel) else model
+
+
+def _output_head(module: Any, unwrap: Any) -> Any:
+    get = getattr(_base(module, unwrap), "get_output_embeddings", None)
     return get() if callable(get) else None
 
 
-def _config(module: Any, unwrap: Any) -> Any:
-    from peft import PeftModel
-
-    model = unwrap(module)
-    if isinstance(model, PeftModel):
-        model = model.get_base_model()
-    return getattr(model, "config", None)
+def _attention(model: Any) -> str:
+    return str(getattr(getattr(model, "config", None), "_attn_implementation", "sdpa"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +120,7 @@ def compact(
         return
     small = dict(inputs)
     attention = inputs.get("attention_mask")
-    configs = {id(m): _config(m, unwrap) for m in called}
+    bases = {id(m): _base(m, unwrap) for m in called}
     # Every ids tensor a model may be called with in here -> (those ids, the full ids, the cut, shared).
     known: dict[int, tuple[Any, Any, _Cut, shared_prompt.Shared | None]] = {}
     for key, mask_key in sequences:
@@ -136,7 +134,7 @@ def compact(
         if pairs and key == "input_ids" and attention is not None:
             shared = shared_prompt.share(full, attention, inputs[mask_key])
             if shared is not None and not all(
-                shared_prompt.fits(c, shared.ids.shape[1]) for c in configs.values()
+                shared_prompt.fits(b, shared.ids.shape[1]) for b in bases.values()
             ):
                 shared = None
         cut = _Cut(index, tuple(full.shape))
@@ -168,8 +166,7 @@ def compact(
             and set(kwargs) <= {"input_ids", "attention_mask", "use_cache", "output_router_logits"}
         ):  # other inputs (position ids, images, token types) are laid out by row: TRL's rows
             current[:] = [_Cut(cut.index, tuple(shared.ids.shape), shared), False]
-            implementation = getattr(configs.get(id(module)), "_attn_implementation", "sdpa")
-            mask = shared.mask(implementation)
+            mask = shared.mask(_attention(bases.get(id(module))))
             return args, {
                 **kwargs,
                 "input_ids": shared.ids,
@@ -299,9 +296,9 @@ def pair_trainer(trainer_cls: type) -> type:
             index, mask = found
             # Each pair as one row, its prompt once, every position of TRL's rows kept (padding too:
             # the logits' means read it); `at` reads TRL's rows' positions from whichever rows ran.
-            config = _config(model, self.accelerator.unwrap_model)
+            base = _base(model, self.accelerator.unwrap_model)
             shared = shared_prompt.share(ids, attention, (labels != IGNORE).long(), padding=True)
-            if shared is not None and not shared_prompt.fits(config, shared.ids.shape[1]):
+            if shared is not None and not shared_prompt.fits(base, shared.ids.shape[1]):
                 shared = None
             run = shared.ids if shared is not None else ids
             rows = torch.arange(ids.shape[0], device=ids.device)
@@ -336,8 +333,7 @@ def pair_trainer(trainer_cls: type) -> type:
             ]
             kwargs: dict[str, Any] = {"attention_mask": attention}
             if shared is not None:
-                implementation = getattr(config, "_attn_implementation", "sdpa")
-                kwargs = {"attention_mask": shared.mask(implementation), "position_ids": shared.positions}
+                kwargs = {"attention_mask": shared.mask(_attention(base)), "position_ids": shared.positions}
             try:
                 outputs = model(run, use_cache=False, **kwargs)
             finally:

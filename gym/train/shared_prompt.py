@@ -128,9 +128,19 @@ def share(ids: Any, attention: Any, completion: Any, padding: bool = False) -> S
     )
 
 
-def fits(config: Any, width: int) -> bool:
-    """Whether a model with this config computes shared rows of `width` tokens as their own rows."""
+def fits(model: Any, width: int) -> bool:
+    """Whether `model` (a transformers model) computes shared rows of `width` tokens as their own rows:
+    an attention that applies a given 4D mask, no sliding window shorter than the rows, and positions
+    taken from `position_ids` (not rebuilt from a 2D mask, as ALiBi models such as Bloom and MPT do)."""
+    import inspect
+
+    config = getattr(model, "config", None)
     if getattr(config, "_attn_implementation", None) not in ATTENTION:
         return False
     window = getattr(config, "sliding_window", None)
-    return not (isinstance(window, int) and window < width)
+    if (isinstance(window, int) and window < width) or getattr(config, "alibi", False) is True:
+        return False  # a window the custom mask would drop; Falcon's ALiBi option reads the 2D mask
+    try:
+        return "position_ids" in inspect.signature(model.forward).parameters
+    except (AttributeError, TypeError, ValueError):
+        return False
