@@ -263,7 +263,12 @@ def main() -> None:
     batch = a.batch or (4 if a.smoke else 16)
     min_len, max_len = (24, 48) if a.smoke else (900, 1024)
     root = Path(tempfile.mkdtemp(prefix="gym-gpu-bench-"))
-    env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    env = {
+        **os.environ,
+        "TRANSFORMERS_VERBOSITY": "error",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
     if a.smoke:
         env.setdefault("OMP_NUM_THREADS", "1")
     started = time.perf_counter()

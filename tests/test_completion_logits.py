@@ -72,7 +72,7 @@ def build(tmp_path, finetuning_type: str, reference: str, perturb: bool = True, 
     with torch.no_grad():
         for p in trainer.model.parameters():
             if p.requires_grad and perturb:
-                p.add_(torch.randn(p.shape, generator=g) * 0.02)
+                p.add_(torch.randn(p.shape, generator=g).to(p.device) * 0.02)
     if config.gradient_checkpointing:  # as the Trainer does when training starts
         trainer.model.gradient_checkpointing_enable(trainer.args.gradient_checkpointing_kwargs)
         assert trainer.model.is_gradient_checkpointing
