@@ -384,6 +384,28 @@ def answer_logps(logits, ids, completion):
     return (selective_log_softmax(logits[:, :-1], ids[:, 1:]) * completion[:, 1:]).sum(dim=1)
 
 
+def shared_call(model, **kwargs):
+    """`pair_batch`'s answers' log-probs from the model's own rows and through `compact(pairs=True)`
+    (with `kwargs` beside the ids), and the (rows, tokens) the second call ran through the model."""
+    inputs = pair_batch()
+    ids, attention, completion = inputs["input_ids"], inputs["attention_mask"], inputs["completion_mask"]
+    body: list[tuple[int, int]] = []
+    handle = model.get_input_embeddings().register_forward_hook(
+        lambda m, a, out: body.append(tuple(out.shape[:2]))
+    )
+    try:
+        with torch.no_grad():
+            expected = answer_logps(model(input_ids=ids, attention_mask=attention).logits, ids, completion)
+            with completion_logits.compact(
+                inputs, [("input_ids", "completion_mask")], [model], lambda m: m, pairs=True
+            ) as small:
+                assert small is not None
+                logits = model(input_ids=small["input_ids"], attention_mask=attention, **kwargs).logits
+    finally:
+        handle.remove()
+    return expected, answer_logps(logits, small["input_ids"], small["completion_mask"]), body[-1]
+
+
 @pytest.mark.parametrize("family", ["llama", "llama_eager", *ARCHITECTURES, "gemma2_wide", "gemma3_wide"])
 def test_every_registry_family_runs_each_pair_once_with_the_same_log_probs(family):
     """Shared rows ([prompt, chosen, rejected], the rejected answer's positions restarting after the
@@ -403,22 +425,11 @@ def test_every_registry_family_runs_each_pair_once_with_the_same_log_probs(famil
         config._attn_implementation = "eager"
     torch.manual_seed(0)
     model = getattr(transformers, model_name)(config).eval()
-    inputs = pair_batch()
-    ids, attention, completion = inputs["input_ids"], inputs["attention_mask"], inputs["completion_mask"]
-    body: list[tuple[int, int]] = []
-    model.get_input_embeddings().register_forward_hook(lambda m, a, out: body.append(tuple(out.shape[:2])))
-    with torch.no_grad():
-        expected = answer_logps(model(input_ids=ids, attention_mask=attention).logits, ids, completion)
-        with completion_logits.compact(
-            inputs, [("input_ids", "completion_mask")], [model], lambda m: m, pairs=True
-        ) as small:
-            assert small is not None
-            logits = model(input_ids=small["input_ids"], attention_mask=attention).logits
+    expected, got, body = shared_call(model)
     if base in ("gemma2", "gemma3") and not family.endswith("_wide"):
-        assert body[-1] == tuple(ids.shape), "TRL's rows"
+        assert body == tuple(pair_batch()["input_ids"].shape), "TRL's rows"
     else:
-        assert body[-1] == (2, 9 + 2 + 6), "one row per pair, as long as the longest prompt + answers"
-    got = answer_logps(logits, small["input_ids"], small["completion_mask"])
+        assert body == (2, 9 + 2 + 6), "one row per pair, as long as the longest prompt + answers"
     assert torch.allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
@@ -497,21 +508,9 @@ def test_a_call_with_inputs_laid_out_by_row_keeps_trls_rows():
     )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).eval()
-    inputs = pair_batch()
-    ids, attention, completion = inputs["input_ids"], inputs["attention_mask"], inputs["completion_mask"]
-    positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
-    body: list[tuple[int, int]] = []
-    model.get_input_embeddings().register_forward_hook(lambda m, a, out: body.append(tuple(out.shape[:2])))
-    with torch.no_grad():
-        expected = answer_logps(model(input_ids=ids, attention_mask=attention).logits, ids, completion)
-        with completion_logits.compact(
-            inputs, [("input_ids", "completion_mask")], [model], lambda m: m, pairs=True
-        ) as small:
-            logits = model(
-                input_ids=small["input_ids"], attention_mask=attention, position_ids=positions
-            ).logits
-    assert body[-1] == tuple(ids.shape)
-    got = answer_logps(logits, small["input_ids"], small["completion_mask"])
+    attention = pair_batch()["attention_mask"]
+    expected, got, body = shared_call(model, position_ids=(attention.cumsum(dim=1) - 1).clamp(min=0))
+    assert body == tuple(attention.shape)
     assert torch.allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
