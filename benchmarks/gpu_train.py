@@ -63,8 +63,9 @@ SHAPES = {
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12, "L4": 121e12}
 
 
-def build_model_dir(shape: str, directory: Path, max_len: int) -> None:
-    """Save a seeded, config-built Llama model and a tokenizer (for its pad token) in `directory`."""
+def build_model_dir(shape: str, directory: Path, max_len: int) -> int:
+    """Save a seeded, config-built Llama model and a tokenizer (for its pad token) in `directory`;
+    returns its parameter count (a 4-bit model loaded from it stores fewer elements)."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
@@ -81,6 +82,7 @@ def build_model_dir(shape: str, directory: Path, max_len: int) -> None:
     model = LlamaForCausalLM(config).to(dtype)
     model.save_pretrained(directory, safe_serialization=True)
     AutoTokenizer.from_pretrained(REPO / "gym" / "assets" / "gym_tiny").save_pretrained(directory)
+    return sum(p.numel() for p in model.parameters())
 
 
 def corpus(n: int, vocab: int, lengths: tuple[int, int], seed: int = 0) -> Any:
@@ -158,13 +160,16 @@ def worker(a: argparse.Namespace) -> dict[str, Any]:
         "data_seed": 0,
         "include_num_input_tokens_seen": "non_padding",
     }
+    qlora = a.finetuning_type == "qlora"
     if a.worker == "gym":
-        from gym.models import ModelRef, load_model
-        from gym.train import TrainConfig, precision, sft, speed
-        from gym.train.config import with_defaults
+        from gym import train
+        from gym.models import ModelRef
+        from gym.train import TrainConfig, speed
 
         config = TrainConfig(
             method="sft",
+            finetuning_type=a.finetuning_type,
+            **({"quant": {"bits": 4}} if qlora else {}),
             learning_rate=a.lr,
             max_steps=a.steps,
             per_device_train_batch_size=a.batch,
@@ -173,58 +178,84 @@ def worker(a: argparse.Namespace) -> dict[str, Any]:
             save_steps=10**6,
             seed=0,  # the same data order as the TRL run
         )
-        config = with_defaults(config, {})  # what the user left unset: TrainConfig's method defaults
-        resolved = speed.resolve(config)
         ref = ModelRef(name="gpu-bench", path=str(model_dir), template="chatml", digest="-", base_model="-")
-        # as gym.train.run loads it: float32 master weights, bf16 autocast
-        model = load_model(ref, dtype=precision.load_dtype(config), **speed.load_options(resolved))
-        precision.upcast_trainable(model, config)
-        trainer = sft.build_trainer(
-            model=model,
-            tokenizer=tokenizer,
-            config=config,
-            train_data=data,
-            eval_data=None,
-            output_dir=out,
-            peft_config=None,
-            max_length=a.max_len,
-        )
-        settings = dataclasses.asdict(resolved)
+        # gym.train.run's own path: the config made concrete (defaults, QLoRA's optimizer...), then the
+        # model loaded (float32 master weights, bf16 autocast; QLoRA: a 4-bit base), adapted and wrapped.
+        config, choices = train.plan(config, ref, n_train=len(data), n_eval=0)
+        trainer = train.build_trainer(config, ref, data, None, out, out, a.max_len)[0]
+        settings = {**dataclasses.asdict(speed.resolve(config)), **choices, "optim": config.optim}
+        if qlora:
+            lora = config.lora.model_dump(include={"r", "alpha", "dropout"})
+            settings["lora"] = {
+                **lora,
+                "target_modules": config.lora.target_modules or ref.lora_target_modules,
+            }
     else:
         from trl import SFTConfig, SFTTrainer
 
         # TRL 1.12's defaults: the model loads in float32 (a path, as users give it), bf16 autocast on,
-        # gradient checkpointing on, chunked NLL loss, SDPA, padding.
+        # gradient checkpointing on, chunked NLL loss, SDPA, padding. QLoRA as TRL's documentation
+        # runs it: the model loaded 4-bit (NF4, double quantization, bf16 compute) and a LoRA config,
+        # here the same rank, alpha and target modules as gym's.
         args = SFTConfig(**common, bf16=a.shape != "smoke", use_cpu=not torch.cuda.is_available())
+        model: Any = str(model_dir)
+        peft_config = None
+        if qlora:
+            from peft import LoraConfig
+            from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+            dtype = torch.bfloat16 if a.shape != "smoke" else torch.float32
+            quantization = BitsAndBytesConfig(
+                load_in_4bit=True,
+                bnb_4bit_quant_type="nf4",
+                bnb_4bit_use_double_quant=True,
+                bnb_4bit_compute_dtype=dtype,
+            )
+            model = AutoModelForCausalLM.from_pretrained(
+                model_dir, quantization_config=quantization, dtype=dtype
+            )
+            lora = json.loads(a.lora)
+            peft_config = LoraConfig(
+                r=lora["r"],
+                lora_alpha=lora["alpha"],
+                lora_dropout=lora["dropout"],
+                target_modules=lora["target_modules"],
+                task_type="CAUSAL_LM",
+            )
         trainer = SFTTrainer(
-            model=str(model_dir),
+            model=model,
             args=args,
             train_dataset=data,
             processing_class=tokenizer,
+            peft_config=peft_config,
         )
         settings = {
             "gradient_checkpointing": args.gradient_checkpointing,
             "attn_implementation": trainer.model.config._attn_implementation,
             "loss_type": args.loss_type,
+            "optim": args.optim,
         }
     trainer.add_callback(clock.callback)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     trainer.train()
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
-    params = sum(p.numel() for p in trainer.model.parameters())
+    trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     return {
         "setting": a.worker,
+        "trainable": trainable,
         "tok_s": round(clock.tokens_per_second(), 1),
         "peak_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None,
-        "params": params,
         "losses": [round(float(x), 4) for x in losses],
         "settings": settings,
     }
 
 
-def mfu(tok_s: float, params: int, shape: dict[str, int], seq_len: float) -> float | None:
-    """Model FLOPs utilisation: 6N per token plus attention (12 * layers * hidden * seq), over peak."""
+def mfu(
+    tok_s: float, params: int, shape: dict[str, int], seq_len: float, frozen: bool = False
+) -> float | None:
+    """Model FLOPs utilisation: 6N per token plus attention (12 * layers * hidden * seq), over peak;
+    4N for a frozen base (QLoRA: no weight gradients, only the activations' backward)."""
     import torch
 
     if not torch.cuda.is_available():
@@ -233,7 +264,9 @@ def mfu(tok_s: float, params: int, shape: dict[str, int], seq_len: float) -> flo
     peak = next((v for k, v in PEAK_FLOPS.items() if k in name), None)
     if peak is None:
         return None
-    flops_per_token = 6 * params + 12 * shape["num_hidden_layers"] * shape["hidden_size"] * seq_len
+    flops_per_token = (4 if frozen else 6) * params + 12 * shape["num_hidden_layers"] * shape[
+        "hidden_size"
+    ] * seq_len
     return round(tok_s * flops_per_token / peak, 4)
 
 
@@ -248,6 +281,13 @@ def main() -> None:
     p.add_argument("--skip", type=int, help="Warm-up steps left out of tokens/s (default 10; smoke 2).")
     p.add_argument("--batch", type=int, help="Sequences per step (default 16; smoke 4).")
     p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument(
+        "--finetuning-type",
+        choices=["full", "qlora"],
+        default="full",
+        help="full: full fine-tuning (gym's default SFT); qlora: a 4-bit NF4 base with LoRA on both sides.",
+    )
+    p.add_argument("--lora", help=argparse.SUPPRESS)
     p.add_argument("--worker", choices=["gym", "trl"], help=argparse.SUPPRESS)
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
     p.add_argument("--shape", default="full", help=argparse.SUPPRESS)
@@ -273,9 +313,10 @@ def main() -> None:
         env.setdefault("OMP_NUM_THREADS", "1")
     started = time.perf_counter()
     try:
-        build_model_dir(shape, root / "model", max_len)
-        results = {}
-        for setting in ("trl", "gym"):
+        params = build_model_dir(shape, root / "model", max_len)
+        results: dict[str, dict[str, Any]] = {}
+        qlora = a.finetuning_type == "qlora"
+        for setting in ("gym", "trl") if qlora else ("trl", "gym"):  # TRL's QLoRA takes gym's LoRA shape
             cmd = [
                 sys.executable,
                 __file__,
@@ -288,7 +329,10 @@ def main() -> None:
                 f"--lr={a.lr}",
                 f"--min-len={min_len}",
                 f"--max-len={max_len}",
+                f"--finetuning-type={a.finetuning_type}",
             ]
+            if setting == "trl" and qlora:
+                cmd.append(f"--lora={json.dumps(results['gym']['settings']['lora'])}")
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
             lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
             if proc.returncode != 0 or not lines:
@@ -301,15 +345,17 @@ def main() -> None:
     gap = max(abs(x - y) for x, y in zip(smooth(gym["losses"]), smooth(trl["losses"]), strict=False))
     summary = {
         "device": _device(),
-        "params": gym["params"],
+        "finetuning_type": a.finetuning_type,
+        "params": params,
+        "trainable": [gym["trainable"], trl["trainable"]],
         "steps": steps,
         "batch": batch,
         "seq_len": seq_len,
         "gym_tok_s": gym["tok_s"],
         "trl_tok_s": trl["tok_s"],
         "speedup": round(gym["tok_s"] / trl["tok_s"], 3),
-        "gym_mfu": mfu(gym["tok_s"], gym["params"], SHAPES[shape], seq_len),
-        "trl_mfu": mfu(trl["tok_s"], trl["params"], SHAPES[shape], seq_len),
+        "gym_mfu": mfu(gym["tok_s"], params, SHAPES[shape], seq_len, frozen=qlora),
+        "trl_mfu": mfu(trl["tok_s"], params, SHAPES[shape], seq_len, frozen=qlora),
         "gym_peak_gb": gym["peak_gb"],
         "trl_peak_gb": trl["peak_gb"],
         "gym_loss_first_last": [gym["losses"][0], gym["losses"][-1]],

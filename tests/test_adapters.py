@@ -149,6 +149,30 @@ def test_qlora_base_layers_are_bitsandbytes_modules(bits, layer):
     assert all(not p.requires_grad for n, p in model.named_parameters() if "lora_" not in n)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("bits", [4, 8])
+def test_on_a_gpu_qlora_trains_over_a_cuda_quantized_base_with_paged_adamw(warm_tiny, bits):
+    """QLoRA as users run it: bitsandbytes' CUDA kernels, bf16 compute, paged 8-bit AdamW (CUDA only)."""
+    import bitsandbytes as bnb
+
+    config = TrainConfig(finetuning_type="qlora", quant={"bits": bits}, lora=LORA)
+    model = load_model(warm_tiny, **quant.load_kwargs(config))
+    k_proj = model.model.layers[0].self_attn.k_proj
+    assert k_proj.weight.device.type == "cuda"
+    quantized = (bnb.nn.Params4bit, bnb.nn.Int8Params)[bits == 8]
+    assert isinstance(k_proj.weight, quantized)
+    if bits == 4:
+        assert k_proj.weight.quant_state.dtype == torch.bfloat16  # the compute dtype on a bf16 GPU
+    del model
+    result = run_type(warm_tiny, "qlora", quant={"bits": bits})
+    assert result.eval_after["eval_loss"] < 0.95 * result.eval_before["eval_loss"], result.eval_after
+    before, after = weights(warm_tiny.path), weights(result.model_dir)
+    assert changed(before, after) == {k for k in before if adapted(k)}
+    checkpoint = Path(result.stage_dir) / "checkpoints/checkpoint-16"
+    assert torch.load(checkpoint / "training_args.bin", weights_only=False).optim == "paged_adamw_8bit"
+
+
 def test_qlora_bit_width_follows_memory():
     params = 7_000_000_000  # 7B: an 8-bit LoRA base needs about 10 GiB by the registry's estimate
     bits, why = quant.choose_bits(params, 80.0, "free on the GPU")
@@ -158,6 +182,21 @@ def test_qlora_bit_width_follows_memory():
     config, choices = quant.resolve(TrainConfig(finetuning_type="qlora"), tiny())
     assert config.quant.bits in (4, 8) and choices["quant_bits"].startswith(f"{config.quant.bits}-bit")
     assert config.optim == ("paged_adamw_8bit" if torch.cuda.is_available() else "adamw_bnb_8bit")
+
+
+def test_qlora_checkpoints_activations_unless_told_not_to_and_other_types_do_not():
+    ref = tiny()
+    qlora, choices = train.plan(TrainConfig(finetuning_type="qlora"), ref, 8, 0)
+    assert qlora.gradient_checkpointing is True and choices["gradient_checkpointing"].startswith("on")
+    given = TrainConfig(finetuning_type="qlora", gradient_checkpointing=False)
+    fast, choices = train.plan(given, ref, 8, 0)
+    assert fast.gradient_checkpointing is False and "gradient_checkpointing" not in choices
+    for finetuning_type in ("full", "lora"):
+        config, choices = train.plan(TrainConfig(finetuning_type=finetuning_type), ref, 8, 0)
+        assert config.gradient_checkpointing is False and "gradient_checkpointing" not in choices
+    # The stage's TRL arguments follow: TRL 1.12's own default would be on.
+    assert train.common.trl_args(qlora, Path("out"))["gradient_checkpointing"] is True
+    assert train.common.trl_args(TrainConfig(), Path("out"))["gradient_checkpointing"] is False
 
 
 def test_reference_mode_is_the_cheaper_one():

@@ -213,3 +213,44 @@ def test_liger_comes_with_gym_where_triton_ships_wheels():
     assert core and "sys_platform == 'linux'" in core[0], "a core dependency on Linux, not only an extra"
     if sys.platform == "linux" and platform.machine() == "x86_64":
         assert speed._installed("liger_kernel"), "so 'auto' can turn it on wherever a CUDA GPU is"
+
+
+def liger_forward(trainer) -> bool:
+    """Whether the (unwrapped) model's forward is Liger's fused-loss forward."""
+    model = trainer.model.get_base_model() if hasattr(trainer.model, "get_base_model") else trainer.model
+    return getattr(model.forward, "__module__", "").startswith("liger_kernel")
+
+
+@pytest.mark.parametrize("finetuning_type", ["full", "lora"])
+def test_liger_is_in_the_model_before_the_evaluation_that_precedes_training(
+    monkeypatch, tmp_path, finetuning_type
+):
+    """transformers patches Liger in when train() starts; gym scores the held-out data before that, so
+    gym.train.build_trainer patches it in at once (else that evaluation builds the full logits)."""
+    from datasets import load_from_disk
+
+    monkeypatch.setattr(speed, "_cuda", lambda: True)  # "auto" then takes Liger (installed here)
+    ref = tiny()
+    data = load_from_disk(str(tokenized("demo_sft", ref, max_samples=8)))
+    config, _ = train.plan(SFT.model_copy(update={"finetuning_type": finetuning_type}), ref, 8, 8)
+    assert speed.resolve(config).liger
+    out = tmp_path / finetuning_type
+    trainer = train.build_trainer(config, ref, data, data, out, out, 64)[0]
+    assert trainer.args.use_liger_kernel and liger_forward(trainer)
+    monkeypatch.setattr(speed, "_cuda", lambda: False)
+    config, _ = train.plan(SFT.model_copy(update={"finetuning_type": finetuning_type}), ref, 8, 8)
+    trainer = train.build_trainer(config, ref, data, data, out, out, 64)[0]
+    assert not trainer.args.use_liger_kernel and not liger_forward(trainer), "no Liger: nothing patched"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_the_held_out_score_before_training_runs_through_liger(recwarn):
+    model = tiny()
+    data, held_out = (
+        tokenized("demo_sft", model, max_samples=64),
+        tokenized("demo_sft_eval", model, max_samples=16),
+    )
+    result = train.run(SFT.model_copy(update={"bf16": True}), model, data, held_out)
+    assert "eval_mean_token_accuracy" in result.eval_before, "Liger's loss reports token accuracy"
+    assert not [w for w in recwarn if "did not return token_accuracy" in str(w.message)]

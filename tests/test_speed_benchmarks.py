@@ -37,6 +37,26 @@ def test_gpu_train_smoke_compares_gym_and_trl_on_the_same_loss_curve():
 
 
 @pytest.mark.slow
+def test_gpu_train_smoke_runs_qlora_with_the_same_adapter_on_both_sides():
+    pytest.importorskip("bitsandbytes", reason="bitsandbytes (gym[quant]) is absent")
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/gpu_train.py", "--smoke", "--finetuning-type", "qlora"],
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["finetuning_type"] == "qlora" and result["gym_settings"]["quant_bits"] == "4-bit (given)"
+    gym_lora, trl_lora = result["trainable"]
+    assert gym_lora == trl_lora and 0 < gym_lora < result["params"] / 4  # the same LoRA, a fraction
+    assert result["gym_settings"]["optim"] == "adamw_bnb_8bit"  # paged 8-bit AdamW needs CUDA
+    assert result["loss_gap"] < 1e-3
+
+
+@pytest.mark.slow
 def test_preference_windows_benchmark_runs_both_paths_to_the_same_loss():
     proc = subprocess.run(
         [sys.executable, "benchmarks/preference_windows.py", "--smoke"],

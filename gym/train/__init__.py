@@ -171,6 +171,8 @@ def plan(
     if method_check:
         method_check(config)
     config, quant_choices = quant.resolve(config, model)
+    if config.gradient_checkpointing is None:  # qlora's is on (quant.resolve); elsewhere speed comes first
+        config = config.model_copy(update={"gradient_checkpointing": False})
     config, reference_choices = reference.choose(config, n_train, n_eval)
     config = distributed.resolve(config)
     rope_choice = {}
@@ -180,18 +182,19 @@ def plan(
     return config, {**choices, **rope_choice, **adapters.new_rows(config, model)}
 
 
-def _train(
+def build_trainer(
     config: TrainConfig,
     model_ref: ModelRef,
-    train_data: Path,
-    eval_data: Path | None,
-    digest: str,
+    train_ds: Any,
+    eval_ds: Any | None,
+    output_dir: Path,
     stage_dir: Path,
     max_length: int,
-) -> TrainResult | None:
-    """Train the stage in this process; None in the other processes of a distributed stage, where the
-    main process saves and reports."""
-    from datasets import load_from_disk
+) -> tuple[Any, Any, Callable[..., Any], dict[str, Any]]:
+    """The stage's model, adapted, in its method's trainer, as `run` trains it (benchmarks measure this
+    too): (trainer, tokenizer, the model loader the final merge reuses, RoPE stretch arguments).
+    `config` is concrete (`plan`'s output); the datasets are tokenized `datasets.Dataset`s.
+    """
     from transformers import set_seed
 
     tokenizer = load_tokenizer(model_ref)
@@ -210,20 +213,40 @@ def _train(
     model = adapters.adapt(model, config, model_ref, stage_dir, wrap=wrap)
     if wrap or config.finetuning_type not in LORA_TYPES:  # else the trainer adds (and upcasts) the adapter
         precision.upcast_trainable(model, config)
-    train_ds = load_from_disk(str(train_data))
-    eval_ds = load_from_disk(str(eval_data)) if eval_data else None
-    checkpoints = stage_dir / "checkpoints"
     trainer = METHODS[config.method](
         model=model,
         tokenizer=tokenizer,
         config=config,
         train_data=train_ds,
         eval_data=eval_ds,
-        output_dir=checkpoints,
+        output_dir=output_dir,
         peft_config=adapters.trainer_peft_config(model, config, model_ref, wrapped=wrap),
         max_length=max_length,
     )
     adapters.attach_optimizer(trainer, config)
+    speed.liger_from_the_start(trainer)  # the evaluation before training runs Liger's loss too
+    return trainer, tokenizer, loader, stretch
+
+
+def _train(
+    config: TrainConfig,
+    model_ref: ModelRef,
+    train_data: Path,
+    eval_data: Path | None,
+    digest: str,
+    stage_dir: Path,
+    max_length: int,
+) -> TrainResult | None:
+    """Train the stage in this process; None in the other processes of a distributed stage, where the
+    main process saves and reports."""
+    from datasets import load_from_disk
+
+    train_ds = load_from_disk(str(train_data))
+    eval_ds = load_from_disk(str(eval_data)) if eval_data else None
+    checkpoints = stage_dir / "checkpoints"
+    trainer, tokenizer, loader, stretch = build_trainer(
+        config, model_ref, train_ds, eval_ds, checkpoints, stage_dir, max_length
+    )
     _report_progress(trainer, config.method)
     resume = last_checkpoint(checkpoints)
     if resume:

@@ -106,7 +106,7 @@ def adapt(model: Any, config: TrainConfig, model_ref: ModelRef, stage_dir: Path,
         from gym.train import quant
 
         quant.keep_trainable_layout(model)
-        checkpointing = config.gradient_checkpointing
+        checkpointing = bool(config.gradient_checkpointing)
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=checkpointing)
     if config.finetuning_type == "longlora" and config.longlora.shift_attention:
         from gym.train import s2attn

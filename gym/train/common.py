@@ -117,7 +117,7 @@ def trl_args(config: TrainConfig, output_dir: Path, *, held_out: bool = False) -
         "eval_strategy": eval_strategy(config, held_out),
         "eval_steps": config.eval_steps,  # transformers: logging_steps when unset
         "bf16": bool(config.bf16),  # decided by precision.resolve (gym.train.plan, check_hardware)
-        "gradient_checkpointing": config.gradient_checkpointing,
+        "gradient_checkpointing": bool(config.gradient_checkpointing),  # None: gym.train.plan decides
         "report_to": "none",
         # Distributed stages (gym.train.distributed): every trainable parameter takes part in the loss,
         # so DDP need not search the graph for unused ones at each step (transformers' default does).

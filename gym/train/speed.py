@@ -199,6 +199,22 @@ def trainer_args(resolved: Resolved, method: str) -> dict[str, Any]:
     }
 
 
+def liger_from_the_start(trainer: Any) -> None:
+    """Liger's kernels in the trainer's model now, when its arguments ask for them.
+
+    transformers 5.17 patches them in only when `train()` begins, and gym scores the held-out data
+    before that (`eval_before`): that evaluation would run the unpatched forward, building the full
+    logits that Liger's fused loss avoids (a memory peak training never has), and TRL would warn at
+    every batch that Liger returned no token accuracy. Patching again at `train()` binds the same
+    methods: harmless.
+    """
+    if not getattr(trainer.args, "use_liger_kernel", False):
+        return
+    from transformers.integrations.liger import apply_liger_kernel
+
+    apply_liger_kernel(trainer.model, trainer.args.liger_kernel_config)
+
+
 def sft_args(resolved: Resolved, max_length: int | None) -> dict[str, Any]:
     """SFTConfig fields for batching: padded, padding-free, or packed into rows of `max_length`.
 
