@@ -48,7 +48,7 @@ run() {
   if [[ " $only " == *" tests "* ]]; then
     {
       python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_varlen.py tests/test_serve_engine.py \
-        tests/test_lm_loss.py tests/test_completion_logits.py tests/test_adapters.py
+        tests/test_lm_loss.py tests/test_completion_logits.py tests/test_adapters.py tests/test_speed.py
       # QLoRA's CPU-written tests, on CUDA here: bitsandbytes modules, bit width, paged AdamW, learning
       python3 -m pytest -q -p no:cacheprovider -k qlora tests/test_adapters.py
     } 2>&1 | tee "$out/pytest.log" || true
