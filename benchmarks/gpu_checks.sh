@@ -10,9 +10,10 @@
 #   sft:     gpu_train.json           gym's default SFT vs TRL defaults (benchmarks/gpu_train.py)
 #   qlora:   gpu_train_qlora.json     gym's QLoRA (NF4 base, LoRA) vs TRL's documented QLoRA set-up
 #   windows: preference_windows.json  DPO's loss step, gym vs TRL, at 4 shapes
-# ONLY="tests qlora" benchmarks/gpu_checks.sh run  runs some of them (default: all, about 5 minutes on an
-# H200; each benchmark is stopped after 7, 5 and 2 minutes). The versions fetched are the ones gym pins
-# (constraints/cpu.txt); bitsandbytes (43 MB) carries every CUDA version's library.
+# ONLY="tests qlora" benchmarks/gpu_checks.sh run  runs some of them (default: all). On an H200,
+# tests+sft+qlora took 6.6 min and tests+qlora 4.7; the benchmarks stop after 7, 5 and 2 min. The
+# versions fetched are the ones gym pins (constraints/cpu.txt); bitsandbytes (43 MB) carries every CUDA
+# version's library.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -1,6 +1,7 @@
 """SFT throughput on one GPU: gym's default settings vs plain TRL defaults, as one JSON line.
 
-    python benchmarks/gpu_train.py                # on a CUDA GPU, ~0.5B Llama, bf16, ~4 minutes
+    python benchmarks/gpu_train.py                # on a CUDA GPU, ~0.5B Llama, bf16, ~2 minutes
+    python benchmarks/gpu_train.py --finetuning-type qlora   # QLoRA on both sides, ~2.5 minutes
     python benchmarks/gpu_train.py --smoke        # tiny model on CPU: proves the script end to end
 
 Self-contained: it builds a Llama-shaped model (~0.5B parameters, vocab 32k) from a config with
@@ -9,10 +10,15 @@ nothing is downloaded. It needs only torch, transformers, TRL (with datasets) an
 liger-kernel / flash-attn where gym's defaults should use them. Each setting trains in its own
 process (Liger patches transformers' modeling code process-wide, and peak memory must be the
 setting's own):
-- "gym": gym.train's SFT path with TrainConfig defaults (speed "auto": Liger where installed,
-  flash-attn + padding-free where installed, no gradient checkpointing), bf16 (float32 master weights);
+- "gym": gym.train's SFT path (gym.train.plan, then gym.train.build_trainer, as `gym train` runs it)
+  with TrainConfig defaults (speed "auto": Liger where installed, flash-attn + padding-free where
+  installed, no gradient checkpointing), bf16 (float32 master weights);
 - "trl": SFTTrainer with TRL 1.12's defaults (model path loaded in float32, bf16 autocast, gradient
   checkpointing, SDPA, padded).
+With `--finetuning-type qlora`: gym's qlora stage (NF4 base, its default LoRA, paged 8-bit AdamW,
+activation checkpointing) against TRL as its documentation sets QLoRA up (the model loaded 4-bit NF4
+with double quantization and bf16 compute, a LoraConfig of gym's rank, alpha and target modules, TRL's
+defaults otherwise); MFU counts 4N per token there (a frozen base has no weight gradients).
 Same model, data, order, learning rate and batch. Tokens/s counts real tokens after the first
 `--skip` steps; MFU = 6 * params * tokens/s (+ attention) over the GPU's peak bf16 FLOP/s; peak
 memory from torch.cuda. "loss_gap" is the largest gap between the two loss curves (smoothed).

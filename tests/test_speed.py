@@ -215,32 +215,55 @@ def test_liger_comes_with_gym_where_triton_ships_wheels():
         assert speed._installed("liger_kernel"), "so 'auto' can turn it on wherever a CUDA GPU is"
 
 
-def liger_forward(trainer) -> bool:
-    """Whether the (unwrapped) model's forward is Liger's fused-loss forward."""
+# Run in a child process: Liger patches transformers' modeling code process-wide (its Triton kernels
+# would then fail every later test on this CPU).
+LIGER_CHECK = """
+import sys
+from datasets import load_from_disk
+from gym import train
+from gym.train import speed
+from tests.helpers import tiny, tokenized
+from tests.test_speed import SFT
+
+def liger_forward(trainer):
     model = trainer.model.get_base_model() if hasattr(trainer.model, "get_base_model") else trainer.model
     return getattr(model.forward, "__module__", "").startswith("liger_kernel")
 
+finetuning_type, out = sys.argv[1], sys.argv[2]
+ref = tiny()
+data = load_from_disk(str(tokenized("demo_sft", ref, max_samples=8)))
+config = SFT.model_copy(update={"finetuning_type": finetuning_type})
+speed._cuda = lambda: False
+trainer = train.build_trainer(train.plan(config, ref, 8, 8)[0], ref, data, data, out, out, 64)[0]
+assert not trainer.args.use_liger_kernel and not liger_forward(trainer), "no Liger: nothing patched"
+speed._cuda = lambda: True  # "auto" then takes Liger (installed here)
+config = train.plan(config, ref, 8, 8)[0]
+assert speed.resolve(config).liger
+trainer = train.build_trainer(config, ref, data, data, out, out, 64)[0]
+print("LIGER", trainer.args.use_liger_kernel, liger_forward(trainer))
+"""
+
 
 @pytest.mark.parametrize("finetuning_type", ["full", "lora"])
-def test_liger_is_in_the_model_before_the_evaluation_that_precedes_training(
-    monkeypatch, tmp_path, finetuning_type
-):
+def test_liger_is_in_the_model_before_the_evaluation_that_precedes_training(tmp_path, finetuning_type):
     """transformers patches Liger in when train() starts; gym scores the held-out data before that, so
     gym.train.build_trainer patches it in at once (else that evaluation builds the full logits)."""
-    from datasets import load_from_disk
+    import os
+    import subprocess
+    import sys
 
-    monkeypatch.setattr(speed, "_cuda", lambda: True)  # "auto" then takes Liger (installed here)
-    ref = tiny()
-    data = load_from_disk(str(tokenized("demo_sft", ref, max_samples=8)))
-    config, _ = train.plan(SFT.model_copy(update={"finetuning_type": finetuning_type}), ref, 8, 8)
-    assert speed.resolve(config).liger
-    out = tmp_path / finetuning_type
-    trainer = train.build_trainer(config, ref, data, data, out, out, 64)[0]
-    assert trainer.args.use_liger_kernel and liger_forward(trainer)
-    monkeypatch.setattr(speed, "_cuda", lambda: False)
-    config, _ = train.plan(SFT.model_copy(update={"finetuning_type": finetuning_type}), ref, 8, 8)
-    trainer = train.build_trainer(config, ref, data, data, out, out, 64)[0]
-    assert not trainer.args.use_liger_kernel and not liger_forward(trainer), "no Liger: nothing patched"
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo), "GYM_HOME": str(tmp_path / "gym")}
+    proc = subprocess.run(
+        [sys.executable, "-c", LIGER_CHECK, finetuning_type, str(tmp_path / "out")],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "LIGER True True" in proc.stdout
 
 
 @pytest.mark.gpu

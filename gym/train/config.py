@@ -226,7 +226,7 @@ class TrainConfig(BaseModel):
     )
     gradient_checkpointing: bool | None = Field(
         None,
-        description="Recompute activations in the backward pass: less memory, ~30% more compute. None: on "
+        description="Recompute activations in the backward pass: less memory, a third more compute. None: on "
         "for qlora (chosen to save memory: the QLoRA paper, TRL and LLaMA-Factory checkpoint), off otherwise "
         "(faster; gym.train.plan decides, and prints the qlora choice).",
     )
