@@ -197,7 +197,8 @@ def add_config_options(parser: argparse.ArgumentParser, model: type[BaseModel], 
         if tp is bool:
             kwargs["action"] = Switch
         elif get_origin(tp) is Literal:
-            kwargs["choices"] = [str(c) for c in get_args(tp)]
+            kwargs["choices"] = list(get_args(tp))
+            kwargs["type"] = _literal(get_args(tp))
         elif get_origin(tp) is list:
             kwargs["nargs"] = "+"
             kwargs["metavar"] = "ITEM"
@@ -219,6 +220,18 @@ def comma_separated(action: argparse.Action) -> argparse.Action:
     file may give it as a list (`dataset: [a, b]`), as LLaMA-Factory's YAML files may."""
     setattr(action, COMMA_SEPARATED, True)
     return action
+
+
+def _literal(values: tuple[Any, ...]) -> Any:
+    """Parse one of a Literal's values from its text (`--train.quant.bits 4` is the int 4); other text is
+    returned as given, for argparse's "invalid choice" message."""
+    by_text = {str(v): v for v in values}
+
+    def parse(text: str) -> Any:
+        return by_text.get(text, text)
+
+    parse.__name__ = "choice"
+    return parse
 
 
 def _optional(tp: type) -> Any:

@@ -149,6 +149,21 @@ def test_qlora_base_layers_are_bitsandbytes_modules(bits, layer):
     assert all(not p.requires_grad for n, p in model.named_parameters() if "lora_" not in n)
 
 
+def test_qlora_in_bf16_keeps_frozen_weights_as_stored_and_learns(warm_tiny):
+    """The GPU's layout on this CPU: a bf16 base under the 4-bit layers, float32 LoRA weights, activations
+    checkpointed. Frozen norms and embeddings stay bf16 (no float32 upcast of the residual stream)."""
+    config = TrainConfig(finetuning_type="qlora", quant={"bits": 4, "compute_dtype": "bfloat16"}, lora=LORA)
+    config, _ = train.plan(config, warm_tiny, 8, 0)
+    model = adapters.adapt(load_model(warm_tiny, **quant.load_kwargs(config)), config, warm_tiny, Path("/x"))
+    dtypes = {p.dtype for n, p in model.named_parameters() if "lora_" not in n and p.dtype.is_floating_point}
+    assert dtypes == {torch.bfloat16}, dtypes
+    assert config.gradient_checkpointing
+    result = run_type(warm_tiny, "qlora", quant={"bits": 4, "compute_dtype": "bfloat16"})
+    assert result.eval_after["eval_loss"] < 0.95 * result.eval_before["eval_loss"], result.eval_after
+    before, after = weights(warm_tiny.path), weights(result.model_dir)
+    assert changed(before, after) == {k for k in before if adapted(k)}
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("bits", [4, 8])

@@ -80,6 +80,15 @@ def test_finetuning_type_as_method_name():
         parse(TrainFlowConfig, ["--finetuning_type", "no_such_method"])
 
 
+def test_a_number_among_fixed_choices_arrives_as_a_number():
+    """`--train.quant.bits 4` (README's QLoRA example): a Literal[4, 8] field, so the text must become 4."""
+    cfg = parse(TrainFlowConfig, ["--finetuning_type", "qlora", "--train.quant.bits", "4"])
+    assert cfg.train.quant.bits == 4
+    assert parse(TrainFlowConfig, ["--train.quant.quant_type", "fp4"]).train.quant.quant_type == "fp4"
+    with pytest.raises(SystemExit):
+        parse(TrainFlowConfig, ["--train.quant.bits", "5"])
+
+
 def test_bad_value_is_rejected_by_validation():
     with pytest.raises(Exception, match="learning_rate"):
         parse(SftThenDpoConfig, ["--sft.learning_rate", "-1"])

@@ -234,6 +234,32 @@ def test_whiten_rewards_reaches_trls_ppo(tmp_path):
         assert trainer.args.whiten_rewards is whiten
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_ppo_value_model_of_a_qlora_policy_starts_from_its_dequantized_weights(bits):
+    """A qlora policy's backbone holds bitsandbytes layers; the value model (trained in full) gets their
+    weights dequantized: close to the checkpoint's up to the quantization error, the rest exact."""
+    pytest.importorskip("bitsandbytes", reason="bitsandbytes (gym[quant]) is absent")
+    import torch
+
+    from gym.models import load_model, load_tokenizer
+    from gym.train import ppo, quant
+
+    model = tiny()
+    config = TrainConfig(method="ppo", finetuning_type="qlora", quant={"bits": bits})
+    policy = load_model(model, **quant.load_kwargs(config))
+    assert quant.is_quantized(policy)
+    value = ppo.value_model(policy, load_tokenizer(model), seed=0)
+    original = load_model(model).model.state_dict()
+    backbone = value.model.state_dict()
+    assert set(backbone) == set(original)
+    for name, tensor in original.items():
+        if name.endswith("proj.weight"):  # quantized in the policy
+            error = (backbone[name] - tensor).abs().max() / tensor.abs().max()
+            assert 0 < error < (0.2 if bits == 4 else 0.02), (name, float(error))  # NF4: 16 levels
+        else:
+            assert torch.equal(backbone[name], tensor), name
+
+
 def test_adaptive_kl_coefficient():
     # Ziegler et al.: e = clip(KL/target - 1, -0.2, 0.2); coef *= 1 + e * n/horizon.
     assert adaptive_kl_coef(0.1, kl=12.0, target=6.0, horizon=1000, n_steps=100) == pytest.approx(0.1 * 1.02)

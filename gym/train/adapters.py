@@ -100,14 +100,15 @@ def adapt(model: Any, config: TrainConfig, model_ref: ModelRef, stage_dir: Path,
     if config.finetuning_type == "freeze":
         freeze(model, config, new_tokens=bool(model_ref.new_token_ids))
         return model
-    from peft import get_peft_model, prepare_model_for_kbit_training
+    from peft import get_peft_model
 
     if config.finetuning_type == "qlora":
         from gym.train import quant
 
         quant.keep_trainable_layout(model)
-        checkpointing = bool(config.gradient_checkpointing)
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=checkpointing)
+        quant.freeze_as_stored(model)
+        if config.gradient_checkpointing and not wrap:  # wrapped: done on the PeftModel below
+            model.enable_input_require_grads()
     if config.finetuning_type == "longlora" and config.longlora.shift_attention:
         from gym.train import s2attn
 

@@ -45,6 +45,7 @@ def adaptive_kl_coef(coef: float, kl: float, target: float, horizon: int, n_step
 # TRL's PPOTrainer builds the value model from the plain policy: gym hands it the LoRA config to apply
 # (TRL's peft_config) instead of an adapted model (see gym.train.run).
 APPLIES_ADAPTER = True
+QUANTIZED_LINEAR = ("Linear4bit", "Linear8bitLt")  # bitsandbytes' layers of a qlora policy
 
 
 def check(config: TrainConfig) -> None:
@@ -125,9 +126,29 @@ def value_model(policy: Any, tokenizer: Any, seed: int) -> Any:
         torch.manual_seed(seed)
         value = AutoModelForSequenceClassification.from_config(config)
     prefix = policy.base_model_prefix
-    getattr(value, prefix).load_state_dict(getattr(policy, prefix).state_dict())
+    getattr(value, prefix).load_state_dict(_backbone_state(getattr(policy, prefix)))
     value.config.pad_token_id = tokenizer.pad_token_id
     return value.to(dtype=policy.dtype)
+
+
+def _backbone_state(backbone: Any) -> dict[str, Any]:
+    """The backbone's weights as a full-precision model holds them: a QLoRA policy's 4-/8-bit layers
+    dequantized (the value model trains every weight, as for the other adaptation types), their
+    bitsandbytes bookkeeping (scales, formats, quantization state) left out."""
+    state = backbone.state_dict()
+    quantized = [name for name, m in backbone.named_modules() if type(m).__name__ in QUANTIZED_LINEAR]
+    if not quantized:
+        return state
+    from peft.utils.integrations import dequantize_module_weight
+
+    full = {}
+    for key, tensor in state.items():
+        owner = next((q for q in quantized if key.startswith(q + ".")), None)
+        if owner is None or key == f"{owner}.bias":
+            full[key] = tensor
+        elif key == f"{owner}.weight":
+            full[key] = dequantize_module_weight(backbone.get_submodule(owner)).detach()
+    return full
 
 
 def save_value_model(value: Any, tokenizer: Any, stage_dir: Path) -> Path:
