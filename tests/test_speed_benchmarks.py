@@ -13,19 +13,23 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow
-def test_gpu_train_smoke_compares_gym_and_trl_on_the_same_loss_curve():
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def smoke(script: str, *args: str) -> dict:
+    """Run a benchmark's --smoke mode (OMP_NUM_THREADS=1) and return its last line, parsed."""
     proc = subprocess.run(
-        [sys.executable, "benchmarks/gpu_train.py", "--smoke"],
+        [sys.executable, f"benchmarks/{script}", "--smoke", *args],
         cwd=REPO,
-        env=env,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_gpu_train_smoke_compares_gym_and_trl_on_the_same_loss_curve():
+    result = smoke("gpu_train.py")
     assert result["device"] == "cpu" and result["steps"] == 8
     assert result["gym_tok_s"] > 0 and result["trl_tok_s"] > 0
     assert result["speedup"] == pytest.approx(result["gym_tok_s"] / result["trl_tok_s"], rel=1e-2)
@@ -39,16 +43,7 @@ def test_gpu_train_smoke_compares_gym_and_trl_on_the_same_loss_curve():
 @pytest.mark.slow
 def test_gpu_train_smoke_runs_qlora_with_the_same_adapter_on_both_sides():
     pytest.importorskip("bitsandbytes", reason="bitsandbytes (gym[quant]) is absent")
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/gpu_train.py", "--smoke", "--finetuning-type", "qlora"],
-        cwd=REPO,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = smoke("gpu_train.py", "--finetuning-type", "qlora")
     assert result["finetuning_type"] == "qlora" and result["gym_settings"]["quant_bits"] == "4-bit (given)"
     gym_lora, trl_lora = result["trainable"]
     assert gym_lora == trl_lora and 0 < gym_lora < result["params"] / 4  # the same LoRA, a fraction
@@ -58,15 +53,6 @@ def test_gpu_train_smoke_runs_qlora_with_the_same_adapter_on_both_sides():
 
 @pytest.mark.slow
 def test_preference_windows_benchmark_runs_both_paths_to_the_same_loss():
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/preference_windows.py", "--smoke"],
-        cwd=REPO,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]  # it exits non-zero if the two losses differ
-    (row,) = json.loads(proc.stdout.strip().splitlines()[-1])["rows"]
+    (row,) = smoke("preference_windows.py")["rows"]  # it exits non-zero if the two losses differ
     assert (row["pairs"], row["prompt"], row["answer_max"]) == (2, 12, 6)
     assert row["gym_ms"] > 0 and row["trl_ms"] > 0 and 0 < row["answer_share"] < 1
