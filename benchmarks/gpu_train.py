@@ -187,7 +187,7 @@ def worker(a: argparse.Namespace) -> dict[str, Any]:
         ref = ModelRef(name="gpu-bench", path=str(model_dir), template="chatml", digest="-", base_model="-")
         # gym.train.run's own path: the config made concrete (defaults, QLoRA's optimizer...), then the
         # model loaded (float32 master weights, bf16 autocast; QLoRA: a 4-bit base), adapted and wrapped.
-        config, choices = train.plan(config, ref, n_train=len(data), n_eval=0)
+        config, choices = train.plan(config, ref, len(data), 0, cutoff_len=a.max_len, longest=a.max_len)
         trainer = train.build_trainer(config, ref, data, None, out, out, a.max_len)[0]
         settings = {**dataclasses.asdict(speed.resolve(config)), **choices, "optim": config.optim}
         if qlora:

@@ -36,6 +36,7 @@ from gym.train import (
     dpo,
     gspo,
     kto,
+    memory,
     orpo,
     ppo,
     precision,
@@ -77,10 +78,15 @@ __all__ = ["METHODS", "TrainConfig", "TrainResult", "run", "stage_digest"]
 
 
 def stage_digest(config: TrainConfig, model: ModelRef, train_data: Path, eval_data: Path | None) -> str:
-    """Digest of everything that determines a stage's output."""
+    """Digest of everything that determines a stage's output.
+
+    Gradient checkpointing is left out: it changes memory, not the weights (recomputed activations are
+    the same; tested bit for bit), and gym may choose it from the memory free at the time
+    (gym.train.memory), so a run interrupted with it off resumes with it on, and the other way round.
+    """
     return hash_obj(
         {
-            "config": config,
+            "config": config.model_copy(update={"gradient_checkpointing": False}),
             "model": model.digest,
             "template": model.template,
             "train": Path(train_data).name,
@@ -130,7 +136,8 @@ def run(
     require_kind(meta["result"]["kind"], config.method, str(train_data))
     n_eval = load_meta(eval_data)["result"]["num_records"] if eval_data else 0
     cutoff = meta["settings"]["cutoff_len"]
-    config, choices = plan(config, model, meta["result"]["num_records"], n_eval, cutoff)
+    longest = meta["result"].get("stats", {}).get("max_len")
+    config, choices = plan(config, model, meta["result"]["num_records"], n_eval, cutoff, longest)
     digest = stage_digest(config, model, train_data, eval_data)
     stage_dir = workspace.path("models", f"{config.method}-{digest}")
     stage_dir.mkdir(parents=True, exist_ok=True)
@@ -155,11 +162,17 @@ def run(
 
 
 def plan(
-    config: TrainConfig, model: ModelRef, n_train: int, n_eval: int, cutoff_len: int | None = None
+    config: TrainConfig,
+    model: ModelRef,
+    n_train: int,
+    n_eval: int,
+    cutoff_len: int | None = None,
+    longest: int | None = None,
 ) -> tuple[TrainConfig, dict[str, str]]:
     """The config made concrete before any model loads: defaults, then the choices gym makes itself
-    (QLoRA bit width and optimizer, the reference mode of DPO-style methods, RoPE scaling for the data's
-    `cutoff_len`), with each choice in words.
+    (QLoRA bit width and optimizer, gradient checkpointing from the memory a step of the data's `longest`
+    sequences needs, the reference mode of DPO-style methods, RoPE scaling for the data's `cutoff_len`),
+    with each choice in words.
     """
     config = with_defaults(config, model.train_defaults)
     config = config.model_copy(update={"lora": adapters.lora_settings(config)})
@@ -171,14 +184,19 @@ def plan(
     if method_check:
         method_check(config)
     config, quant_choices = quant.resolve(config, model)
-    if config.gradient_checkpointing is None:  # qlora's is on (quant.resolve); elsewhere speed comes first
-        config = config.model_copy(update={"gradient_checkpointing": False})
+    config, memory_choices = memory.resolve(config, model, longest, cutoff_len)  # qlora's is already on
     config, reference_choices = reference.choose(config, n_train, n_eval)
     config = distributed.resolve(config)
     rope_choice = {}
     if config.rope_scaling and cutoff_len is not None:
         rope_choice["rope_scaling"] = str(rope.plan(config.rope_scaling, model, cutoff_len)[1])
-    choices = {**precision_choices, **precision.choice(config, model), **quant_choices, **reference_choices}
+    choices = {
+        **precision_choices,
+        **precision.choice(config, model),
+        **quant_choices,
+        **memory_choices,
+        **reference_choices,
+    }
     return config, {**choices, **rope_choice, **adapters.new_rows(config, model)}
 
 

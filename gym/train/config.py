@@ -227,8 +227,9 @@ class TrainConfig(BaseModel):
     gradient_checkpointing: bool | None = Field(
         None,
         description="Recompute activations in the backward pass: less memory, a third more compute. None: on "
-        "for qlora (chosen to save memory: the QLoRA paper, TRL and LLaMA-Factory checkpoint), off otherwise "
-        "(faster; gym.train.plan decides, and prints the qlora choice).",
+        "for qlora (chosen to save memory: the QLoRA paper, TRL and LLaMA-Factory checkpoint); otherwise on "
+        "only when a step with activations kept would not fit the memory available (gym.train.memory's "
+        "estimate), else off, for speed. gym prints the choice when it turns it on.",
     )
     rope_scaling: Literal["linear", "dynamic", "yarn", "llama3"] | None = Field(
         None,

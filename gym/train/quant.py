@@ -5,7 +5,7 @@ estimate for LoRA training on an 8-bit base (gym.registry.memory_estimates_for) 
 memory available now (free GPU memory, or available RAM on a CPU), else 4-bit; the choice and its
 numbers are printed and logged with the stage. The optimizer is bitsandbytes' paged 8-bit AdamW on a
 GPU; paging needs CUDA's unified memory, so on a CPU it is bitsandbytes' plain 8-bit AdamW. Activations
-are checkpointed unless `gradient_checkpointing` is set false (elsewhere gym's default is off, for speed).
+are checkpointed unless `gradient_checkpointing` is set false (elsewhere gym.train.memory decides).
 
 At the end the adapter is merged into the base loaded again in full precision (merging into
 quantized weights would bake the quantization error into every adapted layer).

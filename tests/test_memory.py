@@ -1,0 +1,132 @@
+"""Gradient checkpointing chosen from the memory a step needs (gym.train.memory)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from gym import train
+from gym.train import TrainConfig, memory, quant
+from tests.helpers import tiny, tokenized
+
+# benchmarks/gpu_train.py's model and run, measured on an H200 (bf16, Liger, batch 16 x ~962 tokens):
+# gym's peak with activations kept 29.8 GiB, TRL's checkpointed peak 9.0 GiB.
+H, INTER, LAYERS, VOCAB, KV = 1024, 4096, 28, 32768, 512
+BENCH = memory.Shape(
+    parameters=VOCAB * H * 2 + LAYERS * (2 * H * H + 2 * H * KV + 3 * H * INTER + 2 * H) + H,
+    hidden=H,
+    intermediate=INTER,
+    layers=LAYERS,
+    vocab=VOCAB,
+)
+
+
+def test_the_estimate_matches_what_an_h200_measured():
+    config = TrainConfig(per_device_train_batch_size=16)
+    kwargs = {"bf16": True, "liger": True}
+    kept = memory.estimate_gib(config, BENCH, 16 * 962, checkpointed=False, **kwargs)
+    checked = memory.estimate_gib(config, BENCH, 16 * 962, checkpointed=True, **kwargs)
+    assert 29.8 <= kept <= 1.1 * 29.8, kept  # never below what was measured, at most 10% above
+    assert 9.0 <= checked <= 1.1 * 9.0, checked
+    # Without Liger the float32 logits and their gradient come on top; LoRA keeps only a copy of the base.
+    full_logits = memory.estimate_gib(config, BENCH, 16 * 962, checkpointed=False, bf16=True, liger=False)
+    assert full_logits - kept == pytest.approx(16 * 962 * VOCAB * 8 / 2**30)
+    lora = TrainConfig(finetuning_type="lora", per_device_train_batch_size=16)
+    assert memory.estimate_gib(lora, BENCH, 16 * 962, checkpointed=True, **kwargs) < checked - 4
+
+
+def test_tokens_per_step_count_both_answers_of_a_pair_and_whole_rows_when_packing():
+    sft = TrainConfig(method="sft", per_device_train_batch_size=8)
+    assert memory.tokens_per_step(sft, longest=300, cutoff_len=1024) == 8 * 300
+    packed = sft.model_copy(update={"speed": sft.speed.model_copy(update={"packing": True})})
+    assert memory.tokens_per_step(packed, longest=300, cutoff_len=1024) == 8 * 1024
+    for method in ("dpo", "orpo", "kto"):
+        pairs = TrainConfig(method=method, per_device_train_batch_size=8)
+        assert memory.tokens_per_step(pairs, longest=300, cutoff_len=1024) == 2 * 8 * 300
+
+
+def short_of_memory(monkeypatch: pytest.MonkeyPatch, gib: float) -> None:
+    """This machine, as if `gib` were free on a GPU (the low-memory GPU a user has can't run here)."""
+    monkeypatch.setattr(quant, "available_memory", lambda: (gib, "free on the GPU"))
+
+
+def tiny_step_gib(config: TrainConfig, longest: int, checkpointed: bool) -> float:
+    found = memory.shape(tiny())
+    assert found is not None and found.hidden > 0 and found.layers > 0
+    tokens = memory.tokens_per_step(config, longest, 1024)
+    return memory.estimate_gib(config, found, tokens, bf16=False, liger=False, checkpointed=checkpointed)
+
+
+def test_checkpointing_turns_on_only_when_a_step_would_not_fit(monkeypatch):
+    config = TrainConfig(method="sft", per_device_train_batch_size=32)
+    needed = tiny_step_gib(config, 40, checkpointed=False)
+    short_of_memory(monkeypatch, 2 * needed)
+    roomy, choices = train.plan(config, tiny(), 8, 0, cutoff_len=1024, longest=40)
+    assert roomy.gradient_checkpointing is False and "gradient_checkpointing" not in choices
+    short_of_memory(monkeypatch, needed)  # fits, but not within the 10% headroom
+    tight, choices = train.plan(config, tiny(), 8, 0, cutoff_len=1024, longest=40)
+    assert tight.gradient_checkpointing is True
+    why = choices["gradient_checkpointing"]
+    assert why.startswith("on:") and "free on the GPU" in why and "fits" in why, why
+    # Longer data needs more: the same memory that fits 40-token rows doesn't fit 400-token ones.
+    short_of_memory(monkeypatch, 2 * needed)
+    long, _ = train.plan(config, tiny(), 8, 0, cutoff_len=1024, longest=400)
+    assert long.gradient_checkpointing is True
+    # The data's longest beyond cutoff_len is cut by TRL: cutoff_len counts.
+    assert memory.resolve(config, tiny(), 10**6, 40)[0].gradient_checkpointing is False
+    # Set by the user, the field is left alone either way.
+    short_of_memory(monkeypatch, 1e-6)
+    for given in (True, False):
+        kept, choices = train.plan(config.model_copy(update={"gradient_checkpointing": given}), tiny(), 8, 0)
+        assert kept.gradient_checkpointing is given and "gradient_checkpointing" not in choices
+    # Even checkpointed it won't fit: the choice says so.
+    _, choices = train.plan(config, tiny(), 8, 0, cutoff_len=1024, longest=40)
+    assert "may still NOT fit" in choices["gradient_checkpointing"]
+
+
+def test_an_unreadable_model_keeps_the_default(monkeypatch):
+    short_of_memory(monkeypatch, 1e-6)
+    missing = tiny().model_copy(update={"path": "/nonexistent/model", "base_model": "not-in-the-registry"})
+    assert memory.shape(missing) is None
+    assert memory.resolve(TrainConfig(), missing, 40, 1024)[0].gradient_checkpointing is False
+
+
+def test_a_run_resumed_short_of_memory_checkpoints_and_ends_with_the_same_weights(warm_tiny, monkeypatch):
+    data = tokenized("demo_sft", warm_tiny, max_samples=64)
+    config = TrainConfig(
+        method="sft",
+        learning_rate=3e-3,
+        max_steps=6,
+        per_device_train_batch_size=16,
+        save_steps=3,
+        logging_steps=2,
+    )
+    kept = train.run(config, warm_tiny, data)  # uninterrupted, activations kept
+    assert "gradient_checkpointing" not in kept.choices
+    assert kept.losses[-1][1] < kept.losses[0][1]
+    stage = Path(kept.stage_dir)
+    uninterrupted = load_file(Path(kept.model_dir) / "model.safetensors")
+    # As if the process had died after step 3: only checkpoint-3 is left.
+    for done in ("result.json", "model", "checkpoints/checkpoint-6"):
+        shutil.rmtree(stage / done) if (stage / done).is_dir() else (stage / done).unlink()
+    short_of_memory(monkeypatch, 1e-6)  # the GPU is busier now: this time gym checkpoints
+    resumed = train.run(config, warm_tiny, data)
+    assert resumed.choices["gradient_checkpointing"].startswith("on:")
+    assert resumed.stage_dir == kept.stage_dir and resumed.resumed_from is not None
+    assert Path(resumed.resumed_from).name == "checkpoint-3"
+
+    def trained_with(checkpoint: str) -> bool:
+        args = stage / "checkpoints" / checkpoint / "training_args.bin"
+        return bool(torch.load(args, weights_only=False).gradient_checkpointing)
+
+    assert not trained_with("checkpoint-3") and trained_with("checkpoint-6")
+    # Recomputing activations changes memory, not the result: the same weights, bit for bit.
+    after = load_file(Path(resumed.model_dir) / "model.safetensors")
+    before = load_file(Path(warm_tiny.path) / "model.safetensors")
+    assert any(not torch.equal(before[k], after[k]) for k in after)
+    for name in after:
+        assert torch.equal(uninterrupted[name], after[name]), name
