@@ -18,7 +18,8 @@ Per device (DDP keeps a whole copy on each), in bytes:
   cross-entropy is on (it never holds them); an upper bound for SFT, whose loss (gym.train.lm_loss)
   projects only the trained-on positions;
 - tokens per step: per_device_train_batch_size x the data's longest sequence (cutoff_len rows when
-  packing), twice for paired methods (chosen and rejected; KTO's KL batch).
+  packing), twice for paired methods (chosen and rejected; KTO's KL batch). For online RL this is the
+  policy's update alone: generation, and PPO's value and reward models, come on top.
 
 Checked against an H200 (benchmarks/gpu_train.py: 0.51B parameters, h 1024, i 4096, 28 layers, vocab 32k,
 batch 16 x ~962 tokens, bf16, Liger): 30.6 GiB estimated unchecked against gym's 29.8 GiB peak measured;
@@ -128,7 +129,11 @@ def resolve(
     if unchecked <= HEADROOM * available:
         return off, {}
     checked = estimate_gib(config, found, tokens, checkpointed=True, **kwargs)
-    fits = "fits" if checked <= HEADROOM * available else "may still NOT fit (a smaller batch would)"
+    fits = (
+        "fits"
+        if checked <= HEADROOM * available
+        else "may still NOT fit (a smaller per_device_train_batch_size or cutoff_len needs less)"
+    )
     why = (
         f"on: a step of {tokens} tokens needs ~{unchecked:.1f} GiB with activations kept, more than "
         f"{available:.1f} GiB {where}; checkpointed ~{checked:.1f} GiB {fits} "
