@@ -21,7 +21,8 @@ with double quantization and bf16 compute, a LoraConfig of gym's rank, alpha and
 defaults otherwise); MFU counts 4N per token there (a frozen base has no weight gradients).
 Same model, data, order, learning rate and batch. Tokens/s counts real tokens after the first
 `--skip` steps; MFU = 6 * params * tokens/s (+ attention) over the GPU's peak bf16 FLOP/s; peak
-memory from torch.cuda. "loss_gap" is the largest gap between the two loss curves (smoothed).
+memory from torch.cuda, beside gym.train.memory's estimate of it for full fine-tuning (gym's
+settings: "memory_estimate_gib"). "loss_gap" is the largest gap between the two loss curves (smoothed).
 Goal: gym/trl tokens/s >= 1.6 with the same loss curve.
 
 On a lent GPU whose image lacks TRL and friends (Python 3.12 there), benchmarks/gpu_checks.sh
@@ -170,7 +171,7 @@ def worker(a: argparse.Namespace) -> dict[str, Any]:
     if a.worker == "gym":
         from gym import train
         from gym.models import ModelRef
-        from gym.train import TrainConfig, speed
+        from gym.train import TrainConfig, memory, precision, speed
 
         config = TrainConfig(
             method="sft",
@@ -196,6 +197,18 @@ def worker(a: argparse.Namespace) -> dict[str, Any]:
                 **lora,
                 "target_modules": config.lora.target_modules or ref.lora_target_modules,
             }
+        elif found := memory.shape(ref):  # the peak gym.train.memory predicts, beside the one measured
+            settings["memory_estimate_gib"] = round(
+                memory.estimate_gib(
+                    config,
+                    found,
+                    memory.tokens_per_step(config, a.max_len, a.max_len),
+                    bf16=precision.bf16_on(config),
+                    liger=speed.resolve(config).liger,
+                    checkpointed=bool(config.gradient_checkpointing),
+                ),
+                4,
+            )
     else:
         from trl import SFTConfig, SFTTrainer
 

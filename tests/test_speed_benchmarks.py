@@ -36,6 +36,7 @@ def test_gpu_train_smoke_compares_gym_and_trl_on_the_same_loss_curve():
     # gym's defaults skip TRL's gradient checkpointing: the same math, so the same losses.
     assert result["trl_settings"]["gradient_checkpointing"] is True
     assert result["gym_settings"]["liger"] is False, "no Liger without CUDA"
+    assert result["gym_settings"]["memory_estimate_gib"] > 0  # beside peak_gb (None on a CPU)
     assert result["loss_gap"] < 1e-3
     assert result["gym_loss_first_last"] == pytest.approx(result["trl_loss_first_last"], abs=1e-3)
 

@@ -22,8 +22,9 @@ Per device (DDP keeps a whole copy on each), in bytes:
   policy's update alone: generation, and PPO's value and reward models, come on top.
 
 Checked against an H200 (benchmarks/gpu_train.py: 0.51B parameters, h 1024, i 4096, 28 layers, vocab 32k,
-batch 16 x ~962 tokens, bf16, Liger): 30.6 GiB estimated unchecked against gym's 29.8 GiB peak measured;
-checkpointed 9.2 GiB against TRL's (checkpointed) 9.0 GiB.
+batch 16 of 900-1,024 tokens, bf16, Liger): 32.1 GiB estimated unchecked for 16 x 1,024 tokens (as `plan`
+counts them) against gym's 29.8 GiB peak measured (+8%); checkpointed 9.3 GiB against TRL's (checkpointed)
+9.0 GiB. It errs high: a step near the limit checkpoints rather than risk running out.
 """
 
 from __future__ import annotations
