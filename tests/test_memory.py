@@ -37,7 +37,12 @@ def test_the_estimate_matches_what_an_h200_measured():
     full_logits = memory.estimate_gib(config, BENCH, 16 * 1024, checkpointed=False, bf16=True, liger=False)
     assert full_logits - kept == pytest.approx(16 * 1024 * VOCAB * 8 / 2**30)
     lora = TrainConfig(finetuning_type="lora", per_device_train_batch_size=16)
-    assert memory.estimate_gib(lora, BENCH, 16 * 1024, checkpointed=True, **kwargs) < checked - 4
+    lora_gib = memory.estimate_gib(lora, BENCH, 16 * 1024, checkpointed=True, **kwargs)
+    assert lora_gib < checked - 4
+    # QLoRA's frozen base at its bit width: 1.5 bytes less per parameter than bf16 at 4 bits.
+    qlora = TrainConfig(finetuning_type="qlora", quant={"bits": 4}, per_device_train_batch_size=16)
+    qlora_gib = memory.estimate_gib(qlora, BENCH, 16 * 1024, checkpointed=True, **kwargs)
+    assert lora_gib - qlora_gib == pytest.approx(0.99 * BENCH.parameters * 1.5 / 2**30)
 
 
 def test_tokens_per_step_count_both_answers_of_a_pair_and_whole_rows_when_packing():
@@ -79,12 +84,22 @@ def test_checkpointing_turns_on_only_when_a_step_would_not_fit(monkeypatch):
     assert long.gradient_checkpointing is True
     # The data's longest beyond cutoff_len is cut by TRL: cutoff_len counts.
     assert memory.resolve(config, tiny(), 10**6, 40)[0].gradient_checkpointing is False
-    # Set by the user, the field is left alone either way.
+    # Set by the user, the field is left alone either way; off where it won't fit, with a warning.
     short_of_memory(monkeypatch, 1e-6)
     for given in (True, False):
-        kept, choices = train.plan(config.model_copy(update={"gradient_checkpointing": given}), tiny(), 8, 0)
-        assert kept.gradient_checkpointing is given and "gradient_checkpointing" not in choices
+        told = config.model_copy(update={"gradient_checkpointing": given})
+        kept, choices = train.plan(told, tiny(), 8, 0, cutoff_len=1024, longest=40)
+        assert kept.gradient_checkpointing is given
+        if given:
+            assert "gradient_checkpointing" not in choices
+        else:
+            assert choices["gradient_checkpointing"].startswith("off as set, but a step of")
+            assert "may run out of memory" in choices["gradient_checkpointing"]
+    told_off = config.model_copy(update={"gradient_checkpointing": False})
+    short_of_memory(monkeypatch, 2 * needed)
+    assert "gradient_checkpointing" not in train.plan(told_off, tiny(), 8, 0, cutoff_len=1024, longest=40)[1]
     # Even checkpointed it won't fit: the choice says so.
+    short_of_memory(monkeypatch, 1e-6)
     _, choices = train.plan(config, tiny(), 8, 0, cutoff_len=1024, longest=40)
     assert "may still NOT fit" in choices["gradient_checkpointing"]
 

@@ -229,7 +229,8 @@ class TrainConfig(BaseModel):
         description="Recompute activations in the backward pass: less memory, a third more compute. None: on "
         "for qlora (chosen to save memory: the QLoRA paper, TRL and LLaMA-Factory checkpoint); otherwise on "
         "only when a step with activations kept would not fit the memory available (gym.train.memory's "
-        "estimate), else off, for speed. gym prints the choice when it turns it on.",
+        "estimate), else off, for speed. gym prints the choice when it turns it on, and warns when set false "
+        "where that estimate says a step won't fit.",
     )
     rope_scaling: Literal["linear", "dynamic", "yarn", "llama3"] | None = Field(
         None,

@@ -4,12 +4,14 @@ gym keeps activations by default (no recomputation: about a third less compute t
 and LLaMA-Factory's default), unless the step would not fit. With `gradient_checkpointing` unset, a stage
 checkpoints when this estimate of an unchecked step exceeds 90% of the memory available now (free GPU
 memory, or available RAM on a CPU), and the choice and its numbers are printed and logged with the stage.
-QLoRA always checkpoints (gym.train.quant). Setting the field true or false skips the estimate.
+QLoRA checkpoints unless told not to (gym.train.quant). Set true, the field is left alone; set false where
+the estimate says the step won't fit, it stays off and the choices carry a warning saying so.
 
 Per device (DDP keeps a whole copy on each), in bytes:
 - weights and optimizer: 16 per trainable parameter (float32 weight, gradient, two AdamW moments; 8 with
-  pure_bf16) and frozen parameters as stored (2 under bf16, else 4). Trainable: every parameter for
-  full, the trained layers' share for freeze, registry.LORA_TRAINABLE_FRACTION for the LoRA family;
+  pure_bf16) and frozen parameters as stored (2 under bf16, else 4; QLoRA's at their bit width).
+  Trainable: every parameter for full, the trained layers' share for freeze,
+  registry.LORA_TRAINABLE_FRACTION for the LoRA family;
 - activations per token and decoder layer: (12 h + 4 i) values kept for the backward pass of a
   Llama-style layer (norm inputs and outputs, q/k/v/o inputs and outputs, rotated q and k, attention
   output; the MLP's gate, up, activation and product) at the compute width (2 bytes under bf16, else 4).
@@ -97,7 +99,8 @@ def estimate_gib(
     """Peak GiB of one training step on one device (module docstring)."""
     trainable = model.parameters * trainable_share(config, model.layers)
     frozen = model.parameters - trainable
-    weights = trainable * (8 if config.pure_bf16 else 16) + frozen * (2 if bf16 else 4)
+    stored = config.quant.bits / 8 if config.finetuning_type == "qlora" and config.quant.bits else None
+    weights = trainable * (8 if config.pure_bf16 else 16) + frozen * (stored or (2 if bf16 else 4))
     width = 2 if bf16 else 4
     layer = (LAYER_VALUES_H * model.hidden + LAYER_VALUES_I * model.intermediate) * width * tokens
     if checkpointed:
@@ -111,9 +114,11 @@ def estimate_gib(
 def resolve(
     config: TrainConfig, model: ModelRef, longest: int | None, cutoff_len: int | None
 ) -> tuple[TrainConfig, dict[str, str]]:
-    """`gradient_checkpointing` made concrete: on when an unchecked step would not fit, else off."""
-    if config.gradient_checkpointing is not None:
+    """`gradient_checkpointing` made concrete: on when an unchecked step would not fit, else off. Set
+    false by the user where it won't fit, it stays off with a warning among the choices."""
+    if config.gradient_checkpointing:
         return config, {}
+    given_off = config.gradient_checkpointing is False
     off = config.model_copy(update={"gradient_checkpointing": False})
     rows = min(longest, cutoff_len) if longest and cutoff_len else longest or cutoff_len  # TRL cuts at cutoff
     found = shape(model) if rows else None
@@ -129,6 +134,12 @@ def resolve(
     available, where = available_memory()
     if unchecked <= HEADROOM * available:
         return off, {}
+    needs = f"a step of {tokens} tokens needs ~{unchecked:.1f} GiB with activations kept, more than "
+    if given_off:
+        return off, {
+            "gradient_checkpointing": f"off as set, but {needs}{available:.1f} GiB {where}: it may run out "
+            "of memory (--train.gradient_checkpointing true, or leave it unset)"
+        }
     checked = estimate_gib(config, found, tokens, checkpointed=True, **kwargs)
     fits = (
         "fits"
@@ -136,8 +147,7 @@ def resolve(
         else "may still NOT fit (a smaller per_device_train_batch_size or cutoff_len needs less)"
     )
     why = (
-        f"on: a step of {tokens} tokens needs ~{unchecked:.1f} GiB with activations kept, more than "
-        f"{available:.1f} GiB {where}; checkpointed ~{checked:.1f} GiB {fits} "
+        f"on: {needs}{available:.1f} GiB {where}; checkpointed ~{checked:.1f} GiB {fits} "
         "(--train.gradient_checkpointing false keeps them)"
     )
     return config.model_copy(update={"gradient_checkpointing": True}), {"gradient_checkpointing": why}
