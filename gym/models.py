@@ -248,6 +248,15 @@ def load_tokenizer(ref: ModelRef) -> Any:
     return tok
 
 
+def load_config(ref: ModelRef) -> Any:
+    """The model's transformers config (config.json at its path and revision; remote code only if allowed)."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(
+        ref.path, revision=ref.revision, trust_remote_code=ref.trust_remote_code
+    )
+
+
 def context_window(config: Any) -> int | None:
     """How many positions a model attends over (prompt and generated tokens together): its text
     config's max_position_embeddings (n_positions / n_ctx in GPT-2-style configs); None if it names none."""

@@ -26,7 +26,7 @@ from gym.eval.mc_data import BenchmarkData, load_benchmark
 from gym.eval.mc_prompt import Encoder, max_length
 from gym.eval.mc_score import Request, Scorer, requests_for, resolve_device
 from gym.eval.results import EvalResult, weighted
-from gym.models import ModelRef, load_model, load_tokenizer
+from gym.models import ModelRef, load_config, load_model, load_tokenizer
 from gym.tfgrpo.injection import shipped_library
 
 TIE = 1e-5  # log-likelihood gap below which float rounding decides
@@ -115,7 +115,7 @@ def build_requests(
     """Every question's forward-pass request(s), keyed by its position in the benchmark."""
     from gym.templates import render
 
-    window = settings.max_length or max_length(_config(model), tokenizer)
+    window = settings.max_length or max_length(load_config(model), tokenizer)
     shipped = shipped_library(model.path)
     encoder = Encoder(
         tokenizer,
@@ -149,14 +149,6 @@ def build_requests(
             "so each choice is scored in its own pass (same scores as lm-eval, slower)"
         )
     return requests, notes
-
-
-def _config(model: ModelRef) -> Any:
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(
-        model.path, revision=model.revision, trust_remote_code=model.trust_remote_code
-    )
 
 
 def _render_chat(tokenizer: Any, messages: list[dict[str, str]], template: str, render: Any) -> str:

@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gym.errors import ConfigError
-from gym.models import ModelRef
+from gym.models import ModelRef, load_config
 from gym.train.config import TrainConfig
 
 GIB = 1024**3
@@ -55,14 +55,10 @@ class Shape:
 
 def shape(model: ModelRef) -> Shape | None:
     """The model's shape from its config.json and parameter count; None when either can't be read."""
-    from transformers import AutoConfig
-
     from gym.train.quant import parameter_count
 
     try:
-        config = AutoConfig.from_pretrained(
-            model.path, revision=model.revision, trust_remote_code=model.trust_remote_code
-        )
+        config = load_config(model)
         parameters = parameter_count(model)
     except (OSError, ValueError, ConfigError):
         return None

@@ -49,7 +49,9 @@ def hint(rope_type: str | None, model: ModelRef, longest: int | None) -> str | N
     left as it is; else None."""
     if rope_type is not None or not longest:
         return None
-    context = getattr(_config(model), "max_position_embeddings", None)
+    from gym.models import load_config
+
+    context = getattr(load_config(model), "max_position_embeddings", None)
     if not isinstance(context, int) or longest <= context:
         return None
     return (
@@ -59,19 +61,13 @@ def hint(rope_type: str | None, model: ModelRef, longest: int | None) -> str | N
     )
 
 
-def _config(model: ModelRef) -> Any:
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(
-        model.path, revision=model.revision, trust_remote_code=model.trust_remote_code
-    )
-
-
 def plan(rope_type: str | None, model: ModelRef, cutoff_len: int) -> tuple[dict[str, Any], str | None]:
     """(from_pretrained keyword arguments, the choice in words) for `rope_type` at `cutoff_len`."""
     if rope_type is None:
         return {}, None
-    config = _config(model)
+    from gym.models import load_config
+
+    config = load_config(model)
     context = getattr(config, "max_position_embeddings", None)
     params = getattr(config, "rope_parameters", None)
     if not isinstance(context, int) or not isinstance(params, dict) or "rope_theta" not in params:
