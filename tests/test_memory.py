@@ -146,3 +146,30 @@ def test_a_run_resumed_short_of_memory_checkpoints_and_ends_with_the_same_weight
     assert any(not torch.equal(before[k], after[k]) for k in after)
     for name in after:
         assert torch.equal(uninterrupted[name], after[name]), name
+
+
+def test_qlora_bit_width_counts_the_activations_of_a_step_on_the_data(monkeypatch):
+    # A 7B Llama with 20 GiB free: the registry's estimate (weights and LoRA state, ~9.5 GiB at 8 bits) fits
+    # either way; batches of 8 x 4,096 tokens add ~11 GiB of checkpointed activations, which only 4 bits
+    # leave room for (before, both got 8 bits and the long run ran out of memory).
+    llama7b = memory.Shape(parameters=6_738_415_616, hidden=4096, intermediate=11008, layers=32, vocab=32000)
+    for batch, longest, bits_wanted in ((4, 2048, 8), (8, 4096, 4)):
+        config = TrainConfig(finetuning_type="qlora", per_device_train_batch_size=batch)
+        tokens = memory.tokens_per_step(config, longest, 4096)
+        step = {}
+        for bits in (8, 4):
+            at = config.model_copy(update={"quant": config.quant.model_copy(update={"bits": bits})})
+            step[bits] = memory.estimate_gib(at, llama7b, tokens, bf16=True, liger=True, checkpointed=True)
+        assert quant.choose_bits(llama7b.parameters, 20.0, "free on the GPU")[0] == 8  # weights alone
+        bits, why = quant.choose_bits(llama7b.parameters, 20.0, "free on the GPU", step, tokens)
+        assert bits == bits_wanted and f"a step of {tokens} tokens" in why, why
+        if bits == 4:
+            assert "exceeds" in why and "4-bit estimate" in why and "fits" in why, why
+    # Through plan, on gym-tiny: short data gets 8 bits, the data's longest row of 1,024 tokens gets 4.
+    short_of_memory(monkeypatch, 0.5)
+    qlora = TrainConfig(finetuning_type="qlora", per_device_train_batch_size=32)
+    short, choices = train.plan(qlora, tiny(), 8, 0, cutoff_len=1024, longest=40)
+    assert short.quant.bits == 8 and "a step of 1280 tokens" in choices["quant_bits"], choices
+    long, choices = train.plan(qlora, tiny(), 8, 0, cutoff_len=1024, longest=4000)
+    assert long.quant.bits == 4 and "a step of 32768 tokens" in choices["quant_bits"], choices
+    assert long.gradient_checkpointing is True

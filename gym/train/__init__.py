@@ -183,7 +183,7 @@ def plan(
     method_check = _hook(config.method, "check")  # a method module's own checks of its settings
     if method_check:
         method_check(config)
-    config, quant_choices = quant.resolve(config, model)
+    config, quant_choices = quant.resolve(config, model, longest, cutoff_len)
     config, memory_choices = memory.resolve(config, model, longest, cutoff_len)  # qlora's is already on
     config, reference_choices = reference.choose(config, n_train, n_eval)
     config = distributed.resolve(config)

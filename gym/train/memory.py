@@ -4,8 +4,9 @@ gym keeps activations by default (no recomputation: about a third less compute t
 and LLaMA-Factory's default), unless the step would not fit. With `gradient_checkpointing` unset, a stage
 checkpoints when this estimate of an unchecked step exceeds 90% of the memory available now (free GPU
 memory, or available RAM on a CPU), and the choice and its numbers are printed and logged with the stage.
-QLoRA checkpoints unless told not to (gym.train.quant). Set true, the field is left alone; set false where
-the estimate says the step won't fit, it stays off and the choices carry a warning saying so.
+QLoRA checkpoints unless told not to, and picks its bit width with this estimate (gym.train.quant).
+Set true, the field is left alone; set false where the estimate says the step won't fit, it stays off
+and the choices carry a warning saying so.
 
 Per device (DDP keeps a whole copy on each), in bytes:
 - weights and optimizer: 16 per trainable parameter (float32 weight, gradient, two AdamW moments; 8 with
@@ -107,6 +108,27 @@ def estimate_gib(
     return (weights + activations + logits) / GIB
 
 
+def step(
+    config: TrainConfig, model: ModelRef, longest: int | None, cutoff_len: int | None
+) -> tuple[Shape, int] | None:
+    """(the model's shape, tokens per step) for the data's `longest` sequence and `cutoff_len`; None
+    when neither length is known or the model's shape can't be read."""
+    rows = min(longest, cutoff_len) if longest and cutoff_len else longest or cutoff_len  # TRL cuts at cutoff
+    found = shape(model) if rows else None
+    if found is None or rows is None:
+        return None
+    return found, tokens_per_step(config, rows, cutoff_len)
+
+
+def step_gib(config: TrainConfig, model: Shape, tokens: int, *, checkpointed: bool) -> float:
+    """`estimate_gib` at the precision and Liger setting the stage will train with."""
+    from gym.train import speed
+    from gym.train.precision import bf16_on
+
+    liger = speed.resolve(config).liger
+    return estimate_gib(config, model, tokens, bf16=bf16_on(config), liger=liger, checkpointed=checkpointed)
+
+
 def resolve(
     config: TrainConfig, model: ModelRef, longest: int | None, cutoff_len: int | None
 ) -> tuple[TrainConfig, dict[str, str]]:
@@ -116,17 +138,13 @@ def resolve(
         return config, {}
     given_off = config.gradient_checkpointing is False
     off = config.model_copy(update={"gradient_checkpointing": False})
-    rows = min(longest, cutoff_len) if longest and cutoff_len else longest or cutoff_len  # TRL cuts at cutoff
-    found = shape(model) if rows else None
-    if found is None or rows is None:
+    found = step(config, model, longest, cutoff_len)
+    if found is None:
         return off, {}
-    from gym.train import speed
-    from gym.train.precision import bf16_on
     from gym.train.quant import available_memory
 
-    tokens = tokens_per_step(config, rows, cutoff_len)
-    kwargs = {"bf16": bf16_on(config), "liger": speed.resolve(config).liger}
-    unchecked = estimate_gib(config, found, tokens, checkpointed=False, **kwargs)
+    model_shape, tokens = found
+    unchecked = step_gib(config, model_shape, tokens, checkpointed=False)
     available, where = available_memory()
     if unchecked <= HEADROOM * available:
         return off, {}
@@ -136,7 +154,7 @@ def resolve(
             "gradient_checkpointing": f"off as set, but {needs}{available:.1f} GiB {where}: it may run out "
             "of memory (--train.gradient_checkpointing true, or leave it unset)"
         }
-    checked = estimate_gib(config, found, tokens, checkpointed=True, **kwargs)
+    checked = step_gib(config, model_shape, tokens, checkpointed=True)
     fits = (
         "fits"
         if checked <= HEADROOM * available

@@ -1,11 +1,15 @@
 """QLoRA's quantized base: bit width, bitsandbytes settings, optimizer, and the full-precision merge.
 
-When `quant.bits` is unset, gym takes 8-bit (closer to the original weights) if the registry's memory
-estimate for LoRA training on an 8-bit base (gym.registry.memory_estimates_for) fits in 90% of the
-memory available now (free GPU memory, or available RAM on a CPU), else 4-bit; the choice and its
-numbers are printed and logged with the stage. The optimizer is bitsandbytes' paged 8-bit AdamW on a
-GPU; paging needs CUDA's unified memory, so on a CPU it is bitsandbytes' plain 8-bit AdamW. Activations
-are checkpointed unless `gradient_checkpointing` is set false (elsewhere gym.train.memory decides).
+When `quant.bits` is unset, gym takes 8-bit (closer to the original weights) if the memory LoRA training
+on an 8-bit base needs fits in 90% of the memory available now (free GPU memory, or available RAM on a
+CPU), else 4-bit; the choice and its numbers are printed and logged with the stage. The memory needed
+is the registry's estimate for the model (gym.registry.memory_estimates_for: weights and LoRA state),
+or, when larger, gym.train.memory's estimate of a step on the data (the same weights plus the
+activations of per_device_train_batch_size sequences of the data's longest length, checkpointed unless
+told not to): long sequences or large batches tip a model that fits at 8 bits by weights alone to 4.
+The optimizer is bitsandbytes' paged 8-bit AdamW on a GPU; paging needs CUDA's unified memory, so on a
+CPU it is bitsandbytes' plain 8-bit AdamW. Activations are checkpointed unless `gradient_checkpointing`
+is set false (elsewhere gym.train.memory decides).
 
 At the end the adapter is merged into the base loaded again in full precision (merging into
 quantized weights would bake the quantization error into every adapted layer).
@@ -75,23 +79,52 @@ def available_memory() -> tuple[float, str]:
     return psutil.virtual_memory().available / GIB, "RAM available (CPU)"
 
 
-def choose_bits(parameters: int, available_gib: float, where: str) -> tuple[int, str]:
-    """8 if an 8-bit base fits the available memory with headroom, else 4; and the reason, in words."""
+def choose_bits(
+    parameters: int, available_gib: float, where: str, step: dict[int, float] | None = None, tokens: int = 0
+) -> tuple[int, str]:
+    """8 if an 8-bit base fits the available memory with headroom, else 4; and the reason, in words.
+    `step`: gym.train.memory's estimate of a training step of `tokens` tokens at each bit width, which
+    counts the data's activations; the registry's estimate is the floor."""
     from gym.registry import memory_estimates_for
 
-    estimate = memory_estimates_for(parameters)["lora"]
-    eight, four = estimate["int8"], estimate["int4"]
-    if eight <= HEADROOM * available_gib:
-        return 8, f"8-bit: estimate {eight:.2f} GiB fits {available_gib:.1f} GiB {where}"
-    fits = "fits" if four <= HEADROOM * available_gib else "may NOT fit"
+    registry = memory_estimates_for(parameters)["lora"]
+    need = {8: registry["int8"], 4: registry["int4"]}
+    for bits, gib in (step or {}).items():
+        need[bits] = max(need[bits], gib)
+    basis = f" for a step of {tokens} tokens" if step and tokens else ""
+    if need[8] <= HEADROOM * available_gib:
+        return 8, f"8-bit: estimate {need[8]:.2f} GiB{basis} fits {available_gib:.1f} GiB {where}"
+    fits = "fits" if need[4] <= HEADROOM * available_gib else "may NOT fit"
     return 4, (
-        f"4-bit: 8-bit estimate {eight:.2f} GiB exceeds {available_gib:.1f} GiB {where}; "
-        f"4-bit estimate {four:.2f} GiB {fits}"
+        f"4-bit: 8-bit estimate {need[8]:.2f} GiB{basis} exceeds {available_gib:.1f} GiB {where}; "
+        f"4-bit estimate {need[4]:.2f} GiB {fits}"
     )
 
 
-def resolve(config: TrainConfig, model_ref: ModelRef) -> tuple[TrainConfig, dict[str, str]]:
-    """Bit width and optimizer made concrete for a qlora stage (other stages pass through)."""
+def step_estimates(
+    config: TrainConfig, model_ref: ModelRef, longest: int | None, cutoff_len: int | None
+) -> tuple[dict[int, float] | None, int]:
+    """gym.train.memory's estimate of one step on the data at 8 and 4 bits, and its tokens (None, 0
+    when the data's lengths or the model's shape are unknown)."""
+    from gym.train import memory
+
+    found = memory.step(config, model_ref, longest, cutoff_len)
+    if found is None:
+        return None, 0
+    shape, tokens = found
+    checkpointed = config.gradient_checkpointing is not False  # qlora's default (below)
+    step = {}
+    for bits in (8, 4):
+        at = config.model_copy(update={"quant": config.quant.model_copy(update={"bits": bits})})
+        step[bits] = memory.step_gib(at, shape, tokens, checkpointed=checkpointed)
+    return step, tokens
+
+
+def resolve(
+    config: TrainConfig, model_ref: ModelRef, longest: int | None = None, cutoff_len: int | None = None
+) -> tuple[TrainConfig, dict[str, str]]:
+    """Bit width and optimizer made concrete for a qlora stage (other stages pass through); the bit
+    width from the memory a step of the data's `longest` sequences (cut at `cutoff_len`) needs."""
     if config.finetuning_type != "qlora":
         return config, {}
     require_bitsandbytes()
@@ -101,7 +134,8 @@ def resolve(config: TrainConfig, model_ref: ModelRef) -> tuple[TrainConfig, dict
     choices = {}
     if quant.bits is None:
         gib, where = available_memory()
-        bits, why = choose_bits(parameter_count(model_ref), gib, where)
+        step, tokens = step_estimates(config, model_ref, longest, cutoff_len)
+        bits, why = choose_bits(parameter_count(model_ref), gib, where, step, tokens)
         quant = quant.model_copy(update={"bits": bits})
         choices["quant_bits"] = why
     else:
