@@ -10,9 +10,12 @@ method's demo data:
   hyperparameters and gym's speed options reset to TRL's defaults.
 Then SFT batching on the demo data: padded, padding-free and packed, as useful (non-padding)
 tokens per second (without flash-attn, the last two run through gym's per-sequence SDPA,
-gym/train/varlen.py). Both sides run in this one process, alternating, after a warm-up; the best of
-`--repeats` is kept. If benchmarks/online_methods.py exists, its `run(args) -> list[dict]` rows are
-added. Prints a table and one JSON line. Goals: gym/TRL >= 1.0 per method; packed/padded >= 1.3.
+gym/train/varlen.py); and the same on 2,000 MMLU questions as SFT conversations when the MMLU data
+is there (GYM_MMLU, else ../shared/data/eval/mmlu; read, never copied into the repo), whose lengths
+spread as real SFT data's do, where the demo's are all 20-32 tokens. Both sides run in this one
+process, alternating, after a warm-up; the best of `--repeats` is kept. If
+benchmarks/online_methods.py exists, its `run(args) -> list[dict]` rows are added. Prints a table
+and one JSON line. Goals: gym/TRL >= 1.0 per method; packed/padded >= 1.3.
 """
 
 from __future__ import annotations
@@ -189,20 +192,21 @@ def bench_methods(a: argparse.Namespace, model: Any, root: Path) -> list[dict[st
     return rows
 
 
-def bench_batching(a: argparse.Namespace, model: Any) -> list[dict[str, Any]]:
-    """Useful tokens/s of SFT on the demo data: padded vs padding-free vs packed rows, same steps."""
+def bench_batching(a: argparse.Namespace, model: Any, name: str, data: Path) -> list[dict[str, Any]]:
+    """Useful tokens/s of SFT on `data`: padded vs padding-free vs packed rows, same steps."""
     from gym.train import TrainConfig
     from gym.train.speed import SpeedSettings
 
-    data = tokenized("demo_sft", model)
     modes = {
         "padded": SpeedSettings(padding_free="off"),
         "padding_free": SpeedSettings(padding_free="on"),
         "packed": SpeedSettings(packing=True),
     }
-    # Packed rows are cutoff_len (1024) tokens long: 1 row per step holds about what 32 padded
-    # sequences of the demo data do, so each mode processes a similar number of tokens per step.
-    batch = {"padded": 32, "padding_free": 32, "packed": 1}
+    # Packed rows are cutoff_len (1024) tokens long: 1 row per step holds about what `per_row` padded
+    # sequences of the data hold (32 of the demo's), so each mode trains on about as many real tokens
+    # per step.
+    per_row = padded_batch(data)
+    batch = {"padded": per_row, "padding_free": per_row, "packed": 1}
     samples: dict[str, list[tuple[float, int]]] = {m: [] for m in modes}
     for r in range(a.repeats + 1):  # the first round warms up
         for mode, settings in modes.items():
@@ -221,16 +225,18 @@ def bench_batching(a: argparse.Namespace, model: Any) -> list[dict[str, Any]]:
     padded = best(samples["padded"])
     ceiling = padded_ceiling(data, batch["padded"])
     print(
-        f"padded batches of {batch['padded']} are {ceiling['useful_fraction']:.1%} real tokens: removing all "
-        f"padding could gain at most {ceiling['max_gain']}x here, with a free per-sequence attention kernel",
+        f"{name}: padded batches of {batch['padded']} are {ceiling['useful_fraction']:.1%} real tokens: "
+        f"removing all padding could gain at most {ceiling['max_gain']}x here, with a free per-sequence "
+        "attention kernel",
         flush=True,
     )
-    rows = [{"bench": "batching", "mode": "ceiling", "batch": batch["padded"], **ceiling}]
+    rows = [{"bench": "batching", "data": name, "mode": "ceiling", "batch": batch["padded"], **ceiling}]
     for mode in modes:
         b = best(samples[mode])
         rows.append(
             {
                 "bench": "batching",
+                "data": name,
                 "mode": mode,
                 "batch": batch[mode],
                 "useful_tok_s": b["tok_s"],
@@ -239,6 +245,42 @@ def bench_batching(a: argparse.Namespace, model: Any) -> list[dict[str, Any]]:
         )
         print(rows[-1], flush=True)
     return rows
+
+
+def padded_batch(data: Path) -> int:
+    """Sequences of `data` whose real tokens fill about one packed row (32 for the demo data, kept as
+    measured before; cutoff_len over the mean length otherwise)."""
+    from datasets import load_from_disk
+
+    from gym.data.ingest import load_meta
+
+    lengths = [len(ids) for ids in load_from_disk(str(data))["input_ids"]]
+    mean = sum(lengths) / len(lengths)
+    return 32 if mean < 40 else max(1, round(load_meta(data)["settings"]["cutoff_len"] / mean))
+
+
+def mmlu_sft(root: Path) -> Path | None:
+    """2,000 MMLU test questions as SFT conversations (question and choices; the answer letter and text),
+    a real length spread (gym-tiny tokens: median ~170, p90 ~510, up to the 1,024 cutoff) unlike the
+    demo's 20-32; None when the MMLU data (GYM_MMLU, else ../shared/data/eval/mmlu) is absent."""
+    import random
+
+    from gym.eval.benchmarks import LETTERS
+    from gym.eval.mc_data import load_benchmark
+
+    source = Path(os.environ.get("GYM_MMLU", REPO.parent / "shared" / "data" / "eval" / "mmlu"))
+    if not source.exists():
+        print(f"skip batching on MMLU-length data: {source} not found (set GYM_MMLU)", flush=True)
+        return None
+    questions = [q for s in load_benchmark("mmlu", source, shots=0).subjects for q in s.questions]
+    out = root / "mmlu_sft.jsonl"
+    with out.open("w", encoding="utf-8") as f:
+        for q in random.Random(0).sample(questions, min(2000, len(questions))):
+            user = "\n".join([q.question, *(f"{k}. {c}" for k, c in zip(LETTERS, q.choices, strict=True))])
+            answer = f"{LETTERS[q.answer]}. {q.choices[q.answer]}"
+            turns = [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+            f.write(json.dumps({"messages": turns}) + "\n")
+    return out
 
 
 def padded_ceiling(data: Path, batch: int, draws: int = 2000) -> dict[str, float]:
@@ -287,6 +329,12 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2, help="Measured runs per side; the best is kept.")
     p.add_argument("--methods", type=lambda s: s.split(","), help="Comma-separated subset of METHODS.")
     p.add_argument("--skip-batching", action="store_true", help="Only the per-method comparison.")
+    p.add_argument(
+        "--no-mmlu-batching",
+        dest="mmlu_batching",
+        action="store_false",
+        help="Skip the batching comparison on MMLU questions as SFT data (a real length spread).",
+    )
     a = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="gym-bench-methods-"))
     os.environ["GYM_HOME"] = str(root / "gym")
@@ -296,20 +344,29 @@ def main() -> None:
     model = resolve("gym-tiny")
     rows = bench_methods(a, model, root)
     if not a.skip_batching:
-        rows += bench_batching(a, model)
+        rows += bench_batching(a, model, "demo_sft", tokenized("demo_sft", model))
+        mmlu = mmlu_sft(root) if a.mmlu_batching else None
+        if mmlu is not None:
+            rows += bench_batching(a, model, "mmlu_sft", tokenized(str(mmlu), model))
     rows += online_rows(a)
     print(table(rows))
     methods = [r for r in rows if r.get("bench") == "method"]
-    packed = next((r for r in rows if r.get("mode") == "packed"), None)
-    padding_free = next((r for r in rows if r.get("mode") == "padding_free"), None)
+    batching = {}  # per dataset: the two ratios and the ceiling
+    for r in rows:
+        if r.get("bench") == "batching":
+            key = {"ceiling": "padding_free_ceiling"}.get(r["mode"], f"{r['mode']}_vs_padded")
+            if key != "padded_vs_padded":
+                batching.setdefault(r["data"], {})[key] = r.get("max_gain", r.get("ratio_vs_padded"))
+    demo = batching.get("demo_sft", {})
     summary = {
         "steps": a.steps,
         "repeats": a.repeats,
         "omp_num_threads": os.environ["OMP_NUM_THREADS"],
         "gym_vs_trl": {r["method"]: r["ratio"] for r in methods},
-        "padding_free_vs_padded": padding_free["ratio_vs_padded"] if padding_free else None,
-        "packed_vs_padded": packed["ratio_vs_padded"] if packed else None,
-        "padding_free_ceiling": next((r["max_gain"] for r in rows if r.get("mode") == "ceiling"), None),
+        "padding_free_vs_padded": demo.get("padding_free_vs_padded"),
+        "packed_vs_padded": demo.get("packed_vs_padded"),
+        "padding_free_ceiling": demo.get("padding_free_ceiling"),
+        "batching": batching,
         "rows": rows,
     }
     print(json.dumps(summary))
