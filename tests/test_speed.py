@@ -12,7 +12,7 @@ import torch
 from gym import train
 from gym.errors import ConfigError
 from gym.models import ModelRef, load_model, load_tokenizer
-from gym.train import TrainConfig, sft, speed
+from gym.train import TrainConfig, sft, speed, varlen
 from gym.train.config import with_defaults
 from gym.train.speed import SpeedSettings
 from tests.helpers import tiny, tokenized
@@ -119,13 +119,19 @@ def test_packing_fills_rows_with_several_sequences_and_learns(tmp_path):
     assert losses[-1] < 0.8 * losses[0], losses
 
 
-def test_auto_on_this_machine_is_sdpa_padded_without_gpu_kernels():
+def test_auto_on_this_machine_is_padding_free_sdpa_without_gpu_kernels():
     resolved = speed.resolve(SFT)
     if torch.cuda.is_available():
         pytest.skip("describes a machine without CUDA")
-    assert resolved == speed.Resolved("sdpa", False, False, False, False, False)
+    assert resolved == speed.Resolved("sdpa", True, False, False, False, False)
+    assert speed.load_options(resolved)["attn_implementation"] == varlen.NAME, "gym's per-sequence SDPA"
     args = train.common.trl_args(SFT, Path("out"))
     assert args["use_liger_kernel"] is False and args["torch_compile"] is False
+    assert speed.sft_args(resolved, 1024)["padding_free"] is True
+    # Only where a method's batches can be flattened, and not with eager attention (no per-sequence path).
+    assert not speed.resolve(TrainConfig(method="dpo")).padding_free
+    assert not speed.resolve(with_speed(SFT, attn_implementation="eager")).padding_free
+    assert not speed.resolve(with_speed(SFT, padding_free="off")).padding_free
 
 
 def test_auto_on_a_gpu_machine_turns_on_liger_flash_and_padding_free(monkeypatch):

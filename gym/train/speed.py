@@ -4,11 +4,12 @@ path (`load_options`) and the TRL arguments every method shares (`trainer_args`)
 
     gym train --method sft --train.speed.liger on --train.speed.attn_implementation flash_attention_2
 
-"auto" means: on where it is safe and measured faster. On this project's CPU machines that is
-SDPA attention with padded batches: padding-free batches run through gym's per-sequence SDPA
-(gym.train.varlen, no dense block mask) at about the speed of padded ones on the demo data, not
-faster (benchmarks/methods.py measures it; TRL's loss already skips padded positions); on a CUDA
-GPU with flash-attn installed they run through its varlen kernel. Liger kernels are on by default
+"auto" means: on where it is safe and measured faster. On a CPU that is SDPA attention with
+padding-free batches through gym's per-sequence SDPA (gym.train.varlen, no dense block mask):
+1.08x the useful tokens/s of padded batches on the demo's uniform 20-32-token sequences, 1.29x on
+MMLU questions' spread of lengths (benchmarks/methods.py); on a CUDA GPU with flash-attn installed
+they run through its varlen kernel; on a GPU without it batches stay padded (gym's per-sequence
+SDPA is not yet measured there). Liger kernels are on by default
 where they can run (CUDA, liger-kernel installed) for the methods whose TRL trainer uses them
 with gym's settings. GPU-only backends asked for where they can't run fail before any model is
 loaded, saying what is needed.
@@ -59,7 +60,8 @@ class SpeedSettings(BaseModel):
     padding_free: Switch = Field(
         "auto",
         description="Flatten each batch into one row without padding, positions restarting per sequence "
-        "(sft). auto = on only with a flash-attention (varlen) kernel; with SDPA, gym keeps sequences apart.",
+        "(sft, pt). auto = on with flash-attention's varlen kernel on a GPU, and with gym's per-sequence "
+        "SDPA on a CPU; padded with SDPA on a GPU.",
     )
     packing: bool = Field(
         False,
@@ -126,8 +128,13 @@ def resolve(config: TrainConfig) -> Resolved:
             )
     if s.unsloth and liger:
         liger = False  # Unsloth patches the same layers with its own kernels
+    # auto: on where a per-sequence kernel was measured faster than padding: flash-attn's varlen kernel
+    # on a GPU; gym's per-sequence SDPA (gym.train.varlen) on a CPU (benchmarks/methods.py: 1.08x on the
+    # demo's 20-32-token sequences, 1.29x on MMLU-length ones). On a GPU without flash-attn it stays
+    # padded until measured there.
+    per_sequence_kernel = attn in FLASH or (attn == "sdpa" and not cuda)
     padding_free = s.padding_free == "on" or (
-        s.padding_free == "auto" and attn in FLASH and method in PADDING_FREE_METHODS
+        s.padding_free == "auto" and per_sequence_kernel and method in PADDING_FREE_METHODS
     )
     if (padding_free or s.packing) and method not in PADDING_FREE_METHODS:
         what = "packing" if s.packing else "padding_free=on"
