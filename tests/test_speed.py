@@ -179,6 +179,37 @@ def test_padding_free_or_packing_for_a_method_without_it_fails_early():
             speed.resolve(with_speed(TrainConfig(method="dpo"), **settings))
 
 
+def test_longlora_shifted_attention_keeps_padded_rows(monkeypatch):
+    from gym.train import s2attn
+    from tests.test_varlen import flattened, sequences
+
+    # Why: S2-Attn groups the tokens of a row, so a flattened row's sequences are grouped together and
+    # get other outputs than each alone (in eval mode, where S2-Attn is plain SDPA, they match).
+    model = load_model(tiny(), attn_implementation="sdpa")
+    s2attn.enable(model, 0.25)
+    seqs = sequences()
+    for mode, differs in (("eval", False), ("train", True)):
+        getattr(model, mode)()
+        with torch.no_grad():
+            alone = torch.cat([model(input_ids=s[None], use_cache=False).logits[0] for s in seqs])
+            together = model(**flattened(seqs), use_cache=False).logits[0]
+        assert bool((together - alone).abs().max() > 1e-2) is differs, mode
+    longlora = SFT.model_copy(update={"finetuning_type": "longlora"})
+    plain = longlora.model_copy(
+        update={"longlora": longlora.longlora.model_copy(update={"shift_attention": False})}
+    )
+    for cuda in (False, True):  # this machine, and a GPU machine with flash-attn and Liger
+        monkeypatch.setattr(speed, "_cuda", lambda cuda=cuda: cuda)
+        monkeypatch.setattr(speed, "_installed", lambda module: True)
+        bf16 = {"bf16": cuda}
+        assert not speed.resolve(longlora.model_copy(update=bf16)).padding_free, "auto stays padded"
+        assert speed.resolve(plain.model_copy(update=bf16)).padding_free, "without S2-Attn: as for lora"
+    for settings in ({"padding_free": "on"}, {"packing": True}):
+        with pytest.raises(ConfigError, match=r"shifted sparse attention.*shift_attention false"):
+            speed.resolve(with_speed(longlora, **settings))
+        assert speed.resolve(with_speed(plain, **settings)).padding_free
+
+
 def test_flow_preflight_names_the_stage_whose_speed_option_cant_run():
     from gym import preflight
     from gym.pipeline import TrainFlowConfig

@@ -9,7 +9,8 @@ padding-free batches through gym's per-sequence SDPA (gym.train.varlen, no dense
 1.08x the useful tokens/s of padded batches on the demo's uniform 20-32-token sequences, 1.29x on
 MMLU questions' spread of lengths (benchmarks/methods.py); on a CUDA GPU with flash-attn installed
 they run through its varlen kernel; on a GPU without it batches stay padded (gym's per-sequence
-SDPA is not yet measured there). Liger kernels are on by default
+SDPA is not yet measured there), and so do LongLoRA's (its shifted sparse attention groups each
+row's tokens). Liger kernels are on by default
 where they can run (CUDA, liger-kernel installed) for the methods whose TRL trainer uses them
 with gym's settings. GPU-only backends asked for where they can't run fail before any model is
 loaded, saying what is needed.
@@ -61,7 +62,7 @@ class SpeedSettings(BaseModel):
         "auto",
         description="Flatten each batch into one row without padding, positions restarting per sequence "
         "(sft, pt). auto = on with flash-attention's varlen kernel on a GPU, and with gym's per-sequence "
-        "SDPA on a CPU; padded with SDPA on a GPU.",
+        "SDPA on a CPU; padded with SDPA on a GPU, and under longlora's shifted sparse attention.",
     )
     packing: bool = Field(
         False,
@@ -132,7 +133,18 @@ def resolve(config: TrainConfig) -> Resolved:
     # on a GPU; gym's per-sequence SDPA (gym.train.varlen) on a CPU (benchmarks/methods.py: 1.08x on the
     # demo's 20-32-token sequences, 1.29x on MMLU-length ones). On a GPU without flash-attn it stays
     # padded until measured there.
-    per_sequence_kernel = attn in FLASH or (attn == "sdpa" and not cuda)
+    # LongLoRA's shifted sparse attention (gym.train.s2attn) replaces the model's attention and groups
+    # each row: a flattened row would be grouped across its sequences, through a dense mask of the row.
+    s2 = config.finetuning_type == "longlora" and config.longlora.shift_attention
+    if s2 and (s.padding_free == "on" or s.packing):
+        what = "packing" if s.packing else "padding_free=on"
+        raise ConfigError(
+            f"{what} can't run with longlora's shifted sparse attention, which groups the tokens of each "
+            "padded row (a flattened row would be grouped across its sequences, through a dense mask the "
+            "size of the row): set --train.speed.padding_free off and packing false, or "
+            "--train.longlora.shift_attention false"
+        )
+    per_sequence_kernel = (attn in FLASH or (attn == "sdpa" and not cuda)) and not s2
     padding_free = s.padding_free == "on" or (
         s.padding_free == "auto" and per_sequence_kernel and method in PADDING_FREE_METHODS
     )
