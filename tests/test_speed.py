@@ -210,6 +210,24 @@ def test_longlora_shifted_attention_keeps_padded_rows(monkeypatch):
         assert speed.resolve(with_speed(plain, **settings)).padding_free
 
 
+def test_neftune_keeps_the_padded_rows_its_noise_scale_was_set_for():
+    from transformers.integrations.neftune import neftune_post_forward_hook
+
+    # Why: transformers scales NEFTune's noise by 1/sqrt(row length x width); a flattened row holds the
+    # whole batch, so the same alpha would add several times less noise than on padded rows.
+    embed = torch.nn.Embedding(10, 16).train()
+    embed.neftune_noise_alpha = 5.0
+    embed.register_forward_hook(neftune_post_forward_hook)
+    ids = torch.randint(0, 10, (8, 32))
+    padded_noise = (embed(ids) - embed.weight[ids]).abs().max()
+    flat_noise = (embed(ids.reshape(1, -1)) - embed.weight[ids.reshape(1, -1)]).abs().max()
+    assert flat_noise < padded_noise / 2
+    neftune = SFT.model_copy(update={"neftune_noise_alpha": 5.0})
+    assert speed.resolve(SFT).padding_free or torch.cuda.is_available()
+    assert not speed.resolve(neftune).padding_free, "auto stays padded"
+    assert speed.resolve(with_speed(neftune, padding_free="on")).padding_free, "asked for: as TRL does"
+
+
 def test_flow_preflight_names_the_stage_whose_speed_option_cant_run():
     from gym import preflight
     from gym.pipeline import TrainFlowConfig

@@ -182,7 +182,9 @@ class TrainConfig(BaseModel):
         None,
         gt=0,
         description="NEFTune (arXiv 2310.05914): uniform noise of this scale on the input embeddings while "
-        "training (transformers' Trainer); the paper uses 5. Off when unset.",
+        "training (transformers' Trainer); the paper uses 5. Off when unset. The noise scales with a row's "
+        "length: padding-free or packed rows (a whole batch long) get less; speed.padding_free auto stays "
+        "padded with it.",
     )
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")

@@ -10,7 +10,7 @@ padding-free batches through gym's per-sequence SDPA (gym.train.varlen, no dense
 MMLU questions' spread of lengths (benchmarks/methods.py); on a CUDA GPU with flash-attn installed
 they run through its varlen kernel; on a GPU without it batches stay padded (gym's per-sequence
 SDPA is not yet measured there), and so do LongLoRA's (its shifted sparse attention groups each
-row's tokens). Liger kernels are on by default
+row's tokens) and NEFTune's (its noise scales with the row's length). Liger kernels are on by default
 where they can run (CUDA, liger-kernel installed) for the methods whose TRL trainer uses them
 with gym's settings. GPU-only backends asked for where they can't run fail before any model is
 loaded, saying what is needed.
@@ -62,7 +62,8 @@ class SpeedSettings(BaseModel):
         "auto",
         description="Flatten each batch into one row without padding, positions restarting per sequence "
         "(sft, pt). auto = on with flash-attention's varlen kernel on a GPU, and with gym's per-sequence "
-        "SDPA on a CPU; padded with SDPA on a GPU, and under longlora's shifted sparse attention.",
+        "SDPA on a CPU; padded with SDPA on a GPU, under longlora's shifted sparse attention, and with "
+        "NEFTune (its noise scales with the row's length).",
     )
     packing: bool = Field(
         False,
@@ -144,9 +145,15 @@ def resolve(config: TrainConfig) -> Resolved:
             "size of the row): set --train.speed.padding_free off and packing false, or "
             "--train.longlora.shift_attention false"
         )
-    per_sequence_kernel = (attn in FLASH or (attn == "sdpa" and not cuda)) and not s2
+    # NEFTune's noise is alpha / sqrt(length x width), the length being the row's (transformers' hook):
+    # a flattened row is a whole batch long, so auto keeps the padded rows the scale was set for.
+    neftune = config.neftune_noise_alpha is not None
+    per_sequence_kernel = attn in FLASH or (attn == "sdpa" and not cuda)
     padding_free = s.padding_free == "on" or (
-        s.padding_free == "auto" and per_sequence_kernel and method in PADDING_FREE_METHODS
+        s.padding_free == "auto"
+        and per_sequence_kernel
+        and method in PADDING_FREE_METHODS
+        and not (s2 or neftune)
     )
     if (padding_free or s.packing) and method not in PADDING_FREE_METHODS:
         what = "packing" if s.packing else "padding_free=on"
