@@ -204,10 +204,15 @@ def test_longlora_shifted_attention_keeps_padded_rows(monkeypatch):
         bf16 = {"bf16": cuda}
         assert not speed.resolve(longlora.model_copy(update=bf16)).padding_free, "auto stays padded"
         assert speed.resolve(plain.model_copy(update=bf16)).padding_free, "without S2-Attn: as for lora"
+    monkeypatch.setattr(speed, "_cuda", lambda: False)  # this machine again
     for settings in ({"padding_free": "on"}, {"packing": True}):
         with pytest.raises(ConfigError, match=r"shifted sparse attention.*shift_attention false"):
             speed.resolve(with_speed(longlora, **settings))
         assert speed.resolve(with_speed(plain, **settings)).padding_free
+    # pt's blocks are packed already: LLaMA-Factory's pt YAML (packing: true) with shift_attn trains them.
+    pt = with_speed(longlora.model_copy(update={"method": "pt"}), packing=True)
+    assert speed.resolve(pt) == speed.resolve(longlora.model_copy(update={"method": "pt"}))
+    assert not speed.resolve(pt).padding_free and not speed.resolve(pt).packing
 
 
 def test_neftune_keeps_the_padded_rows_its_noise_scale_was_set_for():

@@ -13,7 +13,6 @@ the signal is the training loss.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -45,8 +44,7 @@ def build_trainer(
                 logs["eval_perplexity"] = math.exp(min(logs["eval_loss"], 700.0))
             super().log(logs, start_time)
 
-    resolved = dataclasses.replace(speed.resolve(config), packing=False)  # the blocks are packed already
-    batching = speed.sft_args(resolved, max_length)
+    batching = speed.sft_args(speed.resolve(config), max_length)  # packing: off for pt, its blocks are packed
     return sft.sft_trainer(
         PretrainingTrainer, model, tokenizer, config, train_data, eval_data, output_dir, peft_config, batching
     )

@@ -108,6 +108,7 @@ def resolve(config: TrainConfig) -> Resolved:
     from gym.train.precision import bf16_on  # it builds on TrainConfig, which builds on this module
 
     s, method = config.speed, config.method
+    packing = s.packing and method != "pt"  # pt's blocks of cutoff_len are packed already (gym.train.pt)
     cuda = _cuda()
     attn = s.attn_implementation
     if attn == "auto":
@@ -137,8 +138,8 @@ def resolve(config: TrainConfig) -> Resolved:
     # LongLoRA's shifted sparse attention (gym.train.s2attn) replaces the model's attention and groups
     # each row: a flattened row would be grouped across its sequences, through a dense mask of the row.
     s2 = config.finetuning_type == "longlora" and config.longlora.shift_attention
-    if s2 and (s.padding_free == "on" or s.packing):
-        what = "packing" if s.packing else "padding_free=on"
+    if s2 and (s.padding_free == "on" or packing):
+        what = "packing" if packing else "padding_free=on"
         raise ConfigError(
             f"{what} can't run with longlora's shifted sparse attention, which groups the tokens of each "
             "padded row (a flattened row would be grouped across its sequences, through a dense mask the "
@@ -155,8 +156,8 @@ def resolve(config: TrainConfig) -> Resolved:
         and method in PADDING_FREE_METHODS
         and not (s2 or neftune)
     )
-    if (padding_free or s.packing) and method not in PADDING_FREE_METHODS:
-        what = "packing" if s.packing else "padding_free=on"
+    if (padding_free or packing) and method not in PADDING_FREE_METHODS:
+        what = "packing" if packing else "padding_free=on"
         raise ConfigError(
             f"{what} is not available for method {method!r}: padding-free batches are implemented for "
             f"{', '.join(PADDING_FREE_METHODS)} only (TRL 1.12); set it off for this stage"
@@ -166,14 +167,14 @@ def resolve(config: TrainConfig) -> Resolved:
             "torch_compile needs a CUDA GPU: on CPU, compiling gym-tiny's training step took ~160 s here "
             "(measured), longer than the runs it would speed up; turn it off on this machine"
         )
-    if s.packing and attn == "eager":
+    if packing and attn == "eager":
         raise ConfigError(
             "packing needs an attention kernel that keeps packed sequences apart: sdpa or flash"
         )
     return Resolved(
         attn_implementation=attn,
-        padding_free=padding_free or s.packing,
-        packing=s.packing,
+        padding_free=padding_free or packing,
+        packing=packing,
         liger=liger,
         unsloth=s.unsloth,
         torch_compile=s.torch_compile,
