@@ -139,12 +139,11 @@ def resolve(config: TrainConfig) -> Resolved:
     # each row: a flattened row would be grouped across its sequences, through a dense mask of the row.
     s2 = config.finetuning_type == "longlora" and config.longlora.shift_attention
     if s2 and (s.padding_free == "on" or packing):
-        what = "packing" if packing else "padding_free=on"
+        what, fix = ("packing", "packing false") if packing else ("padding_free=on", "padding_free auto")
         raise ConfigError(
             f"{what} can't run with longlora's shifted sparse attention, which groups the tokens of each "
             "padded row (a flattened row would be grouped across its sequences, through a dense mask the "
-            "size of the row): set --train.speed.padding_free off and packing false, or "
-            "--train.longlora.shift_attention false"
+            f"size of the row): set --train.speed.{fix}, or --train.longlora.shift_attention false"
         )
     # NEFTune's noise is alpha / sqrt(length x width), the length being the row's (transformers' hook):
     # a flattened row is a whole batch long, so auto keeps the padded rows the scale was set for.
