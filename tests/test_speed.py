@@ -146,6 +146,11 @@ def test_auto_on_a_gpu_machine_turns_on_liger_flash_and_padding_free(monkeypatch
     assert not dpo.liger and not dpo.padding_free, "gym's DPO precomputes reference log-probs: no Liger"
     with pytest.raises(ConfigError, match="precomputed reference"):
         speed.resolve(with_speed(TrainConfig(method="dpo"), liger="on"))
+    # Unsloth brings its own kernels: auto asks for neither flash-attn nor Liger beside it.
+    bf16_unsloth = with_speed(SFT.model_copy(update={"bf16": True}), unsloth=True)
+    assert speed.resolve(bf16_unsloth) == speed.Resolved("sdpa", False, False, False, True, False)
+    with pytest.raises(ConfigError, match="unsloth brings its own attention kernels"):
+        speed.resolve(with_speed(bf16_unsloth, unsloth=True, attn_implementation="flash_attention_2"))
     monkeypatch.setattr(speed, "_installed", lambda module: False)
     assert not speed.resolve(SFT).liger, "auto stays off where liger-kernel is not installed"
     with pytest.raises(ConfigError, match=r"pip install 'gym\[liger\]'"):

@@ -111,8 +111,9 @@ def resolve(config: TrainConfig) -> Resolved:
     packing = s.packing and method != "pt"  # pt's blocks of cutoff_len are packed already (gym.train.pt)
     cuda = _cuda()
     attn = s.attn_implementation
-    if attn == "auto":
-        attn = "flash_attention_2" if cuda and bf16_on(config) and _installed("flash_attn") else "sdpa"
+    if attn == "auto":  # Unsloth brings its own kernels: flash-attn is not asked for beside it
+        flash = cuda and bf16_on(config) and _installed("flash_attn") and not s.unsloth
+        attn = "flash_attention_2" if flash else "sdpa"
     elif attn in FLASH:
         _require_flash(attn, cuda, bf16_on(config))
     if s.unsloth:
