@@ -56,7 +56,7 @@ class SpeedSettings(BaseModel):
     attn_implementation: Attention = Field(
         "auto",
         description="Attention kernel: auto = flash_attention_2 on a CUDA GPU with flash-attn installed and "
-        "bf16, else sdpa.",
+        "bf16 (unless unsloth, which brings its own), else sdpa.",
     )
     padding_free: Switch = Field(
         "auto",
