@@ -103,21 +103,21 @@ def choose_bits(
 
 def step_estimates(
     config: TrainConfig, model_ref: ModelRef, longest: int | None, cutoff_len: int | None
-) -> tuple[dict[int, float] | None, int]:
-    """gym.train.memory's estimate of one step on the data at 8 and 4 bits, and its tokens (None, 0
-    when the data's lengths or the model's shape are unknown)."""
+) -> tuple[int, dict[int, float] | None, int]:
+    """The model's parameter count, gym.train.memory's estimate of one step on the data at 8 and 4
+    bits, and the step's tokens (None, 0 when the data's lengths or the model's shape are unknown)."""
     from gym.train import memory
 
-    found = memory.step(config, model_ref, longest, cutoff_len)
+    found = memory.step(config, model_ref, longest, cutoff_len)  # the shape holds the parameter count
     if found is None:
-        return None, 0
+        return parameter_count(model_ref), None, 0
     shape, tokens = found
     checkpointed = config.gradient_checkpointing is not False  # qlora's default (below)
     step = {}
     for bits in (8, 4):
         at = config.model_copy(update={"quant": config.quant.model_copy(update={"bits": bits})})
         step[bits] = memory.step_gib(at, shape, tokens, checkpointed=checkpointed)
-    return step, tokens
+    return shape.parameters, step, tokens
 
 
 def resolve(
@@ -134,8 +134,8 @@ def resolve(
     choices = {}
     if quant.bits is None:
         gib, where = available_memory()
-        step, tokens = step_estimates(config, model_ref, longest, cutoff_len)
-        bits, why = choose_bits(parameter_count(model_ref), gib, where, step, tokens)
+        parameters, step, tokens = step_estimates(config, model_ref, longest, cutoff_len)
+        bits, why = choose_bits(parameters, gib, where, step, tokens)
         quant = quant.model_copy(update={"bits": bits})
         choices["quant_bits"] = why
     else:
