@@ -49,7 +49,8 @@ GPU_EXTRAS = "pip install 'gym[flash-attn]' on a machine with a CUDA GPU"
 
 
 class SpeedSettings(BaseModel):
-    """How fast a stage trains; none of these change what is learned beyond floating-point noise."""
+    """How fast a stage trains; none of these change what is learned beyond floating-point noise, except
+    packing, whose rows hold more sequences than a batch of the same size."""
 
     model_config = ConfigDict(extra="forbid")
 
