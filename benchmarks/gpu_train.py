@@ -171,7 +171,7 @@ def worker(a: argparse.Namespace) -> dict[str, Any]:
     if a.worker == "gym":
         from gym import train
         from gym.models import ModelRef
-        from gym.train import TrainConfig, memory, precision, speed
+        from gym.train import TrainConfig, memory, speed
 
         config = TrainConfig(
             method="sft",
@@ -197,18 +197,9 @@ def worker(a: argparse.Namespace) -> dict[str, Any]:
                 **lora,
                 "target_modules": config.lora.target_modules or ref.lora_target_modules,
             }
-        elif found := memory.shape(ref):  # the peak gym.train.memory predicts, beside the one measured
-            settings["memory_estimate_gib"] = round(
-                memory.estimate_gib(
-                    config,
-                    found,
-                    memory.tokens_per_step(config, a.max_len, a.max_len),
-                    bf16=precision.bf16_on(config),
-                    liger=speed.resolve(config).liger,
-                    checkpointed=bool(config.gradient_checkpointing),
-                ),
-                4,
-            )
+        elif found := memory.step(config, ref, a.max_len, a.max_len):  # predicted peak, beside the measured
+            estimate = memory.step_gib(config, *found, checkpointed=bool(config.gradient_checkpointing))
+            settings["memory_estimate_gib"] = round(estimate, 4)
     else:
         from trl import SFTConfig, SFTTrainer
 
