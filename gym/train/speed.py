@@ -133,10 +133,6 @@ def resolve(config: TrainConfig) -> Resolved:
             )
     if s.unsloth and liger:
         liger = False  # Unsloth patches the same layers with its own kernels
-    # auto: on where a per-sequence kernel was measured faster than padding: flash-attn's varlen kernel
-    # on a GPU; gym's per-sequence SDPA (gym.train.varlen) on a CPU (benchmarks/methods.py: 1.08x on the
-    # demo's 20-32-token sequences, 1.29x on MMLU-length ones). On a GPU without flash-attn it stays
-    # padded until measured there.
     # LongLoRA's shifted sparse attention (gym.train.s2attn) replaces the model's attention and groups
     # each row: a flattened row would be grouped across its sequences, through a dense mask of the row.
     s2 = config.finetuning_type == "longlora" and config.longlora.shift_attention
@@ -150,6 +146,10 @@ def resolve(config: TrainConfig) -> Resolved:
     # NEFTune's noise is alpha / sqrt(length x width), the length being the row's (transformers' hook):
     # a flattened row is a whole batch long, so auto keeps the padded rows the scale was set for.
     neftune = config.neftune_noise_alpha is not None
+    # auto: on where a per-sequence kernel was measured faster than padding: flash-attn's varlen kernel
+    # on a GPU; gym's per-sequence SDPA (gym.train.varlen) on a CPU (benchmarks/methods.py: 1.08x on the
+    # demo's 20-32-token sequences, 1.29x on MMLU-length ones). On a GPU without flash-attn it stays
+    # padded until measured there.
     per_sequence_kernel = attn in FLASH or (attn == "sdpa" and not cuda)
     padding_free = s.padding_free == "on" or (
         s.padding_free == "auto"
