@@ -215,9 +215,10 @@ def test_longlora_shifted_attention_keeps_padded_rows(monkeypatch):
             speed.resolve(with_speed(longlora, **settings))
         assert speed.resolve(with_speed(plain, **settings)).padding_free
     # pt's blocks are packed already: LLaMA-Factory's pt YAML (packing: true) with shift_attn trains them.
-    pt = with_speed(longlora.model_copy(update={"method": "pt"}), packing=True)
-    assert speed.resolve(pt) == speed.resolve(longlora.model_copy(update={"method": "pt"}))
-    assert not speed.resolve(pt).padding_free and not speed.resolve(pt).packing
+    pt = longlora.model_copy(update={"method": "pt"})
+    resolved = speed.resolve(with_speed(pt, packing=True))
+    assert resolved == speed.resolve(pt)
+    assert not resolved.padding_free and not resolved.packing
 
 
 def test_neftune_keeps_the_padded_rows_its_noise_scale_was_set_for():
