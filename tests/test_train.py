@@ -45,6 +45,17 @@ def test_sft_full_loss_falls_and_all_weights_train():
     assert result.global_step == 40 and result.resumed_from is None
 
 
+def test_the_last_step_is_logged_so_the_signal_ends_where_training_did():
+    """transformers logs every logging_steps only: 7 steps at 5 would end the curve, loss_last and
+    metric_last at step 5."""
+    model = tiny()
+    result = train.run(
+        SFT.model_copy(update={"max_steps": 7}), model, tokenized("demo_sft", model, max_samples=64)
+    )
+    assert [step for step, _ in result.losses] == [1, 5, 7]
+    assert result.metric_name == "loss" and result.metric_last == result.losses[-1][1] != result.losses[-2][1]
+
+
 def warmed_up(steps: int = 60):
     """gym-tiny after a short full SFT: adapters and preference tuning start from a trained model."""
     base = tiny()

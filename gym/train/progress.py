@@ -3,6 +3,9 @@
 On the console: one bar per stage on a terminal, a few lines otherwise (gym.progress), with steps,
 loss, tokens/s and ETA; with GYM_VERBOSE=1 every log dict, as transformers prints it. Always: each
 log dict as a line on the `gym.train` logger, which the task layer sends to Prefect's run logs.
+
+The last step is always logged (transformers logs every `logging_steps` only), so a stage's loss
+curve, MLflow's metrics and the JSON line's `loss_last`/`metric_last` end where training ended.
 """
 
 from __future__ import annotations
@@ -31,9 +34,12 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
         if state.is_local_process_zero and not self.verbose:
             self.bar = progress.Progress(self.stage, state.max_steps, start=state.global_step)
 
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         if self.bar is not None:
             self.bar.update(state.global_step)
+        if state.global_step >= state.max_steps:
+            control.should_log = True
+        return control
 
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
