@@ -197,7 +197,7 @@ class TrainConfig(BaseModel):
         "paged_adamw_8bit (adamw_bnb_8bit on a CPU: paging needs CUDA).",
     )
     seed: int = Field(42, description="Seed for data order and initialisation of new weights.")
-    logging_steps: int = Field(5, ge=1, description="Log the loss every N steps.")
+    logging_steps: int = Field(5, ge=1, description="Log the loss every N steps (and at the last step).")
     eval_steps: int | None = Field(
         None,
         ge=1,
