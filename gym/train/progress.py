@@ -34,12 +34,11 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
         if state.is_local_process_zero and not self.verbose:
             self.bar = progress.Progress(self.stage, state.max_steps, start=state.global_step)
 
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.bar is not None:
             self.bar.update(state.global_step)
         if state.global_step >= state.max_steps:
-            control.should_log = True
-        return control
+            control.should_log = True  # the Trainer's own control object: no need to return it
 
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
