@@ -48,7 +48,7 @@ class DeployPlan(BaseModel):
 def build(model: str, out: Path, plan: DeployPlan, space: bool, base: str | None = None) -> Path:
     """Write the bundle (model/, space/, deploy.json) to `out`, staged and renamed into place."""
     name = _model_name(model)
-    with replace_dir(out, PLAN) as tmp:
+    with replace_dir(out, lambda folder: (folder / PLAN).is_file()) as tmp:
         exported = export_model(model, tmp / "model", base=base)
         if space:
             # On the Space the app loads the model repo; run locally it loads ../model.

@@ -10,7 +10,7 @@ whose lineage tags fill the card). Adapters merge exactly for LoRA, rsLoRA and D
 PiSSA/OLoRA/CorDA adapters saved in converted (plain LoRA) form; merging into a quantized base, or
 an unconverted PiSSA-style adapter into its original base, would not reproduce the trained model,
 so it is refused with a pointer to `--adapter-only`. The directory is staged and renamed into
-place; an existing DIR is replaced only if gym wrote it.
+place; an existing DIR is replaced only if `gym export` wrote it (not a training stage's model folder).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import contextlib
 import json
 import re
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -37,6 +37,9 @@ from gym.templates import load_template, with_default_system
 from gym.tfgrpo.injection import EXPERIENCE_FILE
 
 MARKER = "gym_model.json"
+# gym_model.json's key saying `gym export` wrote the folder: training's model folders hold the file too,
+# and only an export may be replaced by another.
+EXPORTED = "exported_by"
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 # Initialisations that rewrite the base weights: such an adapter is relative to the rewritten base.
 BASE_REWRITING_INITS = ("pissa", "olora", "corda")
@@ -121,7 +124,9 @@ def locate(model: str, base: str | None = None, template: str | None = None) -> 
 
 
 def _local_lineage(directory: Path, base: str | None, template: str | None) -> Lineage:
-    meta = json.loads((directory / MARKER).read_text()) if (directory / MARKER).is_file() else {}
+    # A training stage's adapter/ has no gym_model.json of its own: its sibling model/ has the facts.
+    found = [m for m in (directory / MARKER, directory.parent / "model" / MARKER) if m.is_file()]
+    meta = json.loads(found[0].read_text()) if found else {}
     lineage = Lineage(
         base_model=meta.get("base_model") or base or str(directory),
         template=template or meta.get("template"),
@@ -185,7 +190,8 @@ def export_model(
         )
     if source.adapter is not None and source.weights is None and not settings.adapter_only:
         check_mergeable(source.adapter, str(source.base))
-    with replace_dir(Path(output_dir), MARKER) as tmp:
+    _apart(source, Path(output_dir))
+    with replace_dir(Path(output_dir)) as tmp:
         _write(source, tmp, settings, name or source.name)
     return Path(output_dir).expanduser().resolve()
 
@@ -227,7 +233,11 @@ def _write(source: Source, out: Path, settings: ExportSettings, name: str) -> No
         model.save_pretrained(out, max_shard_size=settings.shard_size, safe_serialization=True)
         model_type = str(model.config.model_type)
     tokenizer.save_pretrained(out)
-    meta = {"template": source.lineage.template, "base_model": source.lineage.base_model}
+    meta = {
+        "template": source.lineage.template,
+        "base_model": source.lineage.base_model,
+        EXPORTED: "gym export",
+    }
     if system is not None:
         meta["default_system"] = system
     workspace.atomic_write_json(out / MARKER, meta)
@@ -249,7 +259,21 @@ def _write(source: Source, out: Path, settings: ExportSettings, name: str) -> No
         (out / "Modelfile").write_text(
             modelfile(source.lineage.template, tokenizer.eos_token, system=system), encoding="utf-8"
         )
-    out.chmod(0o755)  # mkdtemp makes it 0700; an exported model is meant to be shared
+
+
+def _apart(source: Source, output_dir: Path) -> None:
+    """Refuse an output folder that is, holds or lies inside the model being exported: replacing it
+    would delete the source (or the export would overwrite what it reads)."""
+    out = output_dir.expanduser().resolve()
+    for read in (source.weights, source.adapter, source.meta_dir):
+        local = Path(read).expanduser().resolve() if read is not None else None
+        if local is None or not local.exists():
+            continue  # a hub id or registry name: nothing local to overwrite
+        if out == local or out in local.parents or local in out.parents:
+            raise ConfigError(
+                f"--out {out} overlaps the model being exported ({local}): exporting there would overwrite "
+                "what it reads; choose a new or empty directory elsewhere"
+            )
 
 
 def _load(source: Source, trust_remote_code: bool = False) -> Any:
@@ -288,28 +312,50 @@ def _ids(value: Any) -> list[int]:
     return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
 
-def check_output_dir(output_dir: Path, marker: str = MARKER) -> Path:
-    """`output_dir`, resolved, if gym may write it: new, empty, or written by gym (it holds `marker`)."""
+def exported(directory: Path) -> bool:
+    """Whether `gym export` wrote `directory` (its gym_model.json says so)."""
+    try:
+        meta = json.loads((directory / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get(EXPORTED) == "gym export"
+
+
+def check_output_dir(output_dir: Path, ours: Callable[[Path], bool] = exported) -> Path:
+    """`output_dir`, resolved, if gym may write it: new, empty, or written by the same gym command
+    (`ours`; by default `gym export`). A model folder training wrote, or any of the user's own, is
+    never replaced."""
     output_dir = output_dir.expanduser().resolve()
+    for parent in output_dir.parents:  # the nearest existing folder above it must be a folder
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(
+                    f"{parent} is a file, so {output_dir} can't be made; choose another directory"
+                )
+            break
     if output_dir.exists() and not output_dir.is_dir():
         raise ConfigError(f"{output_dir} is a file, not a directory; choose an empty or new directory")
-    if output_dir.exists() and any(output_dir.iterdir()) and not (output_dir / marker).is_file():
-        raise ConfigError(f"{output_dir} exists and was not written by gym; choose an empty or new directory")
+    if output_dir.exists() and any(output_dir.iterdir()) and not ours(output_dir):
+        raise ConfigError(
+            f"{output_dir} exists and was not written by gym (only a folder it exported before is replaced; "
+            "a training stage's model folder is not); choose an empty or new directory"
+        )
     return output_dir
 
 
 @contextlib.contextmanager
-def replace_dir(output_dir: Path, marker: str) -> Iterator[Path]:
+def replace_dir(output_dir: Path, ours: Callable[[Path], bool] = exported) -> Iterator[Path]:
     """Yield a staging directory that replaces `output_dir` if the block succeeds.
 
-    An existing, non-empty `output_dir` is replaced only if it holds `marker` (gym wrote it);
-    a failure leaves it as it was.
+    An existing, non-empty `output_dir` is replaced only if `ours` says gym wrote it; a failure leaves
+    it as it was. What is written gets the modes a plain copy would have: it is meant to be shared.
     """
-    output_dir = check_output_dir(output_dir, marker)
+    output_dir = check_output_dir(output_dir, ours)
     staged = output_dir.with_name(f".{output_dir.name}.staged")
     shutil.rmtree(staged, ignore_errors=True)
     with workspace.atomic_dir(staged) as tmp:
         yield tmp
+        workspace.shareable(tmp)
     if output_dir.exists():
         old = output_dir.with_name(f".{output_dir.name}.old")
         shutil.rmtree(old, ignore_errors=True)

@@ -119,6 +119,12 @@ def _resolve(name_or_path: str, template: str | None, dry_run: bool = False) -> 
     local = Path(name_or_path).expanduser()
     if local.is_dir():
         if not (local / "config.json").is_file():
+            if (local / "adapter_config.json").is_file():
+                raise ConfigError(
+                    f"{local} holds a PEFT adapter, not a model (no config.json): merge it into its base "
+                    f"with `gym export --model {local} --out DIR` and use DIR, or (gym serve, chat, eval) "
+                    f"pass the base as the model and --adapter_name_or_path {local}"
+                )
             raise ConfigError(f"{local} is not a model directory (no config.json)")
         meta = _gym_meta(local)  # what gym recorded when it wrote this folder (nothing for others)
         local_template = template or meta.get("template")

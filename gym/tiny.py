@@ -103,11 +103,7 @@ def _build(out: Path, seed: int, config: dict[str, Any], chat_template: str) -> 
     tokenizer = load_shipped_tokenizer()
     tokenizer.chat_template = chat_template
     tokenizer.save_pretrained(out)
-    # mkdtemp makes the dir 0700 and safetensors writes 0600; a model dir is meant to be shared
-    # (served, exported, read by other users' jobs), like a hub cache entry.
-    out.chmod(0o755)
-    for f in out.iterdir():
-        f.chmod(0o644)
+    workspace.shareable(out)  # mkdtemp's 0700 and safetensors' 0600 would keep others out
 
 
 def load_shipped_tokenizer() -> Any:

@@ -60,6 +60,25 @@ def atomic_dir(final: Path) -> Iterator[Path]:
         raise
 
 
+def umask() -> int:
+    """This process's umask, read without setting it (`os.umask` sets it, racing other threads)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    return 0o022
+
+
+def shareable(tree: Path) -> None:
+    """Give `tree` and everything in it the modes a plain copy would have under this umask: mkdtemp
+    makes folders 0700 and safetensors writes 0600, yet a model folder is meant to be read by others
+    (served, exported, read by other users' jobs), like a hub cache entry."""
+    mask = umask()
+    for path in [Path(tree), *Path(tree).rglob("*")]:
+        if not path.is_symlink():
+            path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
+
+
 def atomic_write_bytes(target: Path, data: bytes) -> None:
     """Write a file through a temp name and `os.replace`, so readers never see half of it."""
     target = Path(target)

@@ -185,3 +185,65 @@ def test_a_shard_size_sharding_cannot_read_is_refused_before_the_model_is_resolv
         assert not (tmp_path / "x").exists()
     for good in ("500MB", "0.5gb", "1.5 TB", "400KB"):
         assert ExportSettings(shard_size=good).shard_size == good
+
+
+def test_only_an_earlier_export_is_replaced_never_a_trained_model_or_the_source(gym_home, tmp_path, capsys):
+    """Training's model folders hold gym_model.json too: they (and a user's copy of one, with the
+    user's own files in it) were replaced by `gym export --out` as if gym had exported them."""
+    from flows.cli import main
+    from gym import train
+    from gym.train import TrainConfig
+    from tests.helpers import tiny, tokenized
+
+    config = TrainConfig(method="sft", finetuning_type="lora", max_steps=2, logging_steps=1)
+    stage = train.run(config, tiny(), tokenized("demo_sft", tiny(), max_samples=16))
+    trained = Path(stage.model_dir)
+    before = {p.name: p.read_bytes() for p in trained.iterdir()}
+    assert main(["export", "--model", "gym-tiny", "--out", str(trained)]) == 2
+    assert "was not written by gym" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in trained.iterdir()} == before, "the trained model is untouched"
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for p in trained.iterdir():
+        (copy / p.name).write_bytes(p.read_bytes())
+    (copy / "NOTES.txt").write_text("my notes")
+    assert main(["export", "--model", "gym-tiny", "--out", str(copy)]) == 2
+    assert (copy / "NOTES.txt").read_text() == "my notes"
+    capsys.readouterr()
+    # An export onto itself, or into the model it reads, would overwrite what it reads.
+    out = tmp_path / "out"
+    assert main(["export", "--model", str(stage.stage_dir), "--out", str(out)]) == 0
+    for model, target in ((out, out), (stage.stage_dir, Path(stage.stage_dir) / "model" / "x")):
+        assert main(["export", "--model", str(model), "--out", str(target)]) == 2
+        assert "overlaps the model being exported" in capsys.readouterr().err
+    # A path below a file can't be made: one error line, no traceback.
+    (tmp_path / "a_file").write_text("keep me")
+    assert main(["export", "--model", "gym-tiny", "--out", str(tmp_path / "a_file" / "sub")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "is a file" in err and "Traceback" not in err
+
+
+def test_a_training_stages_adapter_exports_with_the_stages_base_name_template_and_shareable_modes(
+    gym_home, tmp_path
+):
+    """The adapter folder alone named its base by the workspace path it was built in, and no template;
+    safetensors' files were 0600, unreadable to the people an export is for."""
+    from gym import train, workspace
+    from gym.train import TrainConfig
+    from tests.helpers import tiny, tokenized
+
+    config = TrainConfig(method="sft", finetuning_type="lora", max_steps=2, logging_steps=1)
+    stage = train.run(config, tiny(), tokenized("demo_sft", tiny(), max_samples=16))
+    assert stage.adapter_dir is not None
+    out = export_model(stage.adapter_dir, tmp_path / "out")
+    meta = json.loads((out / "gym_model.json").read_text())
+    assert (meta["base_model"], meta["template"]) == ("gym-tiny", "chatml")
+    assert 'base_model: "gym-tiny"' in (out / "README.md").read_text()
+    assert "<|im_start|>" in AutoTokenizer.from_pretrained(out).chat_template
+    mask = workspace.umask()
+    modes = {p.name: p.stat().st_mode & 0o777 for p in [out, *out.iterdir()]}
+    assert modes == {p.name: (0o777 if p.is_dir() else 0o666) & ~mask for p in [out, *out.iterdir()]}
+    assert modes["model.safetensors"] & 0o044 == 0o044 & ~mask, "readable by others, as the umask allows"
+    # Served, chatted with or trained from as if it were a model, the adapter folder says what to do.
+    with pytest.raises(ConfigError, match=r"holds a PEFT adapter.*--adapter_name_or_path"):
+        resolve(stage.adapter_dir)

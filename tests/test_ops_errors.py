@@ -214,9 +214,16 @@ def test_an_output_dir_gym_may_not_write_is_caught_before_the_run(gym_home, tmp_
         preflight.check(config(a_file))
     assert (mine / "notes.txt").read_text() == "keep me" and a_file.read_text() == "x"
     (tmp_path / "empty").mkdir()
+    trained = tmp_path / "trained"  # a training stage's model folder (or a copy): gym_model.json, no export
+    trained.mkdir()
+    (trained / "gym_model.json").write_text('{"base_model": "gym-tiny", "template": "chatml"}')
+    with pytest.raises(
+        ConfigError, match=r"^output\.output_dir: .*trained exists and was not written by gym"
+    ):
+        preflight.check(config(trained))
     gyms = tmp_path / "exported"
     gyms.mkdir()
-    (gyms / "gym_model.json").write_text("{}")
+    (gyms / "gym_model.json").write_text('{"base_model": "gym-tiny", "exported_by": "gym export"}')
     for fine in (tmp_path / "new", tmp_path / "empty", gyms):
         preflight.check(config(fine))
     assert not (tmp_path / "new").exists()

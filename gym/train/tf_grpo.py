@@ -173,14 +173,16 @@ def ship(run: TfGrpoRun, result: RunResult, model: ModelRef | None) -> Path:
 def export(model_dir: Path, output_dir: Path) -> Path:
     """A shipped TF-GRPO model into `output_dir`: the hub-style export (gym.export) when it has weights;
     a model behind an API has none, so its library and metadata are copied as they are."""
-    from gym.export import MARKER, export_model, replace_dir
+    from gym.export import EXPORTED, MARKER, export_model, replace_dir
 
     if (Path(model_dir) / "config.json").is_file():
         return export_model(Path(model_dir), Path(output_dir))
-    with replace_dir(Path(output_dir), MARKER) as tmp:
+    with replace_dir(Path(output_dir)) as tmp:
         for path in sorted(Path(model_dir).iterdir()):
             if path.is_file():
                 shutil.copy2(path, tmp / path.name)
+        meta = json.loads((tmp / MARKER).read_text(encoding="utf-8"))
+        workspace.atomic_write_json(tmp / MARKER, {**meta, EXPORTED: "gym export"})
     return Path(output_dir).expanduser().resolve()
 
 
