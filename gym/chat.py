@@ -19,6 +19,7 @@ from typing import Any, TextIO
 
 from gym.cli_options import ArgumentParser, port, whole_number
 from gym.errors import MissingExtraError
+from gym.serve.protocol import unicode_text
 from gym.serve.requests import RequestError
 
 DEFAULTS = {"temperature": 0.7, "max_tokens": 256, "top_p": 1.0}
@@ -67,6 +68,13 @@ def fit(
         left_out += user_turns[1]
         turns = turns[user_turns[1] :]  # the oldest exchange: up to the user's next message
     if room < 1:
+        alone = len(engine.encode_chat([*head, {"role": "user", "content": ""}])) if head else 0
+        if alone >= window:  # no message could be answered: the system message is what to shorten
+            raise RequestError(
+                f"the system message needs {alone} tokens with the chat template, and the model's window "
+                f"is {window}: shorten it",
+                "messages",
+            )
         raise RequestError(
             f"this message needs {prompt} tokens with the chat template, and the model's window is "
             f"{window}: shorten it",
@@ -108,8 +116,17 @@ def terminal(
     while True:
         try:
             message = read("you> ").strip()
+            unicode_text(message)
         except (EOFError, StopIteration):
             return 0
+        except ValueError as exc:  # bytes that are not UTF-8: this message is unreadable, the chat goes on
+            reason = (
+                str(exc)
+                if not isinstance(exc, UnicodeDecodeError)
+                else f"holds bytes that are not UTF-8 ({exc.reason})"
+            )
+            print(f"error: this message {reason}; type it again", file=out, flush=True)
+            continue
         if message in ("/exit", "/quit"):
             return 0
         if message == "/reset" or not message:
@@ -216,6 +233,11 @@ def cmd_chat(argv: Sequence[str]) -> int:
 
     parser = build_parser()
     args = parser.parse_args(translate("chat", argv, parser))
+    if args.system is not None:
+        try:
+            unicode_text(args.system)
+        except ValueError as exc:
+            parser.error(f"--system {exc}")
     if args.ui:
         import importlib.util
 

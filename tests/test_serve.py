@@ -212,6 +212,22 @@ BAD_BODIES = [
     ({"model": NAME, "messages": [{"role": "user", "content": "x"}], "n": 33}, 400, "n"),
     ({"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}, 404, "model"),
     ({"messages": [{"role": "user", "content": "x"}]}, 400, "model"),
+    # JSON's escapes can spell a lone surrogate half, which no tokenizer reads (it was a 500)
+    (
+        json.dumps({"model": NAME, "messages": [{"role": "user", "content": "\ud800"}]}).encode(),
+        400,
+        "messages.0.content",
+    ),
+    (
+        json.dumps(
+            {
+                "model": NAME,
+                "messages": [{"role": "system", "content": [{"type": "text", "text": "a\udfff"}]}],
+            }
+        ).encode(),
+        400,
+        "messages.0.content",
+    ),
 ]
 
 
@@ -219,6 +235,7 @@ BAD_BODIES = [
 def test_bad_requests_get_4xx_in_openai_shape(url, body, status, param):
     headers = {"Authorization": f"Bearer {KEY}"}
     if isinstance(body, bytes):
+        headers["Content-Type"] = "application/json"
         r = httpx.post(f"{url}/v1/chat/completions", content=body, headers=headers)
     else:
         r = httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers)
@@ -233,6 +250,12 @@ def test_bad_completion_prompts_get_400(url):
     for prompt in ([99999], [], [-1, 3], ""):
         r = httpx.post(f"{url}/v1/completions", json={"model": NAME, "prompt": prompt}, headers=headers)
         assert r.status_code == 400, (prompt, r.text)
+    for field, value in (("prompt", "\ud800"), ("prompt", ["ok", "x\udc80"]), ("stop", "\ud83d")):
+        body = {"model": NAME, "prompt": "ok", field: value}
+        sent = {**headers, "Content-Type": "application/json"}  # json.dumps escapes the surrogate
+        r = httpx.post(f"{url}/v1/completions", content=json.dumps(body).encode(), headers=sent)
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+        assert "unpaired surrogate" in r.json()["error"]["message"]
 
 
 VALUES = st.one_of(

@@ -171,6 +171,35 @@ def test_a_message_too_long_for_the_window_is_an_error_and_the_chat_goes_on(engi
     ]
 
 
+def test_undecodable_input_and_a_system_message_too_long_are_errors_and_the_chat_goes_on(engine):
+    """Bytes that are not UTF-8 reach input() as lone surrogates (or a UnicodeDecodeError): the chat
+    crashed on them. A system message too long for the window was blamed on every user message."""
+
+    def read(lines):
+        def next_line(_prompt: str) -> str:
+            line = next(lines)
+            if isinstance(line, BaseException):
+                raise line
+            return line
+
+        return next_line
+
+    spy = Spy(engine)
+    bad_bytes = b"hi \xff there".decode("utf-8", "surrogateescape")
+    undecodable = UnicodeDecodeError("utf-8", b"\xfe", 0, 1, "invalid start byte")
+    lines = iter([bad_bytes, undecodable, "hello", "/exit"])
+    out = io.StringIO()
+    assert terminal(spy, read=read(lines), out=out, max_tokens=8) == 0
+    text = out.getvalue()
+    assert "error: this message holds '\\udcff' at character 3, an unpaired surrogate" in text
+    assert "error: this message holds bytes that are not UTF-8 (invalid start byte)" in text
+    assert [m for m, _ in spy.calls] == [[{"role": "user", "content": "hello"}]]
+    out = io.StringIO()
+    lines = iter(["hello", "/exit"])
+    assert terminal(spy, read=read(lines), out=out, system="word " * 600, max_tokens=8) == 0
+    assert "error: the system message needs" in out.getvalue() and "this message" not in out.getvalue()
+
+
 def test_a_reply_longer_than_the_room_left_is_shortened_to_fit(engine):
     spy = Spy(engine)
     lines = iter(["word " * 300, "/exit"])

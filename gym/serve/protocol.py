@@ -33,6 +33,19 @@ UNSUPPORTED: dict[str, Any] = {
 }
 
 
+def unicode_text(value: str) -> str:
+    """`value` if it is text a tokenizer can read: JSON's `\\ud800`-style escapes (and undecodable bytes
+    read with surrogateescape) can carry a lone surrogate half, which is no character and no UTF-8."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"holds {value[exc.start]!r} at character {exc.start}, an unpaired surrogate (no character): "
+            "send valid Unicode text"
+        ) from None
+    return value
+
+
 class TextPart(BaseModel):
     type: Literal["text"]
     text: str
@@ -43,6 +56,13 @@ class ChatMessage(BaseModel):
 
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _text(cls, value: str | list[TextPart] | None) -> str | list[TextPart] | None:
+        for text in [value] if isinstance(value, str) else [p.text for p in value or []]:
+            unicode_text(text)
+        return value
 
     def as_dict(self) -> dict[str, str]:
         text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content or [])
@@ -95,6 +115,8 @@ class GenerationRequest(BaseModel):
             raise ValueError(f"at most {MAX_STOPS} stop sequences")
         if any(not s for s in stops):
             raise ValueError("stop sequences must be non-empty strings")
+        for stop in stops:
+            unicode_text(stop)
         return stops
 
     @model_validator(mode="after")
@@ -153,6 +175,13 @@ class CompletionRequest(GenerationRequest):
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = False
     max_tokens: int | None = Field(None, ge=0)  # 0: nothing generated, the prompt echoed/scored (legacy)
+
+    @field_validator("prompt")
+    @classmethod
+    def _text(cls, value: Any) -> Any:
+        for text in [value] if isinstance(value, str) else [p for p in value if isinstance(p, str)]:
+            unicode_text(text)
+        return value
 
     @model_validator(mode="after")
     def _nothing_to_stream(self) -> CompletionRequest:
