@@ -72,7 +72,9 @@ class OutputSettings(BaseModel):
         "(exact_match_after, mmlu_after, mmlu_after.stem, <method>_reward_accuracy, <method>_loss_last...; "
         "see gym/lineage.py); None: never promote.",
     )
-    promote_margin: float = Field(0.0, ge=0, description="Promotion needs a win by more than this margin.")
+    promote_margin: float = Field(
+        0.0, ge=0, allow_inf_nan=False, description="Promotion needs a win by more than this margin."
+    )
     promote_mode: Literal["max", "min"] = Field("max", description="max: higher scores win; min: lower win.")
     experiment: str = Field("gym", description="MLflow experiment name.")
     tracking_uri: str | None = Field(

@@ -16,6 +16,7 @@ Prefect artifact).
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -82,8 +83,8 @@ def promote(
     uri: str | None = None,
 ) -> Promotion:
     """Decide, move `champion_alias` if the challenger wins, and tag the challenger with the decision."""
-    if margin < 0:
-        raise ConfigError(f"--margin must be >= 0, got {margin}")
+    if not (0 <= margin < math.inf):  # NaN fails both: no comparison with it means anything
+        raise ConfigError(f"--margin must be a finite number >= 0, got {margin}")
     challenger = tracking.version_by_alias(name, challenger_alias, uri)
     if challenger is None:
         raise ConfigError(

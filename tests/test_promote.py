@@ -124,8 +124,11 @@ def test_gym_promote_command_prints_the_decision(gym_home, capsys):
     assert main(["promote", "--name", "tiny-cli", "--metric", "exact_match_after", "--json"]) == 0
     decision = json.loads(capsys.readouterr().out)
     assert decision["promoted"] and decision["champion"] == "1"
-    assert main(["promote", "--name", "tiny-cli", "--metric", "exact_match_after", "--margin", "-1"]) == 2
-    assert "--margin must be >= 0" in capsys.readouterr().err
+    for margin in ("-1", "nan", "inf"):  # NaN beat nothing and printed invalid JSON (NaN, Infinity)
+        assert (
+            main(["promote", "--name", "tiny-cli", "--metric", "exact_match_after", "--margin", margin]) == 2
+        )
+        assert "--margin must be a finite number >= 0" in capsys.readouterr().err
     # --model, as every other command names the model (gym export/serve/chat/eval).
     assert main(["promote", "--model", "tiny-cli", "--metric", "exact_match_after", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["reason"] == "v1 is already the champion"
@@ -172,3 +175,14 @@ def test_a_training_flow_registers_promotes_and_reuses_its_version_on_rerun(pref
 
     promotion_notes = [a for a in asyncio.run(artifacts()) if a.key == "promotion-tiny-flow"]
     assert promotion_notes and "Promotion of `tiny-flow`" in promotion_notes[0].data
+
+
+@pytest.mark.parametrize("margin", [float("nan"), float("inf"), -0.1])
+def test_a_flows_promote_margin_is_a_finite_number_at_least_0(margin):
+    from pydantic import ValidationError
+
+    from gym.pipeline import OutputSettings
+
+    with pytest.raises(ValidationError, match="promote_margin"):
+        OutputSettings(promote_margin=margin)
+    assert OutputSettings(promote_margin=0.25).promote_margin == 0.25
