@@ -132,6 +132,32 @@ def test_unparsable_json_line_names_file_and_line():
     assert "line 3 is not valid JSON" in str(e.value)
 
 
+@pytest.mark.parametrize(
+    ("name", "content", "says"),
+    [
+        (
+            "a.jsonl",
+            b'{"instruction": "a", "output": "b"}\n{"instruction": "caf\xe9", "output": "x"}\n',
+            "line 2, byte 21 is 0xe9",
+        ),
+        (
+            "a.json",
+            b'[{"instruction": "a", "output": "b"},\n {"instruction": "caf\xe9"}]',
+            "line 2, byte 22 is 0xe9",
+        ),
+        ("a.csv", b"\xef\xbb\xbfinstruction,output\na,b\ncaf\xe9,x\n", "line 3, byte 4 is 0xe9"),
+        ("a.txt", b"fine\n\xff\n", "line 2, byte 1 is 0xff"),
+        ("a.jsonl", '{"instruction": "a", "output": "b"}\n'.encode("utf-16"), "UTF-16 text, not UTF-8"),
+    ],
+)
+def test_a_file_that_is_not_utf8_names_the_file_line_and_byte(tmp_path: Path, name, content, says):
+    """It was a UnicodeDecodeError traceback naming neither the file nor where."""
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(DataError, match=says) as e:
+        rows(tmp_path / name)
+    assert e.value.file == str(tmp_path / name) and "-t UTF-8" in str(e.value)
+
+
 def test_broken_json_array_names_line(tmp_path: Path):
     (tmp_path / "a.json").write_text('[{"a": 1},\n{"a": 2,,}]')
     with pytest.raises(DataError, match="line 2"):

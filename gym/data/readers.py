@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _BATCH = 1024
 
 Records = Iterator[tuple[int, dict[str, Any]]]
+TextReader = Callable[[Path], Records]
 
 
 def _check_dict(record: Any, file: str, no: int) -> dict[str, Any]:
@@ -46,6 +48,42 @@ def _check_dict(record: Any, file: str, no: int) -> dict[str, Any]:
     return record
 
 
+def _utf8(reader: TextReader) -> TextReader:
+    """`reader` of a text file, with a file that is not UTF-8 a DataError naming where (a traceback
+    of UnicodeDecodeError, naming neither file nor line, before)."""
+
+    @functools.wraps(reader)
+    def read(path: Path) -> Records:
+        try:
+            yield from reader(path)
+        except UnicodeDecodeError:
+            raise not_utf8(path) from None
+
+    return read
+
+
+def not_utf8(path: Path) -> DataError:
+    """Where `path` stops being UTF-8: the line and the byte, and what to do."""
+    data = path.read_bytes()
+    hint = "save it as UTF-8, e.g. iconv -f <its encoding> -t UTF-8 FILE > NEW"
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        hint = "save it as UTF-8, e.g. iconv -f UTF-16 -t UTF-8 FILE > NEW"
+        return DataError("the file is UTF-16 text, not UTF-8", file=str(path), hint=hint)
+    body = data.removeprefix(b"\xef\xbb\xbf")
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = body[: exc.start].count(b"\n") + 1
+        column = exc.start - (body.rfind(b"\n", 0, exc.start) + 1) + 1
+        return DataError(
+            f"not UTF-8 text: line {line}, byte {column} is 0x{body[exc.start]:02x} ({exc.reason})",
+            file=str(path),
+            hint=hint,
+        )
+    return DataError("not UTF-8 text", file=str(path), hint=hint)
+
+
+@_utf8
 def read_json(path: Path) -> Records:
     """A `.json` file holding a top-level array of objects, or JSON Lines; `.jsonl` is JSON Lines."""
     file = str(path)
@@ -102,6 +140,7 @@ def _read_json_lines(path: Path) -> Records:
             yield no, _check_dict(row, file, no)
 
 
+@_utf8
 def read_text(path: Path) -> Records:
     """Plain text: one `{"text": line}` record per line that is not blank (LLaMA-Factory's wiki_demo.txt)."""
     with open(path, encoding="utf-8-sig") as f:
@@ -109,6 +148,7 @@ def read_text(path: Path) -> Records:
         yield from enumerate(({"text": line} for line in lines if line.strip()), 1)
 
 
+@_utf8
 def read_csv(path: Path) -> Records:
     """CSV with a header row; every value is read as text (formats convert labels and numbers)."""
     with open(path, encoding="utf-8-sig", newline="") as f:
