@@ -55,6 +55,7 @@ def check_methods(config: BaseModel) -> None:
         check_online(field, stage)
         check_distributed(field, stage)
         check_schedule(field, stage)
+        check_optim(field, stage)
 
 
 def check_speed(field: str, stage: Any) -> None:
@@ -120,6 +121,25 @@ def check_schedule(field: str, stage: Any) -> None:
         raise ConfigError(
             f"{field}.lr_scheduler_kwargs: {stage.lr_scheduler_type} takes "
             f"{', '.join(takes) or 'no arguments'}, not {', '.join(unknown)}"
+        )
+
+
+def check_optim(field: str, stage: Any) -> None:
+    """An optimizer name transformers doesn't have (it failed inside the train task, after the data
+    work, with a traceback). Only when one was named: checking imports transformers."""
+    if stage.optim is None:
+        return
+    import difflib
+
+    from transformers.training_args import OptimizerNames
+
+    names = [o.value for o in OptimizerNames]
+    if stage.optim not in names:
+        close = difflib.get_close_matches(stage.optim, names, n=3)
+        raise ConfigError(
+            f"{field}.optim: {stage.optim!r} is not a transformers optimizer"
+            + (f" (did you mean {' or '.join(close)}?)" if close else "")
+            + f"; choose from {', '.join(names)}"
         )
 
 
@@ -191,7 +211,7 @@ def check_dataset(field: str, name: str, use: str) -> None:
     """Each dataset `name` names (one, or a comma-separated list) resolves, and holds the record kind
     `use` (a method, or `exact_match`) reads when its format is known without reading the whole
     dataset (registry entries, local files)."""
-    from gym.data.formats import KIND_FORMATS, METHOD_KIND
+    from gym.data.formats import KIND_COLUMNS, KIND_FORMATS, METHOD_KIND
     from gym.data.mix import check_kinds, names
     from gym.data.registry import resolve_dataset
 
@@ -206,7 +226,8 @@ def check_dataset(field: str, name: str, use: str) -> None:
     for part, spec in zip(parts, specs, strict=True):
         if need is not None and spec.kind is not None and spec.kind != need:
             is_method = use in METHOD_KIND
-            other = f", or a method that trains on {spec.kind} data" if is_method else ""
+            takes = ", ".join(m for m, k in METHOD_KIND.items() if k == spec.kind)
+            other = f", or a method that trains on {spec.kind} data ({takes})" if is_method and takes else ""
             if use == "exact_match":  # LLaMA-Factory's eval_dataset is a stage's held-out data
                 other = (
                     " (a stage's own held-out data, LLaMA-Factory's eval_dataset, goes in "
@@ -214,7 +235,8 @@ def check_dataset(field: str, name: str, use: str) -> None:
                 )
             reader = f"method {use!r}" if is_method else use.replace("_", " ")
             raise ConfigError(
-                f"{field}: {reader} needs {need} records (format {KIND_FORMATS[need]}), but dataset "
+                f"{field}: {reader} needs {need} records (format {KIND_FORMATS[need]}: records with "
+                f"{KIND_COLUMNS[need]}), but dataset "
                 f"{part!r} holds {spec.kind} records; pick a {need} dataset{other}"
             )
     try:

@@ -206,6 +206,22 @@ def test_wrong_format_for_the_method():
         require_kind(ingest(resolve_dataset(DATA / "preference_lf.json")).kind, "kto")
 
 
+@pytest.mark.parametrize(
+    ("method", "fixture", "columns", "takes"),
+    [
+        ("dpo", "alpaca.jsonl", "with chosen and rejected answers", "trains on sft data (sft)"),
+        ("kto", "preference_lf.json", "and a boolean label", "trains on preference data (dpo, ipo, "),
+    ],
+)
+def test_the_flows_check_of_data_of_the_wrong_shape_names_the_columns_needed(method, fixture, columns, takes):
+    """The check a flow makes before any model loads said the format only, not its columns."""
+    from gym import preflight
+
+    with pytest.raises(ConfigError, match=r"^dataset: ") as e:
+        preflight.check_dataset("dataset", str(DATA / fixture), method)
+    assert columns in str(e.value) and takes in str(e.value)
+
+
 @pytest.mark.parametrize("fixture", ["sharegpt.json", "openai.jsonl", "kto.jsonl"])
 @pytest.mark.parametrize("kind", ["parquet", "arrow", "saved"])
 def test_binary_file_types_for_chat_and_kto(tmp_path: Path, fixture: str, kind: str):

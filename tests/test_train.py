@@ -270,6 +270,15 @@ def test_adam_settings_and_scheduler_arguments_reach_the_optimizer_and_the_sched
             {"lr_scheduler_kwargs": {"min_lr_rate": 0.1}},
             r"train.lr_scheduler_kwargs: cosine takes num_cycles, not min_lr_rate",
         ),
+        # it failed inside the train task, after ingest and tokenization, with a traceback
+        (
+            {"optim": "adamw_torh"},
+            r"train.optim: 'adamw_torh' is not a transformers optimizer \(did you mean adamw_torch",
+        ),
+        (
+            {"optim": "bogus"},
+            r"train.optim: 'bogus' is not a transformers optimizer; choose from adamw_torch, ",
+        ),
     ],
 )
 def test_a_schedule_transformers_cannot_build_fails_before_any_model(settings, says):
@@ -279,6 +288,7 @@ def test_a_schedule_transformers_cannot_build_fails_before_any_model(settings, s
     with pytest.raises(ConfigError, match=says):
         preflight.check_methods(TrainFlowConfig(train=TrainConfig(**settings)))
     preflight.check_methods(TrainFlowConfig(train=TrainConfig(lr_scheduler_type="cosine_with_min_lr")))
+    preflight.check_methods(TrainFlowConfig(train=TrainConfig(optim="adafactor")))
 
 
 def test_neftune_noises_the_embeddings_while_training_only(gym_home):
