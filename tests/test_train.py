@@ -307,3 +307,36 @@ def test_neftune_noises_the_embeddings_while_training_only(gym_home):
     ids = torch.tensor([[5, 17, 300, 42, 7]])
     with torch.no_grad():
         assert torch.equal(trained(ids).logits, trained(ids).logits)
+
+
+def test_records_cutoff_len_cut_or_left_out_are_reported_when_training_starts(gym_home, capsys):
+    """They were counted in the tokenized data's meta and said nowhere: a user's long records vanished
+    silently (sft), or trained with their answers cut away (pairs)."""
+    import datasets
+
+    from gym.data.ingest import load_meta
+
+    data = Path(__file__).parent / "fixtures" / "data"
+    whole = datasets.load_from_disk(str(tokenized(str(data / "alpaca.jsonl"), tiny())))
+    cut = min(len(ids) for ids in whole["input_ids"]) - 1  # every record is cut; some lose all labels
+    sft = tokenized(str(data / "alpaca.jsonl"), tiny(), cutoff_len=cut)
+    result = load_meta(sft)["result"]
+    assert result["num_dropped"] and result["num_truncated"]
+    train.run(TrainConfig(method="sft", max_steps=1), tiny(), sft)
+    err = capsys.readouterr().err
+    total = result["num_dropped"] + result["num_records"]
+    assert (
+        f"gym: sft: note: {result['num_dropped']} of {total} record(s) left out: within cutoff_len={cut}"
+        in err
+    )
+    assert (
+        f"note: {result['num_truncated']} of {result['num_records']} record(s) cut to cutoff_len={cut}" in err
+    )
+    pairs = tokenized(str(data / "preference_lf.json"), tiny(), cutoff_len=cut)
+    over = load_meta(pairs)["result"]["stats"]["num_over_cutoff"]
+    assert over
+    train.run(TrainConfig(method="dpo", max_steps=1), tiny(), pairs)
+    assert f"gym: dpo: note: {over} of " in capsys.readouterr().err
+    untouched = tokenized("demo_sft", tiny(), max_samples=16)
+    train.run(TrainConfig(method="sft", max_steps=1), tiny(), untouched)
+    assert "record(s)" not in capsys.readouterr().err

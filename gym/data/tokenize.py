@@ -146,6 +146,25 @@ class TokenizeResult(BaseModel):
     """Token counts: total, longest, mean, trainable, records over cutoff_len (text: texts, dropped tail)."""
 
 
+def cut_notes(result: dict[str, Any], cutoff_len: int) -> list[str]:
+    """What `cutoff_len` cost a tokenized dataset (its meta's `result`), in words: sft records cut or
+    left out, longer pairs or completions that training cuts. Empty when nothing was cut."""
+    notes, kind, kept = [], result.get("kind"), result.get("num_records", 0)
+    cut, fix = f"cutoff_len={cutoff_len} tokens", "raise cutoff_len to keep them whole"
+    if dropped := result.get("num_dropped", 0):
+        notes.append(
+            f"{dropped} of {dropped + kept} record(s) left out: within {cut} no answer token is left ({fix})"
+        )
+    if truncated := result.get("num_truncated", 0):
+        notes.append(f"{truncated} of {kept} record(s) cut to {cut}: what follows is not trained on ({fix})")
+    if kind in ("preference", "kto") and (over := result.get("stats", {}).get("num_over_cutoff", 0)):
+        notes.append(
+            f"{over} of {kept} record(s) longer than {cut} with their answers: training cuts them there, "
+            f"and what is cut teaches nothing ({fix})"
+        )
+    return notes
+
+
 def tokenizer_identity(tokenizer_dir: str | Path, revision: str | None = None) -> dict[str, Any]:
     """Hash of a local tokenizer's files (weights skipped), or the hub id + revision."""
     path = Path(tokenizer_dir).expanduser()
