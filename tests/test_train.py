@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -309,7 +310,9 @@ def test_neftune_noises_the_embeddings_while_training_only(gym_home):
         assert torch.equal(trained(ids).logits, trained(ids).logits)
 
 
-def test_records_cutoff_len_cut_or_left_out_are_reported_when_training_starts(gym_home, capsys):
+def test_records_cutoff_len_cut_or_left_out_and_pairs_without_a_preference_are_reported(
+    gym_home, capsys, tmp_path
+):
     """They were counted in the tokenized data's meta and said nowhere: a user's long records vanished
     silently (sft), or trained with their answers cut away (pairs)."""
     import datasets
@@ -336,7 +339,17 @@ def test_records_cutoff_len_cut_or_left_out_are_reported_when_training_starts(gy
     over = load_meta(pairs)["result"]["stats"]["num_over_cutoff"]
     assert over
     train.run(TrainConfig(method="dpo", max_steps=1), tiny(), pairs)
-    assert f"gym: dpo: note: {over} of " in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"gym: dpo: note: {over} of " in err and "same text" not in err
+    # A pair whose chosen and rejected answers are one text teaches no preference: trained on silently.
+    same = tmp_path / "same.jsonl"
+    rows = [{"prompt": f"q{i}", "chosen": "yes", "rejected": "no"} for i in range(5)]
+    rows += [{"prompt": "q5", "chosen": "same", "rejected": "same"}]
+    same.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    train.run(TrainConfig(method="orpo", max_steps=1), tiny(), tokenized(str(same), tiny()))
+    assert "gym: orpo: note: 1 of 6 pair(s) have the same text as chosen and rejected answer" in (
+        capsys.readouterr().err
+    )
     untouched = tokenized("demo_sft", tiny(), max_samples=16)
     train.run(TrainConfig(method="sft", max_steps=1), tiny(), untouched)
     assert "record(s)" not in capsys.readouterr().err

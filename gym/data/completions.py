@@ -111,9 +111,13 @@ def stats_for(ds: datasets.Dataset, kind: str, cutoff_len: int) -> dict[str, int
     for column in answers[1:]:
         longest = pc.max_element_wise(longest, _lengths(ds, column))
     total = pc.add(prompt, longest)
-    return {
+    stats: dict[str, int | float] = {
         "max_prompt_len": int(pc.max(prompt).as_py() or 0),
         "max_len": int(pc.max(total).as_py() or 0),
         "mean_len": float(pc.sum(total).as_py() or 0) / n,
         "num_over_cutoff": int(pc.sum(pc.greater(total, cutoff_len)).as_py() or 0),
     }
+    if kind == "preference":  # a pair whose answers are one text: no preference to learn
+        same = pc.equal(ds.data.column("chosen"), ds.data.column("rejected"))
+        stats["num_same_answers"] = int(pc.sum(same).as_py() or 0)
+    return stats

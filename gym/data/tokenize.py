@@ -146,9 +146,10 @@ class TokenizeResult(BaseModel):
     """Token counts: total, longest, mean, trainable, records over cutoff_len (text: texts, dropped tail)."""
 
 
-def cut_notes(result: dict[str, Any], cutoff_len: int) -> list[str]:
-    """What `cutoff_len` cost a tokenized dataset (its meta's `result`), in words: sft records cut or
-    left out, longer pairs or completions that training cuts. Empty when nothing was cut."""
+def data_notes(result: dict[str, Any], cutoff_len: int) -> list[str]:
+    """What a tokenized dataset (its meta's `result`) holds that its user should know before training, in
+    words: sft records `cutoff_len` cut or left out, longer pairs or completions that training cuts,
+    pairs whose two answers are the same text. Empty when there is nothing to say."""
     notes, kind, kept = [], result.get("kind"), result.get("num_records", 0)
     cut, fix = f"cutoff_len={cutoff_len} tokens", "raise cutoff_len to keep them whole"
     if dropped := result.get("num_dropped", 0):
@@ -161,6 +162,11 @@ def cut_notes(result: dict[str, Any], cutoff_len: int) -> list[str]:
         notes.append(
             f"{over} of {kept} record(s) longer than {cut} with their answers: training cuts them there, "
             f"and what is cut teaches nothing ({fix})"
+        )
+    if same := result.get("stats", {}).get("num_same_answers", 0):
+        notes.append(
+            f"{same} of {kept} pair(s) have the same text as chosen and rejected answer: they teach no "
+            "preference; drop them from the data, or give each a worse rejected answer"
         )
     return notes
 

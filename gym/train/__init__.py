@@ -26,7 +26,7 @@ from filelock import FileLock
 from gym import workspace
 from gym.data.formats import require_kind
 from gym.data.ingest import load_meta
-from gym.data.tokenize import cut_notes
+from gym.data.tokenize import data_notes
 from gym.errors import ConfigError
 from gym.hashing import hash_obj
 from gym.models import MODEL_META, ModelRef, load_model, load_tokenizer
@@ -149,7 +149,7 @@ def run(
         for what, choice in choices.items():
             print(f"gym: {config.method}: {what}: {choice}", file=sys.stderr, flush=True)
         longest_trained = min(longest or 0, cutoff)  # what training sees: cut to cutoff_len
-        notes = [*cut_notes(meta["result"], cutoff), rope.hint(config.rope_scaling, model, longest_trained)]
+        notes = [*data_notes(meta["result"], cutoff), rope.hint(config.rope_scaling, model, longest_trained)]
         for note in filter(None, notes):
             print(f"gym: {config.method}: note: {note}", file=sys.stderr, flush=True)
         held_out = Path(eval_data) if eval_data else None
