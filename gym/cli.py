@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from gym.cli_options import ArgumentParser
+from gym.cli_options import ArgumentParser, whole_number
 from gym.errors import GymError
 
 
@@ -68,11 +68,19 @@ def cmd_data(argv: Sequence[str]) -> int:
         "--model", default=None, help="Also show templated text and trained-on tokens for this model."
     )
     parser.add_argument("--template", default=None, help="Chat template (default: the model's).")
+    parser.add_argument(
+        "--cutoff_len",
+        "--cutoff-len",
+        type=whole_number(1, None, "a whole number of tokens, at least 1"),
+        default=None,
+        help="With --model: cut sequences at this many tokens, as training would (default: 1024).",
+    )
     parser.add_argument("--json", action="store_true", help="Print JSON.")
     args = parser.parse_args(_with_action(argv, ("preview",), "preview"))  # `gym data FILE` previews it
     from gym.data.preview import preview
 
-    print(preview(args.dataset, n=args.n, model=args.model, template=args.template, as_json=args.json))
+    options = {"n": args.n, "model": args.model, "template": args.template, "cutoff_len": args.cutoff_len}
+    print(preview(args.dataset, as_json=args.json, **options))
     return 0
 
 

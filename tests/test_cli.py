@@ -84,6 +84,26 @@ def test_data_preview_of_pairs_and_kto_says_what_the_loss_scores(capsys):
         assert legend in out and "⟦" not in out
 
 
+def test_data_preview_numbers_records_as_the_file_does_and_says_what_cutoff_len_cuts(tmp_path, capsys):
+    """A record left out (no answer token within cutoff_len) vanished from the preview and shifted the
+    numbers of the rest; the hint for raw text too short for a block (lower cutoff_len) had no flag."""
+    data = tmp_path / "long.jsonl"
+    rows = [{"instruction": "word " * 40, "output": "ok"}, {"instruction": "a", "output": "word " * 40}]
+    rows += [{"instruction": "b", "output": "c"}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["data", str(data), "--model", "gym-tiny", "--cutoff_len", "24"]) == 0
+    out = capsys.readouterr().out
+    assert "note: 1 of 3 record(s) left out (record 1): within cutoff_len=24 tokens" in out
+    assert "note: 1 of 2 record(s) cut to cutoff_len=24 tokens (record 2)" in out
+    assert "--- record 1" not in out and "--- record 2 (24 tokens)" in out and "--- record 3 (" in out
+    text = tmp_path / "short.jsonl"
+    text.write_text('{"text": "hello world"}\n')
+    assert main(["data", str(text), "--model", "gym-tiny"]) == 2
+    assert "fewer than one block of cutoff_len=1024 (lower cutoff_len" in capsys.readouterr().err
+    assert main(["data", str(text), "--model", "gym-tiny", "--cutoff-len", "4"]) == 0
+    assert "--- block 1 (4 tokens)" in capsys.readouterr().out
+
+
 def test_data_preview_reports_bad_file_with_record_and_field(tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"instruction": "a", "output": "b"}\n{"instruction": "c"}\n')

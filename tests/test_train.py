@@ -324,16 +324,19 @@ def test_records_cutoff_len_cut_or_left_out_and_pairs_without_a_preference_are_r
     cut = min(len(ids) for ids in whole["input_ids"]) - 1  # every record is cut; some lose all labels
     sft = tokenized(str(data / "alpaca.jsonl"), tiny(), cutoff_len=cut)
     result = load_meta(sft)["result"]
-    assert result["num_dropped"] and result["num_truncated"]
+    # Named by their numbers in the file: left out = no label within the cut; the others are all cut.
+    dropped = [i for i, labels in enumerate(whole["labels"], 1) if set(labels[:cut]) == {-100}]
+    kept = [i for i in range(1, len(whole) + 1) if i not in dropped]
+    assert (result["dropped_records"], result["truncated_records"]) == (dropped, kept) and dropped and kept
     train.run(TrainConfig(method="sft", max_steps=1), tiny(), sft)
     err = capsys.readouterr().err
-    total = result["num_dropped"] + result["num_records"]
+    one, *_ = dropped
     assert (
-        f"gym: sft: note: {result['num_dropped']} of {total} record(s) left out: within cutoff_len={cut}"
-        in err
+        f"gym: sft: note: 1 of {len(whole)} record(s) left out (record {one}): within cutoff_len={cut}" in err
     )
+    which = ", ".join(map(str, kept))
     assert (
-        f"note: {result['num_truncated']} of {result['num_records']} record(s) cut to cutoff_len={cut}" in err
+        f"note: {len(kept)} of {len(kept)} record(s) cut to cutoff_len={cut} tokens (records {which})" in err
     )
     pairs = tokenized(str(data / "preference_lf.json"), tiny(), cutoff_len=cut)
     over = load_meta(pairs)["result"]["stats"]["num_over_cutoff"]

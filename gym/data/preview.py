@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from gym.data.mix import ingest_named
-from gym.data.tokenize import IGNORE_INDEX, TokenizeSettings, tokenize
+from gym.data.tokenize import IGNORE_INDEX, TokenizeSettings, data_notes, tokenize
 
 
 def _marked(tokenizer: Any, input_ids: list[int], labels: list[int]) -> str:
@@ -44,7 +44,12 @@ LEGEND = {
 
 
 def preview(
-    dataset: str, n: int = 3, model: str | None = None, template: str | None = None, as_json: bool = False
+    dataset: str,
+    n: int = 3,
+    model: str | None = None,
+    template: str | None = None,
+    as_json: bool = False,
+    cutoff_len: int | None = None,
 ) -> str:
     from datasets import load_from_disk
 
@@ -62,14 +67,20 @@ def preview(
     ref = resolve(model, template)
     tok = load_tokenizer(ref)
     # Blocks of raw text span many texts: they are cut from the whole dataset, as training cuts them.
-    settings = TokenizeSettings() if ingested.kind == "text" else TokenizeSettings(max_samples=n)
+    cut = {} if cutoff_len is None else {"cutoff_len": cutoff_len}
+    settings = TokenizeSettings(**cut) if ingested.kind == "text" else TokenizeSettings(max_samples=n, **cut)
     tokenized = tokenize(ingested.path, ref.path, ref.template, settings, revision=ref.revision)
     blocks = load_from_disk(str(tokenized.path))
     rows = [dict(r) for r in blocks.select(range(min(n, len(blocks))))]
     if as_json:
         return json.dumps(rows, ensure_ascii=False)
     parts = [header, f"template {ref.template}; {LEGEND[tokenized.kind]}"]
-    for i, row in enumerate(rows, 1):
+    shown = f" (of the first {n})" if tokenized.kind != "text" and ingested.num_records > n else ""
+    parts += [f"note{shown}: {note}" for note in data_notes(tokenized.model_dump(), settings.cutoff_len)]
+    # Record numbers as in the dataset: those left out (nothing trainable within cutoff_len) are skipped.
+    dropped = set(tokenized.dropped_records)
+    numbers = [i for i in range(1, ingested.num_records + 1) if i not in dropped]
+    for i, row in zip(numbers, rows, strict=False):
         if tokenized.kind in ("sft", "text"):
             marked = _marked(tok, row["input_ids"], row["labels"])
             unit = "block" if tokenized.kind == "text" else "record"

@@ -64,7 +64,10 @@ def features(kind: str) -> datasets.Features:
 
     ids = List(Value("int64"))
     return {
-        "sft": Features({"input_ids": ids, "labels": ids, "truncated": Value("bool")}),
+        # truncated, record: what tokenize counts and names (cut, left out); not kept in the artifact
+        "sft": Features(
+            {"input_ids": ids, "labels": ids, "truncated": Value("bool"), "record": Value("int64")}
+        ),
         "preference": Features(
             {n: Value("string") for n in ("prompt", "chosen", "rejected")}
             | {f"{n}_ids": ids for n in ("prompt", "chosen", "rejected")}
@@ -142,8 +145,30 @@ class TokenizeResult(BaseModel):
     """sft records cut to `cutoff_len` (and kept)."""
     num_dropped: int = 0
     """sft records dropped because no trainable token was left."""
+    truncated_records: list[int] = Field(default_factory=list)
+    """The first NAMED of the records cut (1-based record numbers of the dataset, as errors name them)."""
+    dropped_records: list[int] = Field(default_factory=list)
+    """The first NAMED of the records dropped (1-based record numbers)."""
     stats: dict[str, int | float] = Field(default_factory=dict)
     """Token counts: total, longest, mean, trainable, records over cutoff_len (text: texts, dropped tail)."""
+
+
+NAMED = 100  # records named per kind of cut: enough to find them, or to number a preview's records
+
+
+def _cut_records(out: datasets.Dataset, total: int) -> dict[str, list[int]]:
+    """The first NAMED record numbers of sft records cut to cutoff_len, and of those left out."""
+    import numpy as np
+
+    kept = out.data.column("record").to_numpy()
+    truncated = kept[out.data.column("truncated").to_numpy(zero_copy_only=False)]
+    dropped = np.setdiff1d(np.arange(1, total + 1), kept, assume_unique=True)
+    return {"truncated_records": truncated[:NAMED].tolist(), "dropped_records": dropped[:NAMED].tolist()}
+
+
+def _which(records: list[int], count: int) -> str:
+    shown = ", ".join(map(str, records[:5]))
+    return f" (record{'s' if count > 1 else ''} {shown}{', ...' if count > 5 else ''})" if records else ""
 
 
 def data_notes(result: dict[str, Any], cutoff_len: int) -> list[str]:
@@ -153,11 +178,16 @@ def data_notes(result: dict[str, Any], cutoff_len: int) -> list[str]:
     notes, kind, kept = [], result.get("kind"), result.get("num_records", 0)
     cut, fix = f"cutoff_len={cutoff_len} tokens", "raise cutoff_len to keep them whole"
     if dropped := result.get("num_dropped", 0):
+        which = _which(result.get("dropped_records", []), dropped)
         notes.append(
-            f"{dropped} of {dropped + kept} record(s) left out: within {cut} no answer token is left ({fix})"
+            f"{dropped} of {dropped + kept} record(s) left out{which}: within {cut} no answer token is left "
+            f"({fix})"
         )
     if truncated := result.get("num_truncated", 0):
-        notes.append(f"{truncated} of {kept} record(s) cut to {cut}: what follows is not trained on ({fix})")
+        which = _which(result.get("truncated_records", []), truncated)
+        notes.append(
+            f"{truncated} of {kept} record(s) cut to {cut}{which}: what follows is not trained on ({fix})"
+        )
     if kind in ("preference", "kto") and (over := result.get("stats", {}).get("num_over_cutoff", 0)):
         notes.append(
             f"{over} of {kept} record(s) longer than {cut} with their answers: training cuts them there, "
@@ -221,7 +251,7 @@ def sft_labels(
 
 def _sft_batch(tokenizer: Any, template: str, settings: TokenizeSettings) -> BatchFn:
     def fn(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
-        out: dict[str, list] = {"input_ids": [], "labels": [], "truncated": []}
+        out: dict[str, list] = {"input_ids": [], "labels": [], "truncated": [], "record": []}
         conversations = templates.with_system(batch["messages"], settings.default_system)
         for messages, index in zip(conversations, indices, strict=True):
             enc = templates.encode(tokenizer, messages, template)
@@ -242,6 +272,7 @@ def _sft_batch(tokenizer: Any, template: str, settings: TokenizeSettings) -> Bat
             out["input_ids"].append(enc.input_ids[:cut])
             out["labels"].append(labels[:cut])
             out["truncated"].append(len(enc.input_ids) > cut)
+            out["record"].append(index + 1)
         return out
 
     return fn
@@ -407,11 +438,13 @@ def tokenize(
             desc=f"tokenize {kind}",
         )
         num_truncated = num_dropped = 0
+        named: dict[str, list[int]] = {}
         text_stats: dict[str, int] = {}
         if kind == "sft":
             num_truncated = int(pc.sum(out.data.column("truncated")).as_py() or 0)
             num_dropped = len(ds) - len(out)
-            out = out.remove_columns("truncated")
+            named = _cut_records(out, len(ds))
+            out = out.remove_columns(["truncated", "record"])
         if kind == "text":
             out, text_stats = text_blocks(out, settings.cutoff_len, block_start(tokenizer))
             if len(out) == 0:
@@ -433,6 +466,7 @@ def tokenize(
             num_records=len(out),
             num_truncated=num_truncated,
             num_dropped=num_dropped,
+            **named,
             stats={**stats_for(out, kind, settings.cutoff_len), **text_stats},
         )
         meta_out = {
