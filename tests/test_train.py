@@ -356,3 +356,24 @@ def test_records_cutoff_len_cut_or_left_out_and_pairs_without_a_preference_are_r
     untouched = tokenized("demo_sft", tiny(), max_samples=16)
     train.run(TrainConfig(method="sft", max_steps=1), tiny(), untouched)
     assert "record(s)" not in capsys.readouterr().err
+
+
+def test_adapter_settings_the_finetuning_type_does_not_read_get_a_note():
+    """`--finetuning_type full --lora_rank 16` trained in full and said nothing of the rank."""
+    from gym.train import adapters
+    from gym.train.config import FreezeSettings, LoraSettings
+
+    rank16 = LoraSettings(r=16, alpha=32)
+    assert "lora settings are unused: finetuning_type full" in str(
+        adapters.unused_settings(TrainConfig(finetuning_type="full", lora=rank16))
+    )
+    assert "freeze settings are unused" in str(
+        adapters.unused_settings(TrainConfig(finetuning_type="dora", freeze=FreezeSettings(layers=1)))
+    )
+    for read in (
+        TrainConfig(finetuning_type="lora", lora=rank16),
+        TrainConfig(finetuning_type="freeze", freeze=FreezeSettings(layers=1)),
+        TrainConfig(finetuning_type="full", lora=LoraSettings()),  # as good as unset
+        TrainConfig(finetuning_type="full"),
+    ):
+        assert adapters.unused_settings(read) is None

@@ -138,6 +138,7 @@ def run(
     n_eval = load_meta(eval_data)["result"]["num_records"] if eval_data else 0
     cutoff = meta["settings"]["cutoff_len"]
     longest = meta["result"].get("stats", {}).get("max_len")
+    unused = adapters.unused_settings(config)  # the user's settings: plan fills in the rest
     config, choices = plan(config, model, meta["result"]["num_records"], n_eval, cutoff, longest)
     digest = stage_digest(config, model, train_data, eval_data)
     stage_dir = workspace.path("models", f"{config.method}-{digest}")
@@ -149,7 +150,11 @@ def run(
         for what, choice in choices.items():
             print(f"gym: {config.method}: {what}: {choice}", file=sys.stderr, flush=True)
         longest_trained = min(longest or 0, cutoff)  # what training sees: cut to cutoff_len
-        notes = [*data_notes(meta["result"], cutoff), rope.hint(config.rope_scaling, model, longest_trained)]
+        notes = [
+            unused,
+            *data_notes(meta["result"], cutoff),
+            rope.hint(config.rope_scaling, model, longest_trained),
+        ]
         for note in filter(None, notes):
             print(f"gym: {config.method}: note: {note}", file=sys.stderr, flush=True)
         held_out = Path(eval_data) if eval_data else None

@@ -70,6 +70,21 @@ def check(config: TrainConfig, model_ref: ModelRef) -> None:
             )
 
 
+def unused_settings(config: TrainConfig) -> str | None:
+    """A note when the user set adapter settings the stage's finetuning_type does not read (LoRA settings
+    for full or freeze, freeze settings for anything else); else None. Before `plan`, which sets them."""
+    from gym.train.config import FreezeSettings, LoraSettings
+
+    kind = config.finetuning_type
+    if kind in ("full", "freeze") and "lora" in config.model_fields_set and config.lora != LoraSettings():
+        return (
+            f"the lora settings are unused: finetuning_type {kind} trains the weights themselves, no adapter"
+        )
+    if kind != "freeze" and "freeze" in config.model_fields_set and config.freeze != FreezeSettings():
+        return f"the freeze settings are unused: they choose what finetuning_type freeze trains, not {kind}"
+    return None
+
+
 def new_rows(config: TrainConfig, model_ref: ModelRef) -> dict[str, str]:
     """The stage's choice for rows of tokens added to the vocabulary (gym.vocab), in words."""
     if not model_ref.new_token_ids:
