@@ -377,3 +377,39 @@ def test_adapter_settings_the_finetuning_type_does_not_read_get_a_note():
         TrainConfig(finetuning_type="full"),
     ):
         assert adapters.unused_settings(read) is None
+
+
+def test_resuming_a_tied_embedding_model_warns_of_no_missing_key_but_a_real_one_still_warns(gym_home):
+    """gym-tiny's output layer shares the embedding's weight, saved once: every resume warned
+    "There were missing keys in the checkpoint model loaded: ['lm_head.weight']", which is not so."""
+    import logging
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from gym.train.common import MISSING_KEYS, tied_keys_not_missing
+
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    log = logging.getLogger("transformers.trainer")
+    log.addHandler(handler)
+    try:
+        config = TrainConfig(method="sft", max_steps=3, save_steps=1, logging_steps=1)
+        data = tokenized("demo_sft", tiny(), max_samples=64)
+        stage = Path(train.run(config, tiny(), data).stage_dir)
+        (stage / "result.json").unlink()  # as if killed after the checkpoint of step 2
+        shutil.rmtree(stage / "model")
+        shutil.rmtree(stage / "checkpoints" / "checkpoint-3")
+        resumed = train.run(config, tiny(), data)
+        assert resumed.resumed_from is not None and resumed.resumed_from.endswith("checkpoint-2")
+        assert not [m for m in seen if m.startswith(MISSING_KEYS)], seen
+        model = AutoModelForCausalLM.from_pretrained(resumed.model_dir)
+        assert torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
+        with tied_keys_not_missing(model):  # a key that is really missing still warns
+            log.warning(MISSING_KEYS + "['model.norm.weight'].")
+            log.warning(MISSING_KEYS + "['lm_head.weight'].")
+        assert [m for m in seen if m.startswith(MISSING_KEYS)] == [MISSING_KEYS + "['model.norm.weight']."]
+    finally:
+        log.removeHandler(handler)

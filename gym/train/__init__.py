@@ -52,7 +52,14 @@ from gym.train import (
     speed,
     tf_grpo,
 )
-from gym.train.common import TrainResult, check_hardware, count_params, evals_from, losses_from
+from gym.train.common import (
+    TrainResult,
+    check_hardware,
+    count_params,
+    evals_from,
+    losses_from,
+    tied_keys_not_missing,
+)
 from gym.train.config import FINETUNING_TYPES, LORA_TYPES, TrainConfig, with_defaults
 from gym.train.grpo import online as grpo_online
 
@@ -295,10 +302,11 @@ def _train(
         # resume it by training one step more: take the checkpoint's weights and state as they are.
         from transformers import TrainerState
 
-        trainer._load_from_checkpoint(resume)
+        with tied_keys_not_missing(trainer.model):
+            trainer._load_from_checkpoint(resume)
         trainer.state = TrainerState.load_from_json(str(Path(resume) / "trainer_state.json"))
     else:
-        with speed.gc_frozen():
+        with speed.gc_frozen(), tied_keys_not_missing(trainer.model):
             trainer.train(resume_from_checkpoint=resume)
     seconds = time.perf_counter() - start
     if at_start is not None:

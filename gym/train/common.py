@@ -7,7 +7,10 @@ returned as it is. A file lock keeps two runs from writing the same directory.
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -206,3 +209,35 @@ def evals_from(log_history: list[dict[str, Any]]) -> dict[str, list[tuple[int, f
             if number and key.startswith("eval_") and key not in EVAL_TIMINGS:
                 curves.setdefault(key, []).append((int(entry["step"]), float(value)))
     return curves
+
+
+# transformers' words when a resumed checkpoint lacks some of the model's keys
+# (Trainer._issue_warnings_after_load)
+MISSING_KEYS = "There were missing keys in the checkpoint model loaded: "
+
+
+@contextlib.contextmanager
+def tied_keys_not_missing(model: Any) -> Iterator[None]:
+    """Resuming a model whose output layer shares the input embedding's weight (gym-tiny, Qwen2.5-0.5B,
+    Gemma...), transformers warns that the checkpoint lacks `lm_head.weight`: safetensors saves a
+    shared tensor once, and loading it restores both names. Only that warning is dropped, only when
+    every key it names is such a second name of a loaded tensor; any other missing key still warns."""
+    every = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    tied = every - {name for name, _ in model.named_parameters()}
+    log = logging.getLogger("transformers.trainer")
+
+    def keep(record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.startswith(MISSING_KEYS):
+            return True
+        try:
+            keys = ast.literal_eval(message.removeprefix(MISSING_KEYS).rstrip("."))
+        except (ValueError, SyntaxError):
+            return True
+        return not (tied and set(keys) <= tied)
+
+    log.addFilter(keep)
+    try:
+        yield
+    finally:
+        log.removeFilter(keep)
