@@ -118,6 +118,10 @@ def test_sampling_flags_out_of_range_are_refused_before_the_model_loads(capsys):
         assert main(["chat", "--model", "no-such-model", flag, bad]) == 2
         err = capsys.readouterr().err
         assert f"error: {flag}: Input should be {says}" in err and "no-such-model" not in err
+    # A --system with bytes that are not UTF-8 (argv decodes them to lone surrogates)
+    with pytest.raises(SystemExit):
+        main(["chat", "--model", "no-such-model", "--system", b"be \xff".decode("utf-8", "surrogateescape")])
+    assert "--system holds '\\udcff' at character 3, an unpaired surrogate" in capsys.readouterr().err
 
 
 class Spy:
