@@ -103,6 +103,19 @@ def test_any_lm_eval_task_by_name_in_the_same_result_format(tmp_path, capsys):
         (["--benchmark", "mmlu", "--data-dir", "{good}", "--subjects", "astrology"], "unknown mmlu subject"),
         (["--lm-eval-task", "toy", "--include-path", "{good}/nowhere"], "is not a folder"),
         (["--benchmark", "mmlu", "--data-dir", "{good}", "--device", "cuda:3"], "no CUDA GPU"),
+        # each was accepted: a window of 0 or fewer tokens, flags that do nothing for what was asked, and
+        # an --output folder that failed after the whole evaluation
+        (["--benchmark", "mmlu", "--data-dir", "{good}", "--max-length", "0"], "greater than or equal to 1"),
+        (
+            ["--lm-eval-task", "toy", "--subjects", "x", "--mapping", "m.json"],
+            "--subjects and --mapping choose",
+        ),
+        (["--lm-eval-task", "toy", "--engine", "gym"], "--engine gym scores --benchmark only"),
+        (
+            ["--benchmark", "mmlu", "--data-dir", "{good}", "--include-path", "{good}"],
+            "--include-path indexes",
+        ),
+        (["--benchmark", "mmlu", "--data-dir", "{good}", "--output", "{good}"], "name a JSON file"),
     ],
 )
 def test_user_errors_end_with_error_and_status_2(tmp_path, capsys, extra, message):
@@ -163,3 +176,29 @@ def test_progress_in_a_log_file_is_lines_of_questions_not_a_redrawn_bar(tmp_path
     lines = [line for line in err.splitlines() if line.startswith("ceval:")]
     assert lines[0] == "ceval: 12 questions" and lines[-1].startswith("ceval: done, 12 questions in ")
     assert any(line.startswith("ceval: 50% (question 6/12)") for line in lines)
+
+
+def test_lm_eval_requests_it_cannot_serve_are_one_error_line(tmp_path, capsys):
+    """More shots than a task has examples, and a hub task offline, were lm-eval tracebacks."""
+    from gym.errors import ConfigError
+    from gym.eval.lm_eval_bridge import LmEvalSettings, _user_errors
+
+    tasks = _toy_tasks(tmp_path / "tasks")
+    argv = ["eval", "--model", "gym-tiny", "--lm-eval-task", "toy_a", "--include-path", str(tasks)]
+    assert main([*argv, "--shots", "99", "--limit", "1"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("error: --shots 99: more few-shot examples than the task toy_a")
+        and "Traceback" not in err
+    )
+    offline = LmEvalSettings(tasks=["arc_easy"])
+    with pytest.raises(ConfigError, match="arc_easy: its data could not be fetched"), _user_errors(offline):
+        raise ConnectionError("Couldn't reach 'allenai/ai2_arc' on the Hub (OfflineModeIsEnabled)")
+    with pytest.raises(ValueError, match="something else"), _user_errors(LmEvalSettings(tasks=["t"])):
+        raise ValueError("something else")
+
+
+def test_a_subject_named_twice_is_scored_once():
+    from gym.eval.multiple_choice import MCSettings
+
+    assert MCSettings(subjects=["anatomy", "virology", "anatomy"]).subjects == ["anatomy", "virology"]

@@ -23,6 +23,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from gym.cli_options import ArgumentParser, flag_error
+from gym.errors import ConfigError
 from gym.eval.benchmarks import BENCHMARKS
 from gym.eval.mc_score import resolve_device
 from gym.eval.results import EvalResult
@@ -51,7 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--limit", type=int, help="Questions per subject (per task for lm-eval).")
     parser.add_argument("--batch-size", type=int, default=16, help="Questions per forward pass.")
     parser.add_argument("--style", choices=["lm-eval", "chat"], default="lm-eval", help="Prompt style.")
-    parser.add_argument("--engine", choices=["gym", "lm-eval"], default="gym", help="Who scores --benchmark.")
+    parser.add_argument(
+        "--engine",
+        choices=["gym", "lm-eval"],
+        help="Who scores --benchmark (default: gym; lm-eval tasks: lm-eval).",
+    )
     parser.add_argument("--include-path", help="Folder of your own lm-eval task YAMLs.")
     parser.add_argument("--max-length", type=int, help="Context window in tokens (default: the model's).")
     parser.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda if present).")
@@ -69,6 +74,7 @@ def cmd_eval(argv: Sequence[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(translate("eval", argv, parser))
     _split_benchmark(parser, args)
+    _check_flags(args)
     try:
         run = _prepare(args)  # settings, data and task names checked before the model is resolved
     except ValidationError as exc:
@@ -107,6 +113,31 @@ def _split_benchmark(parser: argparse.ArgumentParser, args: argparse.Namespace) 
             "give one"
         )
     args.data_dir = data
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Flags that do nothing for what was asked, and an --output that can't be written: refused before
+    anything runs (they were ignored, or failed after the whole evaluation)."""
+    if args.lm_eval_task:
+        named = (("--subjects", args.subjects), ("--data-dir", args.data_dir), ("--mapping", args.mapping))
+        if given := [flag for flag, value in named if value]:
+            raise ConfigError(
+                f"{' and '.join(given)} choose gym's benchmark data (--benchmark), not lm-eval tasks: an "
+                "lm-eval task reads its own (your own YAMLs go in --include-path)"
+            )
+        if args.engine == "gym":
+            raise ConfigError("--lm-eval-task runs lm-eval: --engine gym scores --benchmark only")
+    elif args.include_path:
+        raise ConfigError(
+            "--include-path indexes your lm-eval task YAMLs for --lm-eval-task; --benchmark reads --data-dir"
+        )
+    if args.output:
+        out = Path(args.output).expanduser()
+        above = next((p for p in out.parents if p.exists()), None)
+        if out.is_dir() or (above is not None and not above.is_dir()):
+            raise ConfigError(
+                f"--output {args.output}: name a JSON file to write (a folder or a path below a file)"
+            )
 
 
 def _prepare(args: argparse.Namespace) -> Callable[[ModelRef], EvalResult]:

@@ -18,8 +18,10 @@ shipped with `retrieval_top_k` (a selection per question) cannot: it is refused 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +47,7 @@ class LmEvalSettings(BaseModel):
     batch_size: int = Field(16, ge=1, description="Requests per forward pass.")
     include_path: str | None = Field(None, description="A folder of your own lm-eval task YAMLs.")
     chat: bool = Field(False, description="Render prompts through the model's chat template.")
-    max_length: int | None = Field(None, description="Context window (default: the model's).")
+    max_length: int | None = Field(None, ge=1, description="Context window (default: the model's).")
     device: str = Field("auto", description="cpu, cuda, cuda:1 ... (auto: cuda when there is one).")
 
 
@@ -74,6 +76,27 @@ def task_manager(settings: LmEvalSettings, with_defaults: bool = True) -> Any:
             "your own YAMLs go in --include-path)"
         )
     return manager
+
+
+@contextlib.contextmanager
+def _user_errors(settings: LmEvalSettings) -> Iterator[None]:
+    """What lm-eval raises for a request it can't serve, as a ConfigError saying what to do (they were
+    tracebacks): a task whose data is on the hub while offline, more shots than a task has examples."""
+    try:
+        yield
+    except ConnectionError as exc:
+        raise ConfigError(
+            f"lm-eval task {', '.join(settings.tasks)}: its data could not be fetched ({exc}); with "
+            "HF_HUB_OFFLINE=1 or no network only data already in the hub cache is read: run once online, "
+            "or point your own task YAML (--include-path) at local files"
+        ) from None
+    except ValueError as exc:
+        if "larger than population" not in str(exc):
+            raise
+        raise ConfigError(
+            f"--shots {settings.shots}: more few-shot examples than the task {', '.join(settings.tasks)} "
+            "has to draw from; ask for fewer"
+        ) from None
 
 
 @functools.lru_cache(maxsize=4)
@@ -113,18 +136,19 @@ def run_lm_eval(
         batch_size=settings.batch_size,
         max_length=settings.max_length,
     )
-    out = lm_eval.simple_evaluate(
-        model=lm,
-        tasks=task_configs if task_configs is not None else list(settings.tasks),
-        num_fewshot=settings.shots,
-        limit=settings.limit,
-        task_manager=manager,
-        log_samples=True,
-        bootstrap_iters=0,
-        apply_chat_template=settings.chat,
-        fewshot_as_multiturn=settings.chat,
-        system_instruction=experience_block(shipped.texts) if shipped and shipped.texts else None,
-    )
+    with _user_errors(settings):
+        out = lm_eval.simple_evaluate(
+            model=lm,
+            tasks=task_configs if task_configs is not None else list(settings.tasks),
+            num_fewshot=settings.shots,
+            limit=settings.limit,
+            task_manager=manager,
+            log_samples=True,
+            bootstrap_iters=0,
+            apply_chat_template=settings.chat,
+            fewshot_as_multiturn=settings.chat,
+            system_instruction=experience_block(shipped.texts) if shipped and shipped.texts else None,
+        )
     if out is None:  # pragma: no cover - only on non-zero ranks of a distributed run
         raise ConfigError("lm-eval returned no results")
     seconds = time.perf_counter() - start

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gym import attention
 from gym.eval.mc_data import BenchmarkData, load_benchmark
@@ -49,12 +49,18 @@ class MCSettings(BaseModel):
         "lm-eval", description="lm-eval's plain prompt, or few-shot turns through the chat template."
     )
     max_length: int | None = Field(
-        None, description="Context window in tokens (default: the model's, as lm-eval reads it)."
+        None, ge=1, description="Context window in tokens (default: the model's, as lm-eval reads it)."
     )
     prefix_cache: bool = Field(True, description="Run a subject's shared prompt prefix once (same scores).")
     device: str = Field("auto", description="cpu, cuda, cuda:1 ... (auto: cuda when there is one).")
     mapping: str | None = Field(None, description="mapping.json with subject names and categories.")
     progress: bool = Field(True, description="Show a progress bar.")
+
+    @field_validator("subjects")
+    @classmethod
+    def _once_each(cls, value: list[str] | None) -> list[str] | None:
+        """A subject named twice is scored once (it was scored, and its prompts built, twice)."""
+        return list(dict.fromkeys(value)) if value is not None else None
 
 
 def evaluate_benchmark(model: ModelRef, settings: MCSettings) -> EvalResult:
