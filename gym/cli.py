@@ -33,9 +33,10 @@ def cmd_registry(argv: Sequence[str]) -> int:
     parser.add_argument("action", choices=["list", "show"], help="list (the default) or show NAME")
     parser.add_argument("name", nargs="?")
     parser.add_argument("--json", action="store_true", help="Print JSON.")
-    # `gym registry` lists, `gym registry NAME` shows one
-    bare = not argv or argv[0].startswith("-")
-    args = parser.parse_args(_with_action(argv, ("list", "show"), "list" if bare else "show"))
+    # `gym registry` lists, `gym registry NAME` shows one; flags may come first (`--json NAME`)
+    words = [a for a in argv if not a.startswith("-")]
+    argv = [*words, *(a for a in argv if a.startswith("-"))]
+    args = parser.parse_args(_with_action(argv, ("list", "show"), "show" if words else "list"))
     from gym import registry
 
     models = registry.load_models()

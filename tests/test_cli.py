@@ -52,6 +52,10 @@ def test_actions_default_to_what_a_bare_command_means(capsys):
         (["registry"], ["registry", "list"]),
         (["registry", "--json"], ["registry", "list", "--json"]),
         (["registry", "gym-tiny"], ["registry", "show", "gym-tiny"]),
+        # --json first: it was read as the first word ("unrecognized arguments")
+        (["registry", "--json", "gym-tiny"], ["registry", "show", "gym-tiny", "--json"]),
+        (["registry", "--json", "show", "gym-tiny"], ["registry", "show", "gym-tiny", "--json"]),
+        (["registry", "--json", "list"], ["registry", "list", "--json"]),
         (["data", "demo_sft", "-n", "1"], ["data", "preview", "demo_sft", "-n", "1"]),
         (["data", "-n", "1", "demo_sft"], ["data", "preview", "demo_sft", "-n", "1"]),
     ):
