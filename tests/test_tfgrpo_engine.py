@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import threading
+import warnings
 from pathlib import Path
 
 import pytest
@@ -106,7 +107,9 @@ def test_unreadable_replies_get_one_repair_then_degrade_safely(tmp_path):
             "consolidate": "I would add things.",
         }[k]
 
-    result, manifest, _, opt = run(tmp_path, optimizer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # degraded, but it learned: no warning
+        result, manifest, _, opt = run(tmp_path, optimizer)
     assert opt.calls == 4 + 2 + 2
     assert manifest.usage["extract_repair"].calls == 1 and manifest.usage["consolidate_repair"].calls == 1
     assert manifest.status == "degraded" and any("consolidate" in p for p in manifest.problems)
@@ -122,9 +125,28 @@ def test_unreadable_replies_get_one_repair_then_degrade_safely(tmp_path):
 
 
 def test_junk_everywhere_never_corrupts_the_library(tmp_path):
-    result, manifest, _, _ = run(tmp_path, lambda m, s: '{"operation": "update", "id": "G9", "text": "x"}')
+    # A run in which every step degraded and nothing was learned says so (it finished silently).
+    with pytest.warns(RuntimeWarning, match=r"TF-GRPO: all 1 steps degraded, so nothing was learned"):
+        result, manifest, _, _ = run(
+            tmp_path, lambda m, s: '{"operation": "update", "id": "G9", "text": "x"}'
+        )
     assert manifest.status == "degraded" and result.library_version == 0
     assert Library.load(result.library_file) == Library()
+
+
+def test_a_hosted_api_without_its_key_is_refused_before_any_call(monkeypatch):
+    """The README's APIModelAdapter.deepseek() run without $DEEPSEEK_API_KEY made every call fail,
+    and the run ended silently with an empty library."""
+    from gym.errors import ConfigError
+    from gym.train.grpo.api_model_adapter import APIModelAdapter
+
+    monkeypatch.delenv("DEEPSEEK_API_KEY", raising=False)
+    with pytest.raises(ConfigError, match=r"needs an API key and \$DEEPSEEK_API_KEY is not set"):
+        APIModelAdapter.deepseek()
+    monkeypatch.setenv("DEEPSEEK_API_KEY", "sk-test")
+    assert APIModelAdapter.deepseek().base_url == "https://api.deepseek.com/v1"
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)  # a server of one's own needs none
+    assert OpenAIClient("http://127.0.0.1:8000/v1", "gym-tiny").model == "gym-tiny"
 
 
 class Killed(BaseException):

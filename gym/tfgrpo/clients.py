@@ -16,10 +16,11 @@ from __future__ import annotations
 import os
 import threading
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel
 
-from gym.errors import GymError, MissingExtraError
+from gym.errors import ConfigError, GymError, MissingExtraError
 
 Messages = list[dict[str, str]]
 
@@ -55,6 +56,8 @@ class LLMClient(Protocol):
 
 _SEMAPHORES: dict[str, threading.BoundedSemaphore] = {}
 _SEMAPHORES_LOCK = threading.Lock()
+# Hosted APIs that answer nothing without a key (servers of one's own need none).
+KEYED_HOSTS = ("api.openai.com", "api.deepseek.com")
 
 
 def endpoint_semaphore(endpoint: str, limit: int) -> threading.BoundedSemaphore:
@@ -85,8 +88,14 @@ class OpenAIClient:
             raise MissingExtraError("the OpenAI-compatible client needs `pip install 'gym[api]'`") from exc
         self.base_url, self.model, self.max_n = base_url.rstrip("/"), model, max_n
         self.identity = f"openai:{self.base_url}#{model}"
-        # Servers that need no key (vLLM, Ollama, gym serve) still want the header to be there.
+        # Servers that need no key (vLLM, Ollama, gym serve) still want the header to be there; the
+        # hosted APIs refuse every call without one: said now, not as a run of failed calls.
         key = os.environ.get(api_key_env) or "EMPTY"
+        if key == "EMPTY" and urlsplit(self.base_url).hostname in KEYED_HOSTS:
+            raise ConfigError(
+                f"{self.base_url} needs an API key and ${api_key_env} is not set: export {api_key_env}=... "
+                "(gym reads it from the environment only, never from settings)"
+            )
         self._client = openai.OpenAI(
             base_url=self.base_url, api_key=key, timeout=timeout_s, max_retries=max_retries
         )

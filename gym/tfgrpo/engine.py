@@ -13,6 +13,7 @@ it had completed comes from the call cache. `flows/tf_grpo.py` runs the same sta
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -216,6 +217,15 @@ def mean_reward(manifest: StepManifest) -> float | None:
 def finish(
     rt: Runtime, library: Library, manifests: list[StepManifest], evals: list[EvalRecord], seconds: float
 ) -> RunResult:
+    unchanged = bool(manifests) and manifests[-1].version_out == manifests[0].version_in
+    if unchanged and all(m.status == "degraded" for m in manifests):
+        first = next((p for m in manifests for p in m.problems), "no reason recorded")
+        warnings.warn(
+            f"TF-GRPO: all {len(manifests)} steps degraded, so nothing was learned (the library is as it "
+            f"began); the first problem: {first}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     library_file = library.save(rt.run_dir / "library.json")
     if rt.settings.experience_lib_path:
         export_library(rt.run_dir, Path(rt.settings.experience_lib_path))
