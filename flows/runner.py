@@ -63,22 +63,36 @@ def build_parser(config_cls: type[BaseModel], prog: str | None = None) -> argpar
         help="Run every task instead of reading Prefect's task cache (gym still reuses artifacts it finds).",
     )
     paper = parser.add_argument_group("Gym paper flag names")
+    stages, fields = stage_fields(config_cls), config_cls.model_fields
+
+    def shown(applies: bool, text: str) -> str:  # a flag the flow can't use is refused, and not listed
+        return text if applies else argparse.SUPPRESS
+
     paper.add_argument("--model_name_or_path", dest="alias_model", metavar="MODEL", help="Same as --model.")
     paper.add_argument(
         "--finetuning_type",
         dest="alias_finetuning_type",
         metavar="TYPE",
-        help=f"{'/'.join(FINETUNING_TYPES)} for every stage, or a method name ({', '.join(METHODS)}).",
+        help=shown(
+            bool(stages),
+            f"{'/'.join(FINETUNING_TYPES)} for every stage, or a method name ({', '.join(METHODS)}).",
+        ),
     )
     paper.add_argument(
         "--num_train_epochs",
         dest="alias_epochs",
         metavar="EPOCHS",
         type=float,
-        help="Epochs for every stage (max_steps is then ignored unless given).",
+        help=shown(
+            bool(stages) or "epochs" in fields,
+            "Epochs for every stage (max_steps is then ignored unless given).",
+        ),
     )
     paper.add_argument(
-        "--output_dir", dest="alias_output_dir", metavar="DIR", help="Same as --output.output_dir."
+        "--output_dir",
+        dest="alias_output_dir",
+        metavar="DIR",
+        help=shown(_exports(config_cls), "Same as --output.output_dir."),
     )
     paper.add_argument(
         "--max-steps",
@@ -86,15 +100,18 @@ def build_parser(config_cls: type[BaseModel], prog: str | None = None) -> argpar
         dest="alias_max_steps",
         metavar="STEPS",
         type=int,
-        help="Optimiser steps for every stage.",
+        help=shown(bool(stages), "Optimiser steps for every stage."),
     )
-    if "dataset" not in config_cls.model_fields:
+    if "dataset" not in fields:
         comma_separated(
             paper.add_argument(
-                "--dataset", dest="alias_dataset", metavar="DATASET", help="Same as --sft_dataset."
+                "--dataset",
+                dest="alias_dataset",
+                metavar="DATASET",
+                help=shown("sft_dataset" in fields, "Same as --sft_dataset."),
             )
         )
-    if stages := stage_fields(config_cls):
+    if stages:
         cli_llamafactory.add_options(parser, stages)
     add_config_options(parser, config_cls)
     return parser
@@ -123,6 +140,7 @@ def _overrides(
     config_cls: type[BaseModel], args: argparse.Namespace, stages: list[str], derived: dict[str, Any]
 ) -> dict[str, Any]:
     """The settings one source (command line or config file) gives, as a nested dict."""
+    _refuse_unused(config_cls, args, stages)
     alias: dict[str, Any] = {}
     if args.alias_model:
         alias["model"] = args.alias_model
@@ -154,6 +172,32 @@ def _overrides(
     if stages:
         alias = merge(alias, cli_llamafactory.overrides(args, stages, **derived))
     return merge(alias, overrides_from(args, config_cls))
+
+
+def _exports(config_cls: type[BaseModel]) -> bool:
+    """Whether the flow can copy its final model to a folder (`output.output_dir`)."""
+    output = config_cls.model_fields.get("output")
+    annotation = output.annotation if output is not None else None
+    return isinstance(annotation, type) and "output_dir" in getattr(annotation, "model_fields", {})
+
+
+def _refuse_unused(config_cls: type[BaseModel], args: argparse.Namespace, stages: list[str]) -> None:
+    """The paper's flags a flow has nothing for (they were ignored, or failed naming inner fields)."""
+    trains_nothing = "this flow trains no weights: leave it out"
+    unused = {
+        "--finetuning_type": not stages and args.alias_finetuning_type is not None,
+        "--max-steps": not stages and args.alias_max_steps is not None,
+        "--num_train_epochs": not stages and "epochs" not in config_cls.model_fields and args.alias_epochs,
+        "--output_dir": not _exports(config_cls) and args.alias_output_dir,
+        "--dataset": "sft_dataset" not in config_cls.model_fields and getattr(args, "alias_dataset", None),
+    }
+    reasons = {
+        "--output_dir": "this flow writes no model to copy: leave it out",
+        "--dataset": "this flow trains on no dataset (name held-out data with --eval_dataset)",
+    }
+    for flag, given in unused.items():
+        if given:
+            raise GymError(f"{flag}: {reasons.get(flag, trains_nothing)}")
 
 
 def _alpha_given(config_cls: type[BaseModel], args: argparse.Namespace, stages: list[str]) -> bool:

@@ -134,3 +134,25 @@ def test_evaluate_flow_scores_only_named_held_out_data_on_a_model_not_from_gym_t
     named = ["--eval_dataset", "demo_sft_eval", "--eval_limit", "4"]
     assert main(evaluate, EvaluateConfig, [*argv, *named]) == 0
     assert "exact_match" in last_json(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--max-steps", "5"], "--max-steps: this flow trains no weights"),
+        (["--finetuning_type", "lora"], "--finetuning_type: this flow trains no weights"),
+        (["--num_train_epochs", "2"], "--num_train_epochs: this flow trains no weights"),
+        (["--output_dir", "out"], "--output_dir: this flow writes no model to copy"),
+        (["--dataset", "demo_sft"], "--dataset: this flow trains on no dataset"),
+    ],
+)
+def test_the_evaluate_flow_refuses_training_flags_and_does_not_list_them(argv, says, capsys):
+    """Listed in its --help, these were ignored (a run said nothing) or failed naming inner fields
+    (`sft_dataset: Extra inputs are not permitted`)."""
+    from flows.evaluate import EvaluateConfig, evaluate
+    from flows.runner import build_parser
+
+    assert main(evaluate, EvaluateConfig, argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {says}") and "\n" not in err
+    assert argv[0] not in build_parser(EvaluateConfig).format_help()
