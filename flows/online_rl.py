@@ -13,10 +13,14 @@ answer_format at weight 0.5), mean_reward measured on demo_prompts_eval.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from gym.errors import ConfigError
 from gym.train.rl_config import DEMO_REWARD_WEIGHTS, DEMO_REWARDS
+
+# Flags (as flow parameters, and LLaMA-Factory's PPO reward_model) that name the stage's rewards.
+OWN_REWARDS = {"train.rl.rewards", "reward_model"}
 
 REWARD = ("--reward",)
 WEIGHT = ("--reward-weight", "--reward_weight")
@@ -62,11 +66,18 @@ def rl_args(argv: Sequence[str], demo: bool) -> list[str]:
                 weights[-1] = float(value)
             except ValueError:
                 raise ConfigError(f"{flag} {value}: not a number") from None
+            if not math.isfinite(weights[-1] or 0.0):
+                raise ConfigError(f"{flag} {value}: not a finite number")
         else:
             rest += ["--train.rl.group_size", value]
     if demo:
-        if not rewards:
+        # The demo's rewards only where the user named none, by any spelling (they were appended after
+        # the user's --train.rl.rewards / --reward_model, and won)
+        spelled = {a.split("=", 1)[0].lstrip("-").replace("-", "_") for a in rest if a.startswith("--")}
+        if not rewards and not spelled & OWN_REWARDS:
             rewards, weights = list(DEMO_REWARDS), list(DEMO_REWARD_WEIGHTS)
+            if "train.rl.reward_weights" in spelled:  # the user's weights for the demo's rewards
+                weights = [None] * len(rewards)
         rest = ["--warm_start.dataset", "demo_format_sft", "--eval_dataset", "none", *rest]
     if rewards:
         rest += ["--train.rl.rewards", *rewards]

@@ -52,7 +52,7 @@ def check_methods(config: BaseModel) -> None:
             )
         check_speed(field, stage)
         check_precision(field, stage)
-        check_online(field, stage)
+        check_online(field, stage, getattr(config, "model", None))
         check_distributed(field, stage)
         check_schedule(field, stage)
         check_optim(field, stage)
@@ -143,12 +143,22 @@ def check_optim(field: str, stage: Any) -> None:
         )
 
 
-def check_online(field: str, stage: Any) -> None:
-    """Online RL stages: rewards that load, a batch of whole groups, an environment, vLLM if asked."""
+def check_online(field: str, stage: Any, model: str | None = None) -> None:
+    """Online RL stages: rewards that load, a batch of whole groups, an environment, vLLM if asked.
+    The batch is the one training will use: unset, it is the registry model's or the method's default
+    (a group size that did not divide the default failed only when the stage began, after warm-start
+    SFT had trained)."""
     from gym.train import rl_common
+    from gym.train.config import with_defaults
+    from gym.train.rl_config import ONLINE_METHODS
 
+    if stage.method not in ONLINE_METHODS:
+        return
     try:
-        rl_common.check(stage)
+        from gym.registry import load_models
+
+        spec = load_models().get(model or "")
+        rl_common.check(with_defaults(stage, dict(spec.train_defaults) if spec else {}))
     except ConfigError as exc:
         raise ConfigError(f"{field}.rl: {exc}") from None
 

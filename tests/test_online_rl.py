@@ -393,3 +393,18 @@ def test_killed_grpo_run_resumes_from_its_last_checkpoint(warm: ModelRef, gym_ho
     assert steps[0] == 1 and steps[-1] == 60, "the history spans the run before and after the kill"
     logged_steps = [json.loads(line)["step"] for line in (stage / "checkpoints" / "metrics.jsonl").open()]
     assert set(logged_steps) >= set(range(5, 61, 5)), "reward metrics cover both runs"
+
+
+def test_a_group_size_that_does_not_divide_the_default_batch_fails_in_the_flows_first_check():
+    """With the batch left to its default, the check found no batch and passed: the run failed only when
+    the stage began, after warm-start SFT had trained (~80 s)."""
+    from gym import preflight
+    from gym.pipeline import TrainFlowConfig
+    from gym.train.rl_config import RLSettings
+
+    config = TrainFlowConfig(train=TrainConfig(method="grpo", rl=RLSettings(group_size=3)))
+    assert config.train.per_device_train_batch_size is None
+    with pytest.raises(ConfigError, match=r"train\.rl: grpo: .* is not a multiple of group_size=3"):
+        preflight.check_methods(config)
+    fine = TrainFlowConfig(train=TrainConfig(method="grpo", rl=RLSettings(group_size=4)))
+    preflight.check_methods(fine)

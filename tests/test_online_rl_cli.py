@@ -64,6 +64,24 @@ def test_demo_defaults_only_fill_what_is_not_given():
     mine = rl_args(["--reward", "exact_match", "--eval_dataset", "demo_sft_eval"], demo=True)
     assert mine[-2:] == ["--train.rl.rewards", "exact_match"] and "final_answer" not in mine
     assert mine.index("demo_sft_eval") > mine.index("none"), "the user's flag comes later, so it wins"
+    # The user's rewards by their other spellings: the demo's were appended after them, and won.
+    for given in (
+        ["--train.rl.rewards", "exact_match"],
+        ["--train.rl.rewards=exact_match"],
+        ["--reward_model", "./rm"],
+    ):
+        assert "final_answer" not in rl_args(given, demo=True), given
+    weighed = rl_args(["--train.rl.reward_weights", "5", "5"], demo=True)  # weights for the demo's rewards
+    assert weighed.count("--train.rl.reward_weights") == 1 and "final_answer" in weighed
+
+
+def test_reward_weights_are_finite():
+    from pydantic import ValidationError
+
+    from gym.train.rl_config import RLSettings
+
+    with pytest.raises(ValidationError, match="reward_weights must be finite numbers"):
+        RLSettings(rewards=["exact_match"], reward_weights=[float("nan")])
 
 
 @pytest.mark.parametrize(
@@ -72,6 +90,8 @@ def test_demo_defaults_only_fill_what_is_not_given():
         (["--reward-weight", "0.5"], "right after the --reward"),
         (["--reward", "a", "--reward-weight", "0.5", "--reward-weight", "2"], "right after the --reward"),
         (["--reward", "a", "--reward-weight", "half"], "not a number"),
+        (["--reward", "a", "--reward-weight", "nan"], "not a finite number"),  # was accepted: NaN rewards
+        (["--reward", "a", "--reward-weight=inf"], "not a finite number"),
         (["--reward"], "needs a value"),
     ],
 )

@@ -10,6 +10,7 @@ Fields left None take the method's default from `METHOD_RL_DEFAULTS`.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -119,6 +120,8 @@ class RLSettings(BaseModel):
                 f"{len(self.reward_weights)} reward_weights for {len(self.rewards)} rewards: give one weight "
                 "per reward, or none"
             )
+        if not all(math.isfinite(w) for w in self.reward_weights or []):  # NaN made every reward NaN
+            raise ValueError(f"reward_weights must be finite numbers, got {self.reward_weights}")
         return self
 
     def resolved(self, method: str) -> RLSettings:
