@@ -103,6 +103,9 @@ def free_port(preferred: int | None = None) -> int:
     """`preferred` if nothing listens there, else a port the OS picks."""
     for port in ([preferred] if preferred else []) + [0]:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            # As the servers bind (uvicorn sets it too): a port whose last connections linger
+            # in TIME_WAIT after `gym down` is free to them. Linux still refuses a port someone listens on.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 sock.bind((HOST, port))
             except OSError:

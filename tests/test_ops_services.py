@@ -94,3 +94,24 @@ def test_a_port_out_of_range_stops_gym_up_before_anything_starts(gym_home, monke
     assert main(["up"]) == 2
     assert "error: $GYM_MLFLOW_PORT: a port from 0 to 65535 (got '5000x')" in capsys.readouterr().err
     assert not (gym_home / "services").exists()  # nothing started
+
+
+def test_a_port_whose_connections_linger_in_time_wait_is_still_the_preferred_one():
+    """`gym up` right after `gym down` moved Prefect and MLflow to random ports: the test bind of the
+    usual port failed on connections in TIME_WAIT, which the servers themselves bind over."""
+    import socket
+
+    from gym.services import free_port
+
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = server.accept()
+    accepted.close()  # the server's side closes first: its end of the connection waits in TIME_WAIT
+    client.close()
+    assert free_port(port) != port, "someone listens there: another port"
+    server.close()
+    assert free_port(port) == port
