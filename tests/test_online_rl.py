@@ -105,6 +105,9 @@ def test_ppo_raises_held_out_mean_reward(warm: ModelRef):
     result = train.run(rl_config("ppo", 8), warm, tokenized("demo_prompts", warm), held_out(warm))
     assert_learned(result)
     assert result.global_step == 8 and result.resumed_from is None
+    # Its policy loss is the stage's loss curve (it was empty: PPO logs no plain `loss`)
+    steps = [step for step, _ in result.losses]
+    assert steps and steps[-1] == 8 and all(value == value for _, value in result.losses)
     # The trained value head serves as a reward model: a gym model with a score head.
     from gym.rewards import load_reward
 

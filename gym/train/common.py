@@ -194,8 +194,18 @@ def count_params(model: Any) -> tuple[int, int]:
     return trainable, total
 
 
+# The training loss as trainers log it: TRL's PPOTrainer logs its policy loss under the second name.
+LOSS_KEYS = ("loss", "loss/policy_avg")
+
+
 def losses_from(log_history: list[dict[str, Any]]) -> list[tuple[int, float]]:
-    return [(int(e["step"]), float(e["loss"])) for e in log_history if "loss" in e and "step" in e]
+    """(step, training loss) at each logged step."""
+    losses = []
+    for entry in log_history:
+        key = next((k for k in LOSS_KEYS if k in entry), None)
+        if key is not None and "step" in entry:
+            losses.append((int(entry["step"]), float(entry[key])))
+    return losses
 
 
 def evals_from(log_history: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
