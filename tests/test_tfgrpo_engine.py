@@ -134,6 +134,23 @@ def test_junk_everywhere_never_corrupts_the_library(tmp_path):
     assert Library.load(result.library_file) == Library()
 
 
+def test_a_run_whose_every_call_failed_is_an_error_not_a_model(tmp_path):
+    """An unreachable endpoint ended a run with exit 0, an empty library and a registered challenger."""
+    from gym.errors import ConfigError
+    from gym.tfgrpo.clients import LLMError
+
+    def unreachable(messages, seed):
+        raise LLMError("openai:http://127.0.0.1:9/v1#m: APIConnectionError: Connection error.")
+
+    settings = TfGrpoSettings(group_size=4, epochs=1, batch_size=3, reward="numeric", seed=1)
+    clients = {"policy": Scripted("p", unreachable), "optimizer": Scripted("o", unreachable)}
+    rt = Runtime(settings, model=None, run_dir=tmp_path / "run", clients=clients)
+    with pytest.raises(
+        ConfigError, match=r"none of the \d+ calls to the model was answered.*Connection error"
+    ):
+        train(rt, QUESTIONS)
+
+
 def test_a_hosted_api_without_its_key_is_refused_before_any_call(monkeypatch):
     """The README's APIModelAdapter.deepseek() run without $DEEPSEEK_API_KEY made every call fail,
     and the run ended silently with an empty library."""

@@ -21,6 +21,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from gym import workspace
+from gym.errors import ConfigError
 from gym.tfgrpo import stages
 from gym.tfgrpo.data import Question, StepPlan, derive_seed, plan_steps
 from gym.tfgrpo.library import Library
@@ -220,6 +221,14 @@ def finish(
     unchanged = bool(manifests) and manifests[-1].version_out == manifests[0].version_in
     if unchanged and all(m.status == "degraded" for m in manifests):
         first = next((p for m in manifests for p in m.problems), "no reason recorded")
+        calls = sum(m.calls for m in manifests)
+        if calls and not sum(m.tokens for m in manifests):  # no call was answered: not a run to ship
+            errors = (r.error for m in manifests for g in m.groups for r in g.rollouts if r.error)
+            raise ConfigError(
+                f"TF-GRPO: none of the {calls} calls to the model was answered, so nothing was learned "
+                f"(the first error: {next(errors, first)}); check that the endpoint is up and reachable and "
+                "its API key is set, then run again: the steps are redone"
+            )
         warnings.warn(
             f"TF-GRPO: all {len(manifests)} steps degraded, so nothing was learned (the library is as it "
             f"began); the first problem: {first}",
