@@ -74,6 +74,11 @@ def method_of(argv: Sequence[str]) -> tuple[str, str | None, list[str]]:
         method = known.finetuning_type  # the papers spell the method this way
     if known.training_free and method in ("sft", "grpo"):  # `--finetuning_type grpo --training_free_grpo`
         method = "tf_grpo"
+    elif known.training_free and method != "tf_grpo":  # it was dropped, and the method trained as asked
+        raise ConfigError(
+            f"--training_free_grpo makes GRPO training-free (method tf_grpo); method {method!r} has no "
+            "training-free form: drop the flag, or use --method grpo with it"
+        )
     if method == "tf_grpo":
         rest = [_renamed(a, TF_GRPO_FLAGS) for a in rest]
     return method, known.finetuning_type, rest

@@ -337,6 +337,8 @@ def test_bad_online_configs_fail_before_loading_a_model(tmp_path: Path):
         train.run(rl_config("ppo", 1), gone, tokenized("demo_sft", model, max_samples=8))
     with pytest.raises(ConfigError, match="grpo or gspo"):
         train.run(rl_config("ppo", 1, environment="tests.test_online_rl:ask_again"), gone, data)
+    with pytest.raises(ConfigError, match="group_size=3: PPO samples one completion per prompt"):
+        train.run(rl_config("ppo", 1, group_size=3), gone, data)  # it was accepted, and unused
 
 
 # ---- resume -------------------------------------------------------------------------------

@@ -152,3 +152,13 @@ def test_gym_train_grpo_in_the_papers_form_end_to_end(gym_home: Path):
     )
     assert {"step", "prompt", "completion", "reward", "final_answer"} <= set(table["columns"])
     assert len(table["data"]) >= 2
+
+
+@pytest.mark.parametrize("method", ["ppo", "dpo", "gspo"])
+def test_training_free_grpo_with_a_method_that_has_no_such_form_is_refused(method):
+    """It was dropped silently, and the method trained as asked."""
+    from flows.commands import method_of
+
+    with pytest.raises(ConfigError, match=f"method '{method}' has no training-free form"):
+        method_of(["--method", method, "--training_free_grpo"])
+    assert method_of(["--method", "grpo", "--training_free_grpo"])[0] == "tf_grpo"

@@ -88,6 +88,11 @@ def check(config: TrainConfig) -> None:
             raise ConfigError("multi-turn environments need grpo or gspo; PPO samples one turn")
         if rl.use_vllm:
             raise ConfigError("use_vllm applies to grpo and gspo (TRL's PPO generates with transformers)")
+        if rl.group_size != type(rl).model_fields["group_size"].default:  # it was accepted, and unused
+            raise ConfigError(
+                f"group_size={rl.group_size}: PPO samples one completion per prompt and learns from a value "
+                "model, not from groups; drop it, or use grpo or gspo"
+            )
         return
     batch = (config.per_device_train_batch_size or 0) * config.gradient_accumulation_steps
     if batch and batch % rl.group_size:
