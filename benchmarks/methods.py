@@ -10,9 +10,11 @@ method's demo data:
   hyperparameters and gym's speed options reset to TRL's defaults.
 Then SFT batching on the demo data: padded, padding-free and packed, as useful (non-padding)
 tokens per second (without flash-attn, the last two run through gym's per-sequence SDPA,
-gym/train/varlen.py); and the same on 2,000 MMLU questions as SFT conversations when the MMLU data
-is there (GYM_MMLU, else ../shared/data/eval/mmlu; read, never copied into the repo), whose lengths
-spread as real SFT data's do, where the demo's are all 20-32 tokens. Both sides run in this one
+gym/train/varlen.py), on demo_sft (20-32 tokens) and on all of gym's demo SFT data mixed
+(demo_sft, demo_format_sft and the multi-turn demo_chat: 20-99 tokens); and the same on 2,000 MMLU
+questions as SFT conversations when the MMLU data is there (GYM_MMLU, else
+../shared/data/eval/mmlu; read, never copied into the repo), whose lengths spread as real SFT
+data's do. Both sides run in this one
 process, alternating, after a warm-up; the best of `--repeats` is kept. If
 benchmarks/online_methods.py exists, its `run(args) -> list[dict]` rows are added. Prints a table
 and one JSON line. Goals: gym/TRL >= 1.0 per method; packed/padded >= 1.3.
@@ -43,6 +45,8 @@ sys.path.insert(0, str(REPO))
 
 # The demo dataset of each data kind (gym.data.formats.METHOD_KIND maps a method to its kind).
 DEMO = {"sft": "demo_sft", "preference": "demo_dpo", "kto": "demo_kto"}
+# Every demo SFT dataset, mixed: the demo data's whole length spread (demo_sft alone is 20-32 tokens).
+DEMO_SFT_ALL = "demo_sft,demo_format_sft,demo_chat"
 # Batch sizes per kind: gym-tiny's registry defaults (SFT 32, DPO 16).
 BATCH = {"sft": 32, "preference": 16, "kto": 16}
 # gym's own speed choices, reset to TRL's defaults for the baseline.
@@ -50,13 +54,11 @@ SPEED_FIELDS = {"use_liger_kernel": False, "torch_compile": False, "padding_free
 
 
 def tokenized(name: str, model: Any) -> Path:
-    from gym.data.ingest import ingest
-    from gym.data.registry import resolve_dataset
+    """`name` (a dataset, or a comma-separated mix of them) tokenized for `model`."""
+    from gym.data.mix import ingest_named
     from gym.data.tokenize import TokenizeSettings, tokenize
 
-    return Path(
-        tokenize(ingest(resolve_dataset(name)).path, model.path, model.template, TokenizeSettings()).path
-    )
+    return Path(tokenize(ingest_named(name).path, model.path, model.template, TokenizeSettings()).path)
 
 
 def trl_records(name: str, kind: str) -> Any:
@@ -346,6 +348,8 @@ def main() -> None:
     rows = bench_methods(a, model, root)
     if not a.skip_batching:
         rows += bench_batching(a, model, "demo_sft", tokenized("demo_sft", model))
+        # All of gym's demo SFT data at once: single-turn 20-32 and 36-51 tokens, multi-turn 40-99.
+        rows += bench_batching(a, model, DEMO_SFT_ALL, tokenized(DEMO_SFT_ALL, model))
         mmlu = mmlu_sft(root) if a.mmlu_batching else None
         if mmlu is not None:
             rows += bench_batching(a, model, "mmlu_sft", tokenized(str(mmlu), model))
