@@ -86,19 +86,32 @@ def cmd_up(argv: Sequence[str]) -> int:
     parser.add_argument("--worker", action="store_true", help="Also start a worker on the gym-process pool.")
     parser.add_argument("--json", action="store_true", help="Print JSON.")
     args = parser.parse_args(argv)
+    before = {name for name, s in services.read_state().items() if services.alive(s)}
     state = services.up(args.prefect_port, args.mlflow_port)
     prefect_url, mlflow_url = str(state["prefect"].url), str(state["mlflow"].url)
     prepared = prepare_server(f"{prefect_url}/api")
     if args.worker:
         services.start_worker()
+    worker_running = args.worker or "worker" in before
     if args.json:
-        print(json.dumps({"prefect": prefect_url, "mlflow": mlflow_url, **prepared, "worker": args.worker}))
+        print(
+            json.dumps({"prefect": prefect_url, "mlflow": mlflow_url, **prepared, "worker": worker_running})
+        )
         return 0
+    for name, asked in (("prefect", args.prefect_port), ("mlflow", args.mlflow_port)):
+        if name in before:  # found running: the port asked for (if any) was not used
+            url = str(state[name].url)
+            moved = (
+                f"; `gym down` first to move it to port {asked}"
+                if asked and not url.endswith(f":{asked}")
+                else ""
+            )
+            print(f"note: {name} was already running at {url}{moved}")
     print(f"Prefect UI  {prefect_url}   (prefect CLI: export PREFECT_API_URL={prefect_url}/api)")
     print(f"MLflow UI   {mlflow_url}")
     worker = (
         "running"
-        if args.worker
+        if worker_running
         else "not started: `gym up --worker` or `prefect worker start --pool gym-process`"
     )
     print(f"work pool   {prepared['work_pool']}, worker {worker}")

@@ -20,8 +20,12 @@ def test_up_status_down_and_runs_find_the_servers(tmp_path: Path, monkeypatch: p
         assert {"prefect", "mlflow", "worker"} <= set(status)
         assert status["prefect"]["answering"] and status["mlflow"]["answering"] and status["worker"]["alive"]
         before = services_state(home)
-        assert json.loads(stack.sh("gym up --json").stdout.splitlines()[-1])["prefect"] == stack.prefect
+        again = json.loads(stack.sh("gym up --json").stdout.splitlines()[-1])
+        assert again["prefect"] == stack.prefect and again["worker"] is True  # it said the worker was not
         assert services_state(home) == before, "a second `gym up` finds the running servers, starts nothing"
+        text = stack.sh("gym up --prefect-port 4301").stdout  # it said nothing of the servers found
+        assert f"note: prefect was already running at {stack.prefect}; `gym down` first to move it" in text
+        assert f"note: mlflow was already running at {stack.mlflow}\n" in text and "worker running" in text
 
         # A run in this workspace uses these servers: no temporary API, and the run shows in the UI.
         from prefect.settings import PREFECT_API_URL, temporary_settings
