@@ -137,6 +137,9 @@ def test_trl_reward_functions_work_by_dotted_path():
         ("no_such_module_xyz:fn", "cannot import module 'no_such_module_xyz'"),
         ("gym.rewards.match:nope", "has no function 'nope'"),
         ("regex:", "needs an argument"),
+        # it loaded, then failed at the first reward with a TypeError traceback
+        ("os:getcwd", r"'os:getcwd': \(\) takes no completion"),
+        ("os:getpid", r"'os:getpid': \(\) takes no completion"),
     ],
 )
 def test_bad_specs_say_what_is_wrong(spec: str, words: str):

@@ -170,9 +170,30 @@ def load_reward(spec: str) -> Reward:
         reward.spec = spec
         return reward
     fn = _import(spec)
-    batched = "completions" in inspect.signature(fn).parameters
+    try:
+        signature: inspect.Signature | None = inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins have none to read
+        signature = None
+    batched = signature is not None and "completions" in signature.parameters
+    if signature is not None and not batched and not _binds(signature, ("completion",), ("completion", "")):
+        raise ConfigError(
+            f"reward {spec!r}: {signature} takes no completion; a reward is fn(completion, answer=None, "
+            "...) -> float, or TRL's fn(prompts, completions, **kwargs) -> list[float]"
+        )  # it failed mid-run, at the first reward, with a TypeError traceback
     name = re.sub(r"\W", "_", getattr(fn, "__name__", spec.rsplit(":", 1)[-1]))
     return Reward(name, fn, batched=batched, spec=spec)
+
+
+def _binds(signature: inspect.Signature, *calls: tuple[Any, ...]) -> bool:
+    """Whether a function of `signature` takes any of these positional arguments (its keyword-only ones,
+    the context a reward names, are given by name)."""
+    for args in calls:
+        try:
+            signature.bind_partial(*args)
+        except TypeError:
+            continue
+        return True
+    return False
 
 
 def load_rewards(
