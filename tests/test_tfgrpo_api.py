@@ -183,3 +183,18 @@ def test_flow_configs_select_tf_grpo_and_pass_preflight():
     )  # remote: no lookup
     with pytest.raises(ConfigError, match="model: unknown model"):
         preflight.check(TfGrpoFlowConfig(model="deepseek-chat"))  # local: must resolve
+
+
+@pytest.mark.parametrize("endpoint", ["not-a-url", "localhost:8000/v1", "ftp://host/v1"])
+def test_an_endpoint_that_is_not_an_http_url_is_refused_up_front(endpoint):
+    """`--endpoint not-a-url` ran the whole default run of failing calls (over 5 minutes)."""
+    from pydantic import ValidationError
+
+    from gym.pipeline import TfGrpoFlowConfig
+    from gym.tfgrpo.config import RoleSettings
+
+    with pytest.raises(ValidationError, match="an http\\(s\\) URL of an OpenAI-compatible API"):
+        TfGrpoFlowConfig(endpoint=endpoint)
+    with pytest.raises(ValidationError, match="an http\\(s\\) URL"):
+        RoleSettings(endpoint=endpoint)
+    assert TfGrpoFlowConfig(endpoint="https://api.example.com/v1").endpoint == "https://api.example.com/v1"

@@ -9,9 +9,10 @@ unset fields of the optimizer and judge fall back to the policy's (the paper use
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from gym.errors import ConfigError
 
@@ -19,12 +20,24 @@ Reward = Literal["auto", "exact", "numeric", "judge", "majority"]
 ROLES = ("policy", "optimizer", "judge")
 
 
+def _http_url(value: str | None) -> str | None:
+    """An endpoint the OpenAI client can call: `not-a-url` ran a whole default run of failing calls."""
+    if value is not None:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError("an http(s) URL of an OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1")
+    return value
+
+
+Endpoint = Annotated[str | None, AfterValidator(_http_url)]
+
+
 class RoleSettings(BaseModel):
     """One LLM role: where it runs and how it samples. Unset fields fall back (see the module doc)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    endpoint: str | None = Field(
+    endpoint: Endpoint = Field(
         None, description="OpenAI-compatible base URL (…/v1); unset: the run's endpoint, else a local model."
     )
     model: str | None = Field(
@@ -82,7 +95,7 @@ class TfGrpoSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    endpoint: str | None = Field(
+    endpoint: Endpoint = Field(
         None, description="OpenAI-compatible base URL serving the model (…/v1); unset: run it locally."
     )
     api_key_env: str = Field("OPENAI_API_KEY", description="Environment variable holding the API key.")
