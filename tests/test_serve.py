@@ -32,7 +32,7 @@ pytestmark = pytest.mark.xdist_group("serve-http")
 
 KEY = "test-key-0123456789"
 NAME = "tiny"
-LIMITS = Limits(max_tokens=64, max_prompt_tokens=128, max_concurrent=64)
+LIMITS = Limits(max_tokens=64, max_prompt_tokens=128, max_concurrent=64, max_prompts=8)
 
 
 @pytest.fixture(scope="module")
@@ -250,6 +250,19 @@ def test_bad_completion_prompts_get_400(url):
     for prompt in ([99999], [], [-1, 3], ""):
         r = httpx.post(f"{url}/v1/completions", json={"model": NAME, "prompt": prompt}, headers=headers)
         assert r.status_code == 400, (prompt, r.text)
+    # more prompts than the server's cap: refused before any is tokenized, the cap and the flag named
+    r = httpx.post(f"{url}/v1/completions", json={"model": NAME, "prompt": ["hi"] * 9}, headers=headers)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+    message = r.json()["error"]["message"]
+    assert "9 prompts" in message and "--limits.max_prompts" in message
+    assert (
+        httpx.post(
+            f"{url}/v1/completions",
+            json={"model": NAME, "prompt": ["hi"] * 8, "max_tokens": 1},
+            headers=headers,
+        ).status_code
+        == 200
+    )
     for field, value in (("prompt", "\ud800"), ("prompt", ["ok", "x\udc80"]), ("stop", "\ud83d")):
         body = {"model": NAME, "prompt": "ok", field: value}
         sent = {**headers, "Content-Type": "application/json"}  # json.dumps escapes the surrogate

@@ -128,8 +128,18 @@ def build_app(
     async def completions(body: CompletionRequest) -> Any:
         _check_model(engine, body)
         prefix = completion_experiences == "prefix"
+        texts = body.prompts()
+        if len(texts) > limits.max_prompts:  # before any of them is tokenized
+            raise APIError(
+                400,
+                f"the request carries {len(texts)} prompts; this server accepts at most "
+                f"{limits.max_prompts} per request (gym serve --limits.max_prompts): send them in smaller "
+                "batches",
+                "invalid_request_error",
+                "prompt",
+            )
         # Each prompt's ids, and where the caller's own prompt begins (after an experience block, if any).
-        encoded = [engine.completion_ids(p, experiences=prefix) for p in body.prompts()]
+        encoded = [engine.completion_ids(p, experiences=prefix) for p in texts]
         if not encoded:
             raise APIError(400, "prompt is empty", "invalid_request_error", "prompt")
         prompts, starts = [ids for ids, _ in encoded], [start for _, start in encoded]

@@ -14,6 +14,9 @@ class Limits(BaseModel):
 
     max_tokens: int = Field(1024, ge=1, description="Largest max_tokens a request may ask for.")
     max_prompt_tokens: int = Field(4096, ge=1, description="Longest prompt accepted, in tokens.")
+    max_prompts: int = Field(
+        256, ge=1, description="Most prompts one /v1/completions request may carry (a list of prompts)."
+    )
     max_concurrent: int = Field(
         64, ge=1, description="Requests in progress at once (queued or generating); more get a 429."
     )
