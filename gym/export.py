@@ -124,15 +124,17 @@ def locate(model: str, base: str | None = None, template: str | None = None) -> 
 
 
 def _local_lineage(directory: Path, base: str | None, template: str | None) -> Lineage:
-    # A training stage's adapter/ has no gym_model.json of its own: its sibling model/ has the facts.
-    found = [m for m in (directory / MARKER, directory.parent / "model" / MARKER) if m.is_file()]
+    # A training stage's adapter/ has no gym_model.json of its own: its sibling model/ has the facts. Only
+    # inside a stage directory (result.json beside them): elsewhere a folder named model/ may be unrelated.
+    result = directory.parent / "result.json"  # inside a stage directory: what training reported
+    sibling = directory.parent / "model" / MARKER
+    found = [m for m in (directory / MARKER, sibling) if m.is_file() and (m != sibling or result.is_file())]
     meta = json.loads(found[0].read_text()) if found else {}
     lineage = Lineage(
         base_model=meta.get("base_model") or base or str(directory),
         template=template or meta.get("template"),
         default_system=meta.get("default_system"),
     )
-    result = directory.parent / "result.json"  # inside a stage directory: what training reported
     if result.is_file():
         facts = json.loads(result.read_text())
         scores = {f"{facts['method']}_{k}": float(v) for k, v in facts.get("eval_after", {}).items()}

@@ -247,3 +247,16 @@ def test_a_training_stages_adapter_exports_with_the_stages_base_name_template_an
     # Served, chatted with or trained from as if it were a model, the adapter folder says what to do.
     with pytest.raises(ConfigError, match=r"holds a PEFT adapter.*--adapter_name_or_path"):
         resolve(stage.adapter_dir)
+
+
+def test_an_adapter_outside_a_stage_ignores_an_unrelated_model_folder_beside_it(gym_home, tmp_path):
+    """Only a training stage's adapter/ reads its sibling model/'s facts: beside any other folder named
+    model/, the adapter's own base and template stand."""
+    adapter, _, base = trained_adapter(tmp_path / "work" / "adapter", init_lora_weights=False)
+    (tmp_path / "work" / "model").mkdir()
+    (tmp_path / "work" / "model" / "gym_model.json").write_text(
+        json.dumps({"base_model": "someone/else", "template": "llama3"})
+    )
+    out = export_model(adapter, tmp_path / "out", template="chatml")
+    meta = json.loads((out / "gym_model.json").read_text())
+    assert (meta["base_model"], meta["template"]) == (base, "chatml")
