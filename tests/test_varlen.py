@@ -136,6 +136,35 @@ def test_the_attention_function_keeps_windows_and_bidirectional_layers_per_seque
         start += n
 
 
+def test_sequences_are_attended_in_groups_of_similar_length_not_padded_to_the_longest(monkeypatch):
+    """One block padded to the batch's longest made a 3-token sequence beside a 90-token one cost as much
+    as the 90: each SDPA call now holds sequences within GROUP_RATIO of its longest."""
+    lengths = torch.randint(3, 91, (40,), generator=torch.Generator().manual_seed(3)).tolist()
+    heads, dim = 2, 8
+    q, k, v = (torch.randn(1, heads, sum(lengths), dim) for _ in range(3))
+    position_ids = torch.cat([torch.arange(n) for n in lengths])[None]
+    blocks = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(query, *args, **kwargs):
+        blocks.append(tuple(query.shape[i] for i in (0, 2)))  # sequences, longest
+        return sdpa(query, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    module = SimpleNamespace(is_causal=True, num_key_value_groups=1, training=False)
+    out, _ = varlen.varlen_attention_forward(module, q, k, v, None, position_ids=position_ids)
+    assert sum(count for count, _ in blocks) == len(lengths) and len(blocks) > 1
+    work = sum(count * longest**2 for count, longest in blocks)  # attention's score entries, padded
+    assert work <= varlen.GROUP_RATIO**2 * sum(n * n for n in lengths)
+    assert work < len(lengths) * max(lengths) ** 2 / 2, "well under one block padded to the longest"
+    start = 0
+    for n in lengths:
+        piece = slice(start, start + n)
+        expected = _attention_alone(q[:, :, piece], k[:, :, piece], v[:, :, piece], causal=True)
+        assert (out[0, piece] - expected).abs().max() < 1e-5, n
+        start += n
+
+
 def test_a_model_that_does_not_pass_position_ids_fails_with_what_to_do():
     q = torch.randn(1, 2, 6, 4)
     module = SimpleNamespace(is_causal=True, num_key_value_groups=1)

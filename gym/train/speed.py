@@ -4,17 +4,16 @@ path (`load_options`) and the TRL arguments every method shares (`trainer_args`)
 
     gym train --method sft --train.speed.liger on --train.speed.attn_implementation flash_attention_2
 
-"auto" means: on where it is safe and measured faster. On a CPU that is SDPA attention with
-padding-free batches through gym's per-sequence SDPA (gym.train.varlen, no dense block mask):
-1.08x the useful tokens/s of padded batches on the demo's uniform 20-32-token sequences, 1.29x on
-MMLU questions' spread of lengths (benchmarks/methods.py); on a CUDA GPU with flash-attn installed
-they run through its varlen kernel; on a GPU without it batches stay padded (gym's per-sequence
-SDPA is not yet measured there), and so do LongLoRA's (its shifted sparse attention groups each
-row's tokens) and NEFTune's (its noise scales with the row's length). Liger kernels are on by default
-where they can run (CUDA, liger-kernel installed) for the methods whose TRL trainer uses them
-with gym's settings. GPU-only backends asked for where they can't run fail before any model is
-loaded, saying what is needed.
-"""
+"auto" means: on where it is safe and measured faster. On a CPU that is SDPA attention with padding-free
+batches through gym's per-sequence SDPA (gym.train.varlen, no dense block mask): 1.05-1.08x the useful
+tokens/s of padded batches on the demo's uniform 20-32-token sequences, 1.22x on all the demo SFT data
+mixed, 2.28x on MMLU questions' spread of lengths (benchmarks/methods.py); on a CUDA GPU with flash-attn
+installed they run through its varlen kernel; on a GPU without it batches stay padded (gym's
+per-sequence SDPA is not yet measured there), and so do LongLoRA's (its shifted sparse attention groups
+each row's tokens) and NEFTune's (its noise scales with the row's length). Liger kernels are on by
+default where they can run (CUDA, liger-kernel installed) for the methods whose TRL trainer uses them
+with gym's settings. GPU-only backends asked for where they can't run fail before any model is loaded,
+saying what is needed."""
 
 from __future__ import annotations
 
@@ -147,8 +146,8 @@ def resolve(config: TrainConfig) -> Resolved:
     # a flattened row is a whole batch long, so auto keeps the padded rows the scale was set for.
     neftune = config.neftune_noise_alpha is not None
     # auto: on where a per-sequence kernel was measured faster than padding: flash-attn's varlen kernel
-    # on a GPU; gym's per-sequence SDPA (gym.train.varlen) on a CPU (benchmarks/methods.py: 1.08x on the
-    # demo's 20-32-token sequences, 1.29x on MMLU-length ones). On a GPU without flash-attn it stays
+    # on a GPU; gym's per-sequence SDPA (gym.train.varlen) on a CPU (benchmarks/methods.py: 1.05-1.08x on the
+    # demo's 20-32-token sequences, 2.28x on MMLU-length ones). On a GPU without flash-attn it stays
     # padded until measured there.
     per_sequence_kernel = attn in FLASH or (attn == "sdpa" and not cuda)
     padding_free = s.padding_free == "on" or (
