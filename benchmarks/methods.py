@@ -335,7 +335,7 @@ def main() -> None:
         type=int,
         default=100,
         help="Steps per batching run (padded, padding-free, packed): a run of a few seconds; 40 spread "
-        "the packed/padded ratio over 1.25-1.46 on the mixed demo data, 100 over 1.31-1.40.",
+        "the packed/padded ratio over 1.25-1.46 on the mixed demo data, 100 over 1.29-1.40.",
     )
     p.add_argument("--methods", type=lambda s: s.split(","), help="Comma-separated subset of METHODS.")
     p.add_argument("--skip-batching", action="store_true", help="Only the per-method comparison.")

@@ -110,9 +110,7 @@ class Segments:
             else:
                 sizes.append(1)
                 top = n
-        self.groups = [
-            Group(starts[part], lengths[part]) for part in torch.split(order, sizes) if part.numel()
-        ]
+        self.groups = [Group(starts[part], lengths[part]) for part in torch.split(order, sizes)]
         # The groups' kept slots, concatenated, hold every token once: `inverse` puts them back in order.
         placed = torch.cat([g.index[g.keep] for g in self.groups])
         self.inverse = torch.empty_like(placed)
