@@ -16,6 +16,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+from datasets import load_from_disk
 from safetensors.torch import load_file
 
 from gym import train
@@ -86,6 +87,7 @@ def assert_learned(result, min_gain: float = 0.1) -> None:
 def test_grpo_raises_held_out_mean_reward(warm: ModelRef):
     result = train.run(rl_config("grpo", 30), warm, tokenized("demo_prompts", warm), held_out(warm))
     assert_learned(result)
+    assert result.tokens_per_second  # TRL's GRPO counts prompt and completion tokens
     rows = [json.loads(line) for line in samples_file(result.stage_dir).read_text().splitlines()]
     assert {r["step"] for r in rows} >= {5, 30} and {"prompt", "completion", "reward", "final_answer"} <= set(
         rows[0]
@@ -102,9 +104,15 @@ def test_gspo_raises_held_out_mean_reward_with_sequence_clipping(warm: ModelRef)
 
 
 def test_ppo_raises_held_out_mean_reward(warm: ModelRef):
-    result = train.run(rl_config("ppo", 8), warm, tokenized("demo_prompts", warm), held_out(warm))
+    data = tokenized("demo_prompts", warm)
+    config = rl_config("ppo", 8)
+    result = train.run(config, warm, data, held_out(warm))
     assert_learned(result)
     assert result.global_step == 8 and result.resumed_from is None
+    # It counts the tokens its rollouts sampled (TRL's PPO counts none): 8 x 64 prompts and their answers
+    prompts = [len(ids) for ids in load_from_disk(str(data))["prompt_ids"]]
+    longest = max(prompts) + config.rl.resolved("ppo").max_completion_length
+    assert 8 * 64 * min(prompts) < result.tokens_seen <= 8 * 64 * longest and result.tokens_per_second
     # Its policy loss is the stage's loss curve (it was empty: PPO logs no plain `loss`)
     steps = [step for step, _ in result.losses]
     assert steps and steps[-1] == 8 and all(value == value for _, value in result.losses)

@@ -201,6 +201,7 @@ def _text_reward_class() -> type:
             self.score = nn.Identity()
             self.stats: dict[str, list[float]] = {}
             self.rows: list[dict[str, Any]] = []
+            self.tokens = 0  # prompt and response tokens sampled (padding excluded), as TRL's GRPO counts
 
         def _split(self, ids: list[int]) -> tuple[dict[str, Any], list[int]]:
             for n in self.lengths:
@@ -209,6 +210,7 @@ def _text_reward_class() -> type:
             raise DataError("PPO sampled a response for a prompt that is in no dataset it was given")
 
         def score_rows(self, input_ids: Any, attention_mask: Any) -> Any:
+            self.tokens += int(attention_mask.sum())
             split = [
                 self._split(row[mask].tolist())
                 for row, mask in zip(input_ids, attention_mask.bool(), strict=True)
@@ -273,7 +275,12 @@ def trainer_class() -> type:
         def train(
             self, resume_from_checkpoint: Any = None, *_: Any, **__: Any
         ) -> Any:  # TRL's PPO: no resume
+            import torch
+
             super().train()
+            # TRL's PPO counts no tokens: those the rollouts sampled, over every process
+            sampled = torch.tensor([cast(Any, self.reward_model).tokens], device=self.accelerator.device)
+            self.state.num_input_tokens_seen = int(self.accelerator.gather(sampled).sum())
             wrapper = self.accelerator.unwrap_model(self.model)
             save_value_model(
                 wrapper.value_model, self.processing_class, Path(str(self.args.output_dir)).parent
