@@ -226,10 +226,15 @@ def translate(command: str, argv: Sequence[str], own: argparse.ArgumentParser, o
             names.source = None
         file_values = _given(namespace)
         file_own = _own_flags(file_own, own, spelled)
-    namespace, cmd_own = names.parse_known_args(dotlist(rest, known))
+    flags = dotlist(rest, known)
+    namespace, cmd_own = names.parse_known_args(flags)
     values = {**file_values, **_given(namespace)}
     if not values:
         return [*file_own, *cmd_own]
+    if path is None and flags == rest and all(f"--{name}" in own._option_string_actions for name in values):
+        # Only the command's own flags, which LLaMA-Factory happens to share (`gym eval --template
+        # chatml`): gym's meaning, not LLaMA-Factory's (whose `template` also picks eval's chat style).
+        return rest
     own_flags = [*file_own, *cmd_own]
     where = f"{path}: " if path is not None else ""
     notes = check(command, values, where)

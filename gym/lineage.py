@@ -123,7 +123,8 @@ def slug(text: str) -> str:
 def setup_of(result: Any) -> str:
     """How a benchmark result was measured; two scores compare only when this is equal."""
     shots = "default" if result.shots is None else result.shots
-    return f"{result.engine}, {shots}-shot, {result.n_questions} questions"
+    chat = ", chat template" if getattr(result, "style", "lm-eval") == "chat" else ""
+    return f"{result.engine}, {shots}-shot, {result.n_questions} questions{chat}"
 
 
 def heldout_scores(result: Any, suffix: str) -> dict[str, float]:

@@ -116,6 +116,18 @@ def test_task_is_the_benchmark_and_task_dir_holds_its_folder(task, benchmark, la
     assert parse([yaml, "--style", "lm-eval"]).style == "lm-eval"  # gym's own flag wins
 
 
+def test_gyms_own_template_flag_keeps_gyms_prompt_style():
+    """`--template` is also a LLaMA-Factory name (which picks the chat style): alone among gym's own
+    flags it is gym's, a chat template for the model and nothing more."""
+    notes = io.StringIO()
+    args = parse(["--model", "gym-tiny", "--template", "chatml", "--benchmark", "mmlu"], notes)
+    assert (args.template, args.style) == ("chatml", "lm-eval") and notes.getvalue() == ""
+    assert parse(["--model", "gym-tiny", "--template=chatml", "--benchmark", "mmlu"]).style == "lm-eval"
+    # With LLaMA-Factory's own names beside it, it is LLaMA-Factory's template, as in its YAML.
+    lf = ["--model_name_or_path", "gym-tiny", "--template", "llama3", "--task", "mmlu_test"]
+    assert (parse(lf).template, parse(lf).style) == ("llama3", "chat")
+
+
 def test_without_task_dir_llamafactory_default_folder_else_the_hub(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     yaml = write_yaml(tmp_path / "eval.yaml", "model_name_or_path: gym-tiny\ntask: cmmlu_test\n")

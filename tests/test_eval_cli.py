@@ -44,6 +44,10 @@ def test_gym_eval_prints_a_table_and_one_json_line(tmp_path, capsys):
     theirs = last_json(capsys.readouterr().out)
     assert theirs["engine"] == "lm-eval"
     assert theirs["subjects"] == summary["subjects"] and theirs["overall"] == summary["overall"]
+    # The result says which prompt it scored: lm-eval's plain text unless asked for the chat template.
+    assert summary["style"] == theirs["style"] == "lm-eval"
+    assert main([*argv, "--shots", "2", "--style", "chat", "--json"]) == 0
+    assert last_json(capsys.readouterr().out)["style"] == "chat"
 
 
 TOY_TASK = """

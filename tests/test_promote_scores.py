@@ -24,8 +24,11 @@ from tests.eval_fixtures import write_benchmark
 from tests.serve_fixtures import noisy_tiny
 
 
-def mmlu(overall: float, stem: float, questions: int = 8, shots: int = 5) -> EvalResult:
+def mmlu(
+    overall: float, stem: float, questions: int = 8, shots: int = 5, style: str = "lm-eval"
+) -> EvalResult:
     return EvalResult(
+        style=style,
         benchmark="mmlu",
         model="m",
         overall=overall,
@@ -82,6 +85,10 @@ def test_benchmark_scores_reach_tags_and_card_and_promote_only_when_measured_ali
     unlike = promote(name, "mmlu_after")  # 2 questions vs 8: not comparable
     assert not unlike.promoted and unlike.champion == "2"
     assert "measured differently" in unlike.reason and "2 questions" in unlike.reason
+    # The same questions asked through the chat template score differently: not comparable either.
+    registered(noisy_tiny(tmp_path / "d", seed=4), name, mmlu(0.95, 0.9, style="chat"))
+    chat = promote(name, "mmlu_after")
+    assert not chat.promoted and chat.champion == "2" and "8 questions, chat template" in chat.reason
 
     with pytest.raises(
         ConfigError, match=r"'mmlu_afterr'.*available: bleu_after, exact_match_after, mmlu_after"

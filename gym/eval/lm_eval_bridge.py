@@ -153,6 +153,7 @@ def run_lm_eval(
         raise ConfigError("lm-eval returned no results")
     seconds = time.perf_counter() - start
     result = to_result(out, model.name, benchmark or ",".join(settings.tasks), settings.shots, seconds)
+    result.style = "chat" if settings.chat else "lm-eval"
     if shipped is None:
         return result
     return result.model_copy(

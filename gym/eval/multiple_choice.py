@@ -212,6 +212,7 @@ def _result(
         seconds=seconds,
         shots=settings.shots,
         engine="gym",
+        style=settings.style,
         notes=notes,
         predictions=predictions,
         experiences=shipped.record() if shipped is not None else None,

@@ -30,6 +30,9 @@ class EvalResult(BaseModel):
     )
     shots: int | None = None
     engine: str = Field("gym", description="gym (its own evaluator) or lm-eval.")
+    style: str = Field(
+        "lm-eval", description="The prompt: lm-eval's plain few-shot text, or chat (the chat template)."
+    )
     notes: list[str] = Field(default_factory=list, description="What a reader should know (truncation, ...).")
     predictions: dict[str, list[int]] = Field(
         default_factory=dict, description="Per subject, the chosen answer (0-3) of each question, in order."
@@ -52,6 +55,7 @@ class EvalResult(BaseModel):
             "seconds": round(self.seconds, 3),
             "shots": self.shots,
             "engine": self.engine,
+            "style": self.style,
             "notes": self.notes,
             "experiences": self.experiences,
         }
