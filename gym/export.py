@@ -32,6 +32,7 @@ from gym.card import render
 from gym.cli_options import ArgumentParser, flag_error
 from gym.errors import ConfigError
 from gym.lineage import Lineage
+from gym.models import adapter_base
 from gym.ollama import gguf_notes, modelfile
 from gym.templates import load_template, with_default_system
 from gym.tfgrpo.injection import EXPERIENCE_FILE
@@ -109,7 +110,8 @@ def locate(model: str, base: str | None = None, template: str | None = None) -> 
         base = base or json.loads((local / "adapter_config.json").read_text()).get("base_model_name_or_path")
         if not base:
             raise ConfigError(f"adapter {local} does not name its base model: pass --base")
-        return Source(local.name, None, local, base, _local_lineage(local, base, template), local)
+        path, facts = adapter_base(base)
+        return Source(local.name, None, local, path, _local_lineage(local, base, template, facts), local)
     if (local / "model" / "config.json").is_file():  # a training stage directory
         adapter = local / "adapter" if (local / "adapter" / "adapter_config.json").is_file() else None
         inner = locate(str(local / "model"), base, template)
@@ -123,13 +125,15 @@ def locate(model: str, base: str | None = None, template: str | None = None) -> 
     return Source(local.name, str(local), None, None, _local_lineage(local, None, template), local)
 
 
-def _local_lineage(directory: Path, base: str | None, template: str | None) -> Lineage:
+def _local_lineage(
+    directory: Path, base: str | None, template: str | None, base_facts: dict[str, str] | None = None
+) -> Lineage:
     # A training stage's adapter/ has no gym_model.json of its own: its sibling model/ has the facts. Only
     # inside a stage directory (result.json beside them): elsewhere a folder named model/ may be unrelated.
     result = directory.parent / "result.json"  # inside a stage directory: what training reported
     sibling = directory.parent / "model" / MARKER
     found = [m for m in (directory / MARKER, sibling) if m.is_file() and (m != sibling or result.is_file())]
-    meta = json.loads(found[0].read_text()) if found else {}
+    meta = {**(base_facts or {}), **(json.loads(found[0].read_text()) if found else {})}
     lineage = Lineage(
         base_model=meta.get("base_model") or base or str(directory),
         template=template or meta.get("template"),

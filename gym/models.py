@@ -82,8 +82,7 @@ def _resolve(name_or_path: str, template: str | None, dry_run: bool = False) -> 
         return _resolve_mlflow(name_or_path, template, dry_run)
 
     models = registry.load_models()
-    by_hub_id = {m.hub_id.lower(): m for m in models.values() if m.hub_id}
-    spec = models.get(name_or_path) or by_hub_id.get(name_or_path.lower())
+    spec = registry_entry(name_or_path)
     if spec is not None:
         tmpl = template or spec.template
         load_template(tmpl)  # fail early on an unknown template
@@ -164,6 +163,43 @@ def _resolve(name_or_path: str, template: str | None, dry_run: bool = False) -> 
         digest=hash_obj({"hub": name_or_path, "revision": "main"}),
         base_model=name_or_path,
     )
+
+
+def registry_entry(name_or_hub_id: str) -> Any:
+    """The registry's entry (gym.registry's ModelSpec) for a registry name or the hub id of one, else None."""
+    from gym import registry
+
+    models = registry.load_models()
+    by_hub_id = {m.hub_id.lower(): m for m in models.values() if m.hub_id}
+    return models.get(name_or_hub_id) or by_hub_id.get(name_or_hub_id.lower())
+
+
+def adapter_base(base: str) -> tuple[str, dict[str, str]]:
+    """Where to load an adapter's base from (`base`: its adapter_config's base_model_name_or_path, or
+    what the user named) and what gym knows of it: its registry name and template when it has them
+    (a registry model, a built gym-tiny, a folder gym wrote). A missing folder or an uncached hub model
+    offline is a ConfigError here, not transformers' traceback at load time."""
+    from gym import registry
+    from gym.tiny import KIND, tiny_digest
+
+    local = Path(base).expanduser()
+    if local.is_dir():
+        for spec in registry.load_models().values():  # a gym-tiny gym built, by its folder's name
+            built = spec.builder is not None and f"{KIND}-{tiny_digest(spec.builder, spec.template)}"
+            if local.name == built:
+                return str(local), {"base_model": spec.name, "template": spec.template}
+        meta = _gym_meta(local)
+        return str(local), {k: str(meta[k]) for k in ("base_model", "template") if meta.get(k)}
+    if base.startswith((".", "/", "~")) or local.is_file():
+        raise ConfigError(
+            f"base model {base}: no such directory (pass --base a model folder, registry name or hub id)"
+        )
+    spec = registry_entry(base)
+    if spec is None:  # any other hub id
+        _check_reachable(base, "main")
+        return base, {}
+    ref = resolve(spec.name)
+    return ref.path, {"base_model": ref.base_model, "template": ref.template}
 
 
 def mlflow_digest(name: str, version: str, run_id: str) -> str:

@@ -59,10 +59,10 @@ def test_an_adapter_merges_into_its_base_exactly_in_sharded_safetensors(gym_home
     assert AutoTokenizer.from_pretrained(out).chat_template == load_template("chatml")
     assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == 2
     card = (out / "README.md").read_text()
+    # Its base is the gym-tiny gym built (the folder adapter_config names): the card gives its registry name
     assert (
-        card.startswith("---\n") and f"base_model: {json.dumps('gym-tiny')}" not in card
-    )  # adapter's own base
-    assert str(base) in card
+        card.startswith("---\n") and f"base_model: {json.dumps('gym-tiny')}" in card and str(base) not in card
+    )
 
 
 def test_dtype_converts_the_merged_weights_and_only_them(gym_home, tmp_path):
@@ -252,11 +252,41 @@ def test_a_training_stages_adapter_exports_with_the_stages_base_name_template_an
 def test_an_adapter_outside_a_stage_ignores_an_unrelated_model_folder_beside_it(gym_home, tmp_path):
     """Only a training stage's adapter/ reads its sibling model/'s facts: beside any other folder named
     model/, the adapter's own base and template stand."""
-    adapter, _, base = trained_adapter(tmp_path / "work" / "adapter", init_lora_weights=False)
+    adapter, _, _ = trained_adapter(tmp_path / "work" / "adapter", init_lora_weights=False)
     (tmp_path / "work" / "model").mkdir()
     (tmp_path / "work" / "model" / "gym_model.json").write_text(
         json.dumps({"base_model": "someone/else", "template": "llama3"})
     )
-    out = export_model(adapter, tmp_path / "out", template="chatml")
+    out = export_model(adapter, tmp_path / "out")
     meta = json.loads((out / "gym_model.json").read_text())
-    assert (meta["base_model"], meta["template"]) == (base, "chatml")
+    assert (meta["base_model"], meta["template"]) == ("gym-tiny", "chatml")  # its base's, not llama3
+
+
+def test_an_adapter_copied_out_of_its_stage_exports_as_the_stage_does(gym_home, tmp_path, capsys):
+    """Its base, a gym-tiny gym built, is known by its folder: the registry's name and template, so the
+    export has the same chat template and Ollama TEMPLATE. --base takes a registry name; a base that is
+    not there is one error line, before anything loads."""
+    import shutil
+
+    from flows.cli import main
+
+    adapter, adapted, _ = trained_adapter(tmp_path / "stage" / "adapter", init_lora_weights=False)
+    copy = Path(shutil.copytree(adapter, tmp_path / "elsewhere" / "adapter"))
+    for name, extra in (("copy", []), ("named_base", ["--base", "gym-tiny"])):
+        out = tmp_path / name
+        assert main(["export", "--model", str(copy), *extra, "--out", str(out), "--ollama"]) == 0
+        meta = json.loads((out / "gym_model.json").read_text())
+        assert (meta["base_model"], meta["template"]) == ("gym-tiny", "chatml")
+        modelfile = (out / "Modelfile").read_text()
+        assert "\nTEMPLATE " in modelfile and "<|im_start|>" in modelfile
+        assert torch.allclose(logits(AutoModelForCausalLM.from_pretrained(out)), adapted, atol=1e-5)
+    capsys.readouterr()
+    for base, expected in (
+        (str(tmp_path / "no-such-base"), "no such directory"),
+        ("someone/not-cached-anywhere", "not in the local Hugging Face cache and HF_HUB_OFFLINE=1"),
+    ):
+        target = tmp_path / "never"
+        assert main(["export", "--model", str(copy), "--base", base, "--out", str(target)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and expected in err and "Traceback" not in err
+        assert not target.exists()
