@@ -85,6 +85,7 @@ def promote(
     """Decide, move `champion_alias` if the challenger wins, and tag the challenger with the decision."""
     if not (0 <= margin < math.inf):  # NaN fails both: no comparison with it means anything
         raise ConfigError(f"--margin must be a finite number >= 0, got {margin}")
+    tracking.check_store(uri, field="--tracking-uri")
     challenger = tracking.version_by_alias(name, challenger_alias, uri)
     if challenger is None:
         raise ConfigError(

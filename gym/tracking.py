@@ -42,41 +42,70 @@ def tracking_uri(uri: str | None = None, create: bool = True) -> str:
     return f"sqlite:///{folder / 'mlflow.db'}"
 
 
-def check_store(uri: str | None = None) -> None:
-    """A SQLite store must be somewhere this process can create it (checked before a run starts, without
-    creating anything); other stores are checked by MLflow when the run opens them."""
+def check_store(uri: str | None = None, field: str = "output.tracking_uri") -> None:
+    """The tracking store a run will use is one it can use, checked before the run starts, without
+    creating anything: a SQLite store somewhere this process can create it, no file store MLflow refuses,
+    a tracking server that answers. `field` names where `uri` came from (else the environment)."""
     from gym.errors import ConfigError
 
     u = tracking_uri(uri)
+    where = field if uri else "MLFLOW_TRACKING_URI"
+    if not uri and not os.environ.get("MLFLOW_TRACKING_URI"):
+        where = "GYM_HOME (the workspace)"
     db = _sqlite_file(u)
-    if db is None:
-        return
+    problem = _sqlite_problem(db) if db is not None else _other_store_problem(u)
+    if problem:
+        raise ConfigError(
+            f"{where}: the MLflow store {u} can't be used ({problem}); point it at a writable place "
+            "(sqlite:////abs/path/mlflow.db, gym's default kind) or at a tracking server that is running "
+            "(http://host:port)"
+        )
+
+
+def _sqlite_problem(db: Path) -> str | None:
+    """Why the folders of SQLite database `db` can't be made (made and removed again), else None."""
     folder = db.absolute().parent
     missing = [p for p in (folder, *folder.parents) if not p.exists()]
     existing = folder.parents[len(missing) - 1] if missing else folder
-    problem = None
     if not existing.is_dir():
-        problem = f"{existing} is not a folder"
-    elif not os.access(existing, os.W_OK | os.X_OK):
-        problem = f"{existing} is not writable"
-    else:
-        try:  # the folders it needs can be made (made and removed again: nothing is left behind)
-            for p in reversed(missing):
-                p.mkdir()
-        except OSError as exc:
-            problem = f"{exc.strerror.lower() if exc.strerror else exc}: {exc.filename}"
-        finally:
-            for p in missing:
-                with contextlib.suppress(OSError):
-                    p.rmdir()
-    if problem:
-        where = "output.tracking_uri" if uri else "MLFLOW_TRACKING_URI"
-        if not uri and not os.environ.get("MLFLOW_TRACKING_URI"):
-            where = "GYM_HOME (the workspace)"
-        raise ConfigError(
-            f"{where}: the MLflow database {u} can't be created there ({problem}); point it at a "
-            "writable place (sqlite:////abs/path/mlflow.db) or at a tracking server (http://...)"
-        )
+        return f"{existing} is not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    try:
+        for p in reversed(missing):
+            p.mkdir()
+    except OSError as exc:
+        return f"{exc.strerror.lower() if exc.strerror else exc}: {exc.filename}"
+    finally:
+        for p in missing:
+            with contextlib.suppress(OSError):
+                p.rmdir()
+    return None
+
+
+def _other_store_problem(uri: str, timeout: float = 5.0) -> str | None:
+    """A file store MLflow refuses (in maintenance mode: the model registry needs MLFLOW_ALLOW_FILE_STORE),
+    or a tracking server nothing answers at (MLflow would retry for minutes)."""
+    import socket
+    import urllib.request
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(uri)
+    if parts.scheme in ("", "file") and not uri.startswith("databricks"):
+        if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() in ("1", "true"):
+            return None
+        return "a file store, which MLflow refuses unless MLFLOW_ALLOW_FILE_STORE=true"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    if urllib.request.getproxies().get(parts.scheme) and not urllib.request.proxy_bypass(parts.hostname):
+        return None  # reached through a proxy: MLflow's own requests will say
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout).close()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        return f"nothing answers at {parts.hostname}:{port}: {reason.lower()}"
+    return None
 
 
 def _sqlite_file(uri: str) -> Path | None:

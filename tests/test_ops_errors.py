@@ -227,3 +227,37 @@ def test_an_output_dir_gym_may_not_write_is_caught_before_the_run(gym_home, tmp_
     for fine in (tmp_path / "new", tmp_path / "empty", gyms):
         preflight.check(config(fine))
     assert not (tmp_path / "new").exists()
+
+
+def test_a_file_store_or_a_server_nothing_answers_at_is_caught_before_the_run(
+    gym_home, tmp_path, monkeypatch
+):
+    """MLflow refuses a file store (maintenance mode) deep inside the run, and retries a tracking server
+    that isn't there for minutes: the check says so at once, naming the field."""
+    import socket
+
+    from gym.pipeline import OutputSettings
+    from gym.promotion import promote
+
+    def config(uri: str) -> TrainFlowConfig:
+        return TrainFlowConfig(output=OutputSettings(tracking_uri=uri))
+
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    for uri in (str(tmp_path / "mlruns"), f"file://{tmp_path}/mlruns"):
+        with pytest.raises(
+            ConfigError, match=r"output\.tracking_uri: .*file store.*MLFLOW_ALLOW_FILE_STORE=true"
+        ):
+            preflight.check(config(uri))
+    with pytest.raises(ConfigError, match=r"^--tracking-uri: .*file store"):
+        promote("m", "exact_match_after", uri=str(tmp_path / "mlruns"))
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow's own opt-out: accepted
+    preflight.check(config(str(tmp_path / "mlruns")))
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        preflight.check(config(f"http://127.0.0.1:{port}"))  # something answers there
+    with pytest.raises(ConfigError, match=rf"output\.tracking_uri: .*nothing answers at 127\.0\.0\.1:{port}"):
+        preflight.check(config(f"http://127.0.0.1:{port}"))  # closed now
+    assert not (tmp_path / "mlruns").exists()
