@@ -349,6 +349,26 @@ def test_bad_online_configs_fail_before_loading_a_model(tmp_path: Path):
         train.run(rl_config("ppo", 1, group_size=3), gone, data)  # it was accepted, and unused
 
 
+def test_fewer_prompts_than_one_batch_fail_before_loading_a_model(tmp_path: Path):
+    """TRL drops an incomplete batch: PPO waited forever for a full one, GRPO and GSPO trained 0 steps and
+    saved the model unchanged. The error says how many prompts a batch takes and what batch fits."""
+    model = tiny()
+    data = tokenized("demo_prompts", model, max_samples=8)
+    gone = model.model_copy(update={"path": str(tmp_path / "no-such-model")})
+    with pytest.raises(
+        ConfigError, match=r"8 prompt\(s\), fewer than one batch.*= 16 prompt.*size to 8 or less"
+    ):
+        train.run(rl_config("ppo", 1, batch=16), gone, data)
+    for method in ("grpo", "gspo"):  # 128 completions in groups of 8: 16 prompts
+        with pytest.raises(
+            ConfigError, match=r"group_size=8 completions per prompt = 16 prompt.*to 64 or less"
+        ):
+            train.run(rl_config(method, 1, batch=128), gone, data)
+    # 8 prompts fill a batch of 64 completions in groups of 8: on to loading the model (not there)
+    with pytest.raises(ConfigError, match=r"no-such-model does not exist"):
+        train.run(rl_config("grpo", 1, batch=64), gone, data)
+
+
 # ---- resume -------------------------------------------------------------------------------
 
 RESUME = """

@@ -202,6 +202,7 @@ def plan(
     config, memory_choices = memory.resolve(config, model, longest, cutoff_len)  # qlora's is already on
     config, reference_choices = reference.choose(config, n_train, n_eval)
     config = distributed.resolve(config)
+    rl_common.check_data(config, n_train)
     rope_choice = {}
     if config.rope_scaling and cutoff_len is not None:
         rope_choice["rope_scaling"] = str(rope.plan(config.rope_scaling, model, cutoff_len)[1])

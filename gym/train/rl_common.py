@@ -110,6 +110,28 @@ def check(config: TrainConfig) -> None:
         )
 
 
+def check_data(config: TrainConfig, n_train: int) -> None:
+    """Enough prompts for one batch (`config` after distributed.resolve). TRL drops an incomplete batch:
+    PPO would wait for a full one forever, GRPO and GSPO would train 0 steps and save the model as it was."""
+    if config.method not in ONLINE_METHODS:
+        return
+    per_device, accumulation = config.per_device_train_batch_size or 8, config.gradient_accumulation_steps
+    processes = int(config.distributed.num_processes) if config.distributed.num_processes != "auto" else 1
+    group = 1 if config.method == "ppo" else config.rl.group_size
+    needed = per_device * accumulation * processes // group  # prompts in one batch
+    if n_train >= needed:
+        return
+    per_group = f" / group_size={group} completions per prompt" if group > 1 else ""
+    fits = n_train * group // (accumulation * processes) // group * group  # the largest batch that fits
+    advice = f"lower per_device_train_batch_size to {fits} or less, or add prompts" if fits else "add prompts"
+    times = f" x {processes} processes" if processes > 1 else ""
+    raise ConfigError(
+        f"{config.method}: the training data has {n_train} prompt(s), fewer than one batch takes "
+        f"(per_device_train_batch_size={per_device} x gradient_accumulation_steps={accumulation}{times}"
+        f"{per_group} = {needed} prompt(s)), and an incomplete batch is never trained on: {advice}"
+    )
+
+
 class SampleLog:
     """Appends each logging step's metrics, and a few sampled completions, to JSON Lines files."""
 
