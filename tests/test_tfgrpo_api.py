@@ -150,13 +150,41 @@ def test_grpo_trainer_training_free_learns_into_the_experience_manager(tmp_path)
 def test_bad_input_fails_before_any_call_with_a_clear_error(tmp_path):
     from gym.train.tf_grpo import prepare, prepare_from_datasets
 
-    with pytest.raises(ConfigError, match=r"needs questions with answers .* is preference"):
+    with pytest.raises(ConfigError, match=r"needs questions \(an sft dataset.* is preference"):
         prepare_from_datasets(TfGrpoSettings(), "policy", "demo_dpo")
     no_answer = [Question(id="0", prompt=[{"role": "user", "content": "hi"}])]
     with pytest.raises(ConfigError, match="use --reward majority"):
         prepare(TfGrpoSettings(endpoint="http://127.0.0.1:9/v1"), "policy", no_answer, "d")
     with pytest.raises(ConfigError, match="has no model"):
         TfGrpoSettings().role("policy", None)
+
+
+def test_questions_come_from_prompt_data_and_question_files_with_or_without_answers(gym_home, tmp_path):
+    """Online RL's prompt format and files of questions read as questions; without answers they are
+    for --reward majority (or judge) only."""
+    from gym.tfgrpo.data import load_questions
+    from gym.train.tf_grpo import prepare
+
+    files = {
+        "prompts.jsonl": [{"prompt": "What is 2+2?", "answer": "4"}, {"prompt": "What is 3+3?"}],
+        "questions.jsonl": [{"question": "What is 2+2?"}, {"question": "What is 3+3?"}],
+        "qa.jsonl": [{"question": "What is 2+2?", "answer": "4"}, {"question": "What is 3+3?", "answer": 6}],
+    }
+    read = {}
+    for name, rows in files.items():
+        (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        read[name] = load_questions(str(tmp_path / name))[0]
+    user = [{"role": "user", "content": "What is 3+3?"}]
+    assert [(q.prompt, q.answer) for q in read["prompts.jsonl"]][1] == (user, None)
+    assert [q.answer for q in read["prompts.jsonl"]] == ["4", None]
+    assert [q.answer for q in read["questions.jsonl"]] == [None, None]
+    assert [(q.prompt, q.answer) for q in read["qa.jsonl"]][1] == (user, "6")
+    endpoint = TfGrpoSettings(endpoint="http://127.0.0.1:9/v1", policy={"model": "policy"})
+    with pytest.raises(ConfigError, match="use --reward majority"):
+        prepare(endpoint, "policy", read["questions.jsonl"], "d")
+    run = prepare(endpoint.model_copy(update={"reward": "majority"}), "policy", read["questions.jsonl"], "d")
+    assert run.steps and all(sorted(s.questions) == [0, 1] for s in run.steps)
+    assert load_questions("demo_prompts", limit=2)[0][0].answer  # the demo's prompts carry answers
 
 
 def test_flow_configs_select_tf_grpo_and_pass_preflight():

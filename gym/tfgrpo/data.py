@@ -3,7 +3,8 @@
 A question is a prompt (chat messages ending with a user turn) and its reference answer (None
 without ground truth). Datasets are read through gym's ingest: any sft-format dataset (alpaca,
 sharegpt, openai messages) gives prompt = every turn before the last assistant turn and answer =
-that turn; files with `question`/`answer` columns are read as alpaca with those columns.
+that turn; a prompt-format dataset (online RL's: `prompt`, optional `answer`) gives its prompt and
+answer; files with a `question` column (and optionally `answer`) are read as prompt-format data.
 
     questions = load_questions("demo_sft", limit=100)
     steps = plan_steps(len(questions), batch_size=8, epochs=3, seed=42)   # a new order every epoch
@@ -21,7 +22,7 @@ from gym.errors import ConfigError, DataError
 from gym.hashing import hash_obj
 from gym.tfgrpo.injection import query_of
 
-QA_COLUMNS = {"instruction": "question", "output": "answer"}
+QA_COLUMNS = {"prompt": "question"}  # prompt-format data whose prompt column is `question`
 
 
 class Question(BaseModel):
@@ -75,14 +76,14 @@ def plan_steps(n_questions: int, batch_size: int, epochs: int, seed: int) -> lis
 
 
 def dataset_spec(dataset: str | Path) -> Any:
-    """The DatasetSpec for `dataset`; files with `question`/`answer` columns read as alpaca."""
+    """The DatasetSpec for `dataset`; files with a `question` column (optional `answer`) read as prompts."""
     from gym.data.registry import resolve_dataset
 
     try:
         return resolve_dataset(dataset)
-    except DataError:  # no format recognised: try question/answer columns before giving up
+    except DataError:  # no format recognised: try question(/answer) columns before giving up
         try:
-            return resolve_dataset(dataset, format="alpaca", columns=QA_COLUMNS)
+            return resolve_dataset(dataset, format="prompt", columns=QA_COLUMNS)
         except DataError:
             return resolve_dataset(dataset)  # raises the first, more helpful error again
 
@@ -96,17 +97,20 @@ def questions_from(
     from gym.data.ingest import load_meta
 
     kind = load_meta(dataset_dir)["kind"]
-    if kind != "sft":
+    if kind not in ("sft", "prompt"):
         raise ConfigError(
-            f"Training-Free GRPO needs questions with answers (an sft dataset: alpaca, sharegpt, openai, or "
-            f"question/answer columns), but {name or dataset_dir!r} is {kind}"
+            "Training-Free GRPO needs questions (an sft dataset: alpaca, sharegpt, openai; or prompts: "
+            f"prompt or question, answer for ground truth), but {name or dataset_dir!r} is {kind}"
         )
     records = load_from_disk(str(dataset_dir))
     n = len(records) if limit is None else min(limit, len(records))
     questions = []
     for i in range(n):
-        messages = records[i]["messages"]
-        questions.append(Question(id=f"{i}", prompt=messages[:-1], answer=messages[-1]["content"]))
+        if kind == "prompt":
+            prompt, answer = records[i]["prompt"], records[i]["answer"]
+        else:
+            prompt, answer = records[i]["messages"][:-1], records[i]["messages"][-1]["content"]
+        questions.append(Question(id=f"{i}", prompt=prompt, answer=answer))
     return questions
 
 
