@@ -94,6 +94,11 @@ def check_distributed(field: str, stage: Any) -> None:
 
 # What transformers passes every scheduler itself: not the user's to set in lr_scheduler_kwargs.
 SCHEDULER_OWN = ("optimizer", "num_warmup_steps", "num_training_steps", "last_epoch")
+# Schedulers whose arguments are all optional, one of which must be given all the same.
+ONE_OF = {
+    "cosine_with_min_lr": ("min_lr", "min_lr_rate"),
+    "cosine_warmup_with_min_lr": ("min_lr", "min_lr_rate"),
+}
 
 
 def check_schedule(field: str, stage: Any) -> None:
@@ -106,21 +111,35 @@ def check_schedule(field: str, stage: Any) -> None:
     from transformers.optimization import TYPE_TO_SCHEDULER_FUNCTION
     from transformers.trainer_utils import SchedulerType
 
+    from gym.train.common import EVAL_SCHEDULERS
+
     names = [t.value for t in TYPE_TO_SCHEDULER_FUNCTION]
     if stage.lr_scheduler_type not in names:
         raise ConfigError(
             f"{field}.lr_scheduler_type: {stage.lr_scheduler_type!r} is not a transformers scheduler; "
             f"choose from {', '.join(names)}"
         )
-    function = cast("Callable[..., Any]", TYPE_TO_SCHEDULER_FUNCTION[SchedulerType(stage.lr_scheduler_type)])
+    name, given = stage.lr_scheduler_type, set(stage.lr_scheduler_kwargs)
+    if name in EVAL_SCHEDULERS and (stage.eval_strategy or ("steps" if stage.eval_steps else "no")) == "no":
+        raise ConfigError(f"{field}.lr_scheduler_type: {EVAL_SCHEDULERS[name]}")  # data: gym.train.plan
+    function = cast("Callable[..., Any]", TYPE_TO_SCHEDULER_FUNCTION[SchedulerType(name)])
     params = inspect.signature(function).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return
     takes = [n for n in params if n not in SCHEDULER_OWN]
-    if unknown := sorted(set(stage.lr_scheduler_kwargs) - set(takes)):
+    if unknown := sorted(given - set(takes)):
         raise ConfigError(
-            f"{field}.lr_scheduler_kwargs: {stage.lr_scheduler_type} takes "
-            f"{', '.join(takes) or 'no arguments'}, not {', '.join(unknown)}"
+            f"{field}.lr_scheduler_kwargs: {name} takes {', '.join(takes) or 'no arguments'}, "
+            f"not {', '.join(unknown)}"
+        )
+    missing = [n for n in takes if params[n].default is inspect.Parameter.empty and n not in given]
+    one_of = ONE_OF.get(name, ())
+    if one_of and len(given & set(one_of)) != 1:
+        missing.append(f"exactly one of {' or '.join(one_of)}")
+    if missing:
+        raise ConfigError(
+            f"{field}.lr_scheduler_kwargs: {name} needs {', '.join(missing)} (lr_scheduler_kwargs is a "
+            "mapping: --train.lr_scheduler_kwargs '{\"name\": value}')"
         )
 
 

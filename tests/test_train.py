@@ -271,7 +271,21 @@ def test_adam_settings_and_scheduler_arguments_reach_the_optimizer_and_the_sched
             {"lr_scheduler_kwargs": {"min_lr_rate": 0.1}},
             r"train.lr_scheduler_kwargs: cosine takes num_cycles, not min_lr_rate",
         ),
-        # it failed inside the train task, after ingest and tokenization, with a traceback
+        # these failed inside the train task, after ingest, tokenization and the model's loading
+        (
+            {"lr_scheduler_type": "cosine_with_min_lr"},
+            r"lr_scheduler_kwargs: cosine_with_min_lr needs exactly one of min_lr or min_lr_rate",
+        ),
+        (
+            {
+                "lr_scheduler_type": "cosine_warmup_with_min_lr",
+                "lr_scheduler_kwargs": {"min_lr": 0, "min_lr_rate": 0},
+            },
+            r"cosine_warmup_with_min_lr needs exactly one of min_lr or min_lr_rate",
+        ),
+        ({"lr_scheduler_type": "warmup_stable_decay"}, r"warmup_stable_decay needs num_decay_steps \(lr_sch"),
+        ({"lr_scheduler_type": "reduce_lr_on_plateau"}, r"steps on the held-out loss: it needs evaluations"),
+        ({"lr_scheduler_type": "greedy"}, r"train.lr_scheduler_type: greedy steps on the held-out loss"),
         (
             {"optim": "adamw_torh"},
             r"train.optim: 'adamw_torh' is not a transformers optimizer \(did you mean adamw_torch",
@@ -288,8 +302,25 @@ def test_a_schedule_transformers_cannot_build_fails_before_any_model(settings, s
 
     with pytest.raises(ConfigError, match=says):
         preflight.check_methods(TrainFlowConfig(train=TrainConfig(**settings)))
-    preflight.check_methods(TrainFlowConfig(train=TrainConfig(lr_scheduler_type="cosine_with_min_lr")))
-    preflight.check_methods(TrainFlowConfig(train=TrainConfig(optim="adafactor")))
+    for good in (
+        {"lr_scheduler_type": "cosine_with_min_lr", "lr_scheduler_kwargs": {"min_lr": 1e-5}},
+        {"lr_scheduler_type": "warmup_stable_decay", "lr_scheduler_kwargs": {"num_decay_steps": 10}},
+        {"lr_scheduler_type": "reduce_lr_on_plateau", "eval_steps": 10},
+        {"optim": "adafactor"},
+    ):
+        preflight.check_methods(TrainFlowConfig(train=TrainConfig(**good)))
+
+
+def test_a_schedule_on_held_out_loss_without_held_out_data_fails_before_the_model_loads(tmp_path):
+    model = tiny()
+    gone = model.model_copy(
+        update={"path": str(tmp_path / "no-such-model")}
+    )  # loading would fail differently
+    config = TrainConfig(method="sft", max_steps=2, lr_scheduler_type="reduce_lr_on_plateau", eval_steps=1)
+    with pytest.raises(
+        ConfigError, match=r"lr_scheduler_type: reduce_lr_on_plateau steps on the held-out loss"
+    ):
+        train.run(config, gone, tokenized("demo_sft", model, max_samples=8))
 
 
 def test_neftune_noises_the_embeddings_while_training_only(gym_home):

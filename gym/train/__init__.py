@@ -54,6 +54,7 @@ from gym.train import (
 )
 from gym.train.common import (
     TrainResult,
+    check_eval_schedule,
     check_hardware,
     count_params,
     evals_from,
@@ -192,6 +193,7 @@ def plan(
     config = with_defaults(config, model.train_defaults)
     config = config.model_copy(update={"lora": adapters.lora_settings(config)})
     config, precision_choices = check_hardware(config)
+    check_eval_schedule(config, n_eval)
     rl_common.check(config)
     rope.check(config)
     adapters.check(config, model)

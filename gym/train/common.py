@@ -144,6 +144,23 @@ def warmup(config: TrainConfig) -> float | int:
     return 0 if config.max_steps == 1 else config.warmup_ratio
 
 
+# Schedulers that step on held-out metrics: the stage must evaluate during training (checked by
+# gym.preflight for the strategy, by gym.train.plan for the held-out data).
+EVAL_SCHEDULERS = {
+    name: f"{name} steps on the held-out loss: it needs evaluations during training (an eval_strategy or "
+    "eval_steps, and held-out data: val_size or method_eval_dataset; online RL methods have none)"
+    for name in ("reduce_lr_on_plateau", "greedy")
+}
+
+
+def check_eval_schedule(config: TrainConfig, n_eval: int) -> None:
+    """A scheduler that steps on held-out loss, in a stage that won't evaluate during training."""
+    if config.lr_scheduler_type in EVAL_SCHEDULERS and (
+        not n_eval or config.method in ONLINE_METHODS or eval_strategy(config, True) == "no"
+    ):
+        raise ConfigError(f"lr_scheduler_type: {EVAL_SCHEDULERS[config.lr_scheduler_type]}")
+
+
 def eval_strategy(config: TrainConfig, held_out: bool) -> str:
     """transformers' eval_strategy for the stage: the config's (default: steps when eval_steps is set,
     else no), or no, with a warning, where the stage can't evaluate during training: it has no held-out
