@@ -169,3 +169,12 @@ def test_require_kind():
         require_kind("preference", "kto")
     with pytest.raises(ConfigError, match="unknown training method"):
         require_kind("sft", "nonsense")
+    # The methods it suggests for the data are methods gym trains (it named cpo, which is none)
+    from gym.data.formats import METHOD_KIND
+    from gym.train import METHODS
+
+    assert set(METHOD_KIND) <= set(METHODS)
+    with pytest.raises(
+        ConfigError, match=r"trains on preference data \(dpo, ipo, cdpo, hinge, orpo, simpo, rm\)"
+    ):
+        require_kind("preference", "sft")

@@ -60,7 +60,6 @@ METHOD_KIND = {
     "hinge": "preference",
     "orpo": "preference",
     "simpo": "preference",
-    "cpo": "preference",
     "rm": "preference",  # a reward model scores chosen above rejected
     "kto": "kto",
     "ppo": "prompt",
