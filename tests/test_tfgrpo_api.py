@@ -120,6 +120,23 @@ def test_api_model_adapter_over_http(monkeypatch):
     assert endpoint.headers[0]["authorization"] == "Bearer sk-ds"
 
 
+def test_an_api_model_adapter_as_the_policy_samples_as_it_was_made_to(monkeypatch, tmp_path):
+    """Its max_tokens and temperature reached no request: the policy role's defaults (512, 0.7) did."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    monkeypatch.setenv("GYM_HOME", str(tmp_path / "home"))
+    endpoint = FakeEndpoint(lambda body: "4")
+    rows = [{"question": "What is 2+2?", "answer": "4"}, {"question": "And 1+3?", "answer": "4"}]
+    with endpoint as url:
+        adapter = APIModelAdapter("m", base_url=url, max_tokens=64, temperature=0.2)
+        trainer = GRPOTrainer(model=adapter, train_dataset=rows, group_size=2, epochs=1, batch_size=2)
+        trainer.train()
+    policy = [r for r in endpoint.requests if r["messages"][-1]["content"] in ("What is 2+2?", "And 1+3?")]
+    assert policy and {(r["max_tokens"], r["temperature"]) for r in policy} == {(64, 0.2)}
+    # The role's own settings still win over the adapter's.
+    mine = GRPOTrainer(model=adapter, train_dataset=rows, policy={"max_tokens": 32})
+    assert (mine.settings.policy.max_tokens, mine.settings.policy.temperature) == (32, 0.2)
+
+
 def test_grpo_trainer_training_free_learns_into_the_experience_manager(tmp_path):
     env = SimEnv(seed=2, families=4, train_per_family=3, eval_per_family=2)
     train_q, eval_q = env.questions()

@@ -74,6 +74,20 @@ def _question(i: int, record: Any) -> Question:
     )
 
 
+def _adapter_sampling(settings: TfGrpoSettings, clients: dict[str, Any]) -> TfGrpoSettings:
+    """An APIModelAdapter given as a role's model samples as it was made to (its temperature and
+    max_tokens), where the role's settings don't say otherwise."""
+    from gym.train.grpo.api_model_adapter import APIModelAdapter
+
+    update = {}
+    for role, client in clients.items():
+        if isinstance(client, APIModelAdapter):
+            own = getattr(settings, role)
+            fields = {f: getattr(client, f) for f in ("temperature", "max_tokens") if getattr(own, f) is None}
+            update[role] = own.model_copy(update=fields)
+    return settings.model_copy(update=update)
+
+
 class GRPOTrainer:
     def __init__(
         self,
@@ -116,7 +130,9 @@ class GRPOTrainer:
         for key, value in (("epochs", epochs), ("seed", seed), ("batch_size", batch), ("group_size", group)):
             if value is not None:
                 base[key] = max(1, round(value)) if key != "seed" else int(value)
-        self.settings = TfGrpoSettings(**{**base, **settings})
+        self.settings = _adapter_sampling(
+            TfGrpoSettings(**{**base, **settings}), {"policy": model, "optimizer": optimizer_model}
+        )
         self.optimizer_model = optimizer_model
 
     def _clients(self) -> tuple[dict[str, LLMClient], str | None]:
