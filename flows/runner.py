@@ -339,12 +339,19 @@ def _load(flow_fn: Any) -> Any:
 @contextlib.contextmanager
 def workspace_servers() -> Iterator[None]:
     """Run against the Prefect server `gym up` started for this workspace, if one is answering and no
-    other API is configured: the run shows in its UI, and no temporary API has to start."""
+    other API is configured: the run shows in its UI, and no temporary API has to start. A configured
+    API (PREFECT_API_URL) that doesn't answer is an error here, not Prefect's tracebacks mid-run."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from gym import services
 
-    url = None if PREFECT_API_URL.value() else services.running("prefect")
+    configured = PREFECT_API_URL.value()
+    if configured and (problem := services.unreachable(configured)):
+        raise GymError(
+            f"PREFECT_API_URL={configured}: {problem} (stopped by `gym down`?): `unset PREFECT_API_URL` to "
+            "run with a temporary API (or on `gym up`'s server when it runs), or start that server again"
+        )
+    url = None if configured else services.running("prefect")
     if url is None:
         yield
         return

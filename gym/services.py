@@ -91,6 +91,25 @@ def healthy(url: str, name: str, timeout: float = 2.0) -> bool:
         return False
 
 
+def unreachable(url: str, timeout: float = 5.0) -> str | None:
+    """Why nothing answers at an http(s) `url`'s host and port (connection refused, no such host, a
+    timeout), else None; None too for other URLs and for hosts reached through a proxy."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    if urllib.request.getproxies().get(parts.scheme) and not urllib.request.proxy_bypass(parts.hostname):
+        return None  # reached through a proxy: the client's own requests will say
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout).close()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        return f"nothing answers at {parts.hostname}:{port}: {reason.lower()}"
+    return None
+
+
 def running(name: str) -> str | None:
     """The URL of this workspace's `name` server ("prefect" or "mlflow") if it is up and answering."""
     service = read_state().get(name)

@@ -86,26 +86,16 @@ def _sqlite_problem(db: Path) -> str | None:
 def _other_store_problem(uri: str, timeout: float = 5.0) -> str | None:
     """A file store MLflow refuses (in maintenance mode: the model registry needs MLFLOW_ALLOW_FILE_STORE),
     or a tracking server nothing answers at (MLflow would retry for minutes)."""
-    import socket
-    import urllib.request
     from urllib.parse import urlsplit
+
+    from gym.services import unreachable
 
     parts = urlsplit(uri)
     if parts.scheme in ("", "file") and not uri.startswith("databricks"):
         if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() in ("1", "true"):
             return None
         return "a file store, which MLflow refuses unless MLFLOW_ALLOW_FILE_STORE=true"
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return None
-    if urllib.request.getproxies().get(parts.scheme) and not urllib.request.proxy_bypass(parts.hostname):
-        return None  # reached through a proxy: MLflow's own requests will say
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    try:
-        socket.create_connection((parts.hostname, port), timeout=timeout).close()
-    except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
-        return f"nothing answers at {parts.hostname}:{port}: {reason.lower()}"
-    return None
+    return unreachable(uri, timeout)
 
 
 def _sqlite_file(uri: str) -> Path | None:

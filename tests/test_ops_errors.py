@@ -261,3 +261,23 @@ def test_a_file_store_or_a_server_nothing_answers_at_is_caught_before_the_run(
     with pytest.raises(ConfigError, match=rf"output\.tracking_uri: .*nothing answers at 127\.0\.0\.1:{port}"):
         preflight.check(config(f"http://127.0.0.1:{port}"))  # closed now
     assert not (tmp_path / "mlruns").exists()
+
+
+def test_a_prefect_api_url_nothing_answers_at_is_one_error_line(gym_home, capsys):
+    """`eval "$(gym status --env)"`, then `gym down`: the exported URL used to end the run in Prefect's
+    tracebacks."""
+    import socket
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    with temporary_settings({PREFECT_API_URL: f"http://127.0.0.1:{port}/api"}):
+        assert main(train, TrainFlowConfig, ["--max_samples", "8", "--train.max_steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"error: PREFECT_API_URL=http://127.0.0.1:{port}/api: nothing answers at 127.0.0.1:"
+    )
+    assert "unset PREFECT_API_URL" in err and "Traceback" not in err
+    assert not (gym_home / "models").exists(), "nothing trained"
