@@ -47,6 +47,37 @@ def job_env() -> dict[str, str]:
     }
 
 
+def argument_problem(cron: str, timezone: str, pool: str | None = None) -> str | None:
+    """What is wrong with the schedule (or work pool) given on the command line, in a line; else None."""
+    from prefect.client.schemas.schedules import CronSchedule
+    from pydantic import ValidationError
+
+    if pool is not None and not pool.strip():
+        return "--pool: give the work pool a name (default gym-process)"
+    try:
+        CronSchedule(cron=cron, timezone=timezone)
+    except ValidationError as exc:
+        return "; ".join(f"--{e['loc'][-1]}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
+    return None
+
+
+def prefect_api() -> tuple[str | None, str | None]:
+    """The Prefect API to register on (PREFECT_API_URL, else `gym up`'s server), or why there is none."""
+    from prefect.settings import PREFECT_API_URL
+
+    from gym import services
+
+    if configured := PREFECT_API_URL.value():
+        problem = services.unreachable(configured)
+        return (None, f"PREFECT_API_URL={configured}: {problem}") if problem else (configured, None)
+    url = services.running("prefect")
+    return (
+        (f"{url}/api", None)
+        if url
+        else (None, "no Prefect server: run `gym up` first (or set PREFECT_API_URL)")
+    )
+
+
 def weekly_parameters() -> dict[str, Any]:
     from gym.pipeline import SftThenDpoConfig
 
@@ -116,11 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from flows.services import prepare_server
-    from gym import services
 
-    api = PREFECT_API_URL.value() or (f"{url}/api" if (url := services.running("prefect")) else None)
-    if api is None:
-        print("error: no Prefect server: run `gym up` first (or set PREFECT_API_URL)", file=sys.stderr)
+    api, problem = prefect_api()
+    problem = argument_problem(args.cron, args.timezone, args.pool) or problem
+    if api is None or problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     with temporary_settings({PREFECT_API_URL: api}):

@@ -21,7 +21,14 @@ if str(REPO) not in sys.path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from deployments.deploy import WEEKLY_CRON, WEEKLY_TZ, job_env, weekly_parameters
+    from deployments.deploy import (
+        WEEKLY_CRON,
+        WEEKLY_TZ,
+        argument_problem,
+        job_env,
+        prefect_api,
+        weekly_parameters,
+    )
 
     parser = argparse.ArgumentParser(prog="python deployments/serve.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--cron", default=WEEKLY_CRON, help="Retraining schedule (cron).")
@@ -35,11 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     from flows.evaluate import evaluate
     from flows.sft_then_dpo import sft_then_dpo
     from flows.train import train
-    from gym import services
 
-    api = PREFECT_API_URL.value() or (f"{url}/api" if (url := services.running("prefect")) else None)
-    if api is None:
-        print("error: no Prefect server: run `gym up` first (or set PREFECT_API_URL)", file=sys.stderr)
+    api, problem = prefect_api()
+    problem = argument_problem(args.cron, args.timezone) or problem
+    if api is None or problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     os.environ.update(job_env())  # flow runs are subprocesses: they inherit this environment
     os.environ["PREFECT_API_URL"] = api
