@@ -203,7 +203,12 @@ def describe(
     stage_digests = {k.removesuffix("_stage"): v for k, v in lineage.items() if k.endswith("_stage")}
     extra = {k: str(v) for k, v in lineage.items() if not k.endswith(("dataset", "_stage"))}
     stage_digests.update({name: result.digest for name, result in stages.items()})
-    hyper = {s: redact(config[s]) for s in STAGE_SECTIONS if isinstance(config.get(s), Mapping)}
+    # What each stage trained with (its settings made concrete), else the flow config's section for it
+    hyper = {
+        name: redact(r.hyperparameters) for name, r in stages.items() if getattr(r, "hyperparameters", 0)
+    }
+    if not hyper:
+        hyper = {s: redact(config[s]) for s in STAGE_SECTIONS if isinstance(config.get(s), Mapping)}
     entry, entry_digest = _registry_entry(base_model)
     scores, setups = eval_scores(stages, before, after, benchmarks)
     return Lineage(

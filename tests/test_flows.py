@@ -61,6 +61,11 @@ def test_sft_then_dpo_default_run_learns_registers_and_reruns_from_cache(gym_hom
     assert str(version.version) == "1"
     assert version.tags["prefect_flow_run_id"] == first["flow_run_id"]
     assert version.tags["base_model"] == "gym-tiny" and len(version.tags["sft_dataset"]) == 16
+    # The card's hyperparameters are what each stage trained with (the registry's and the paper's values,
+    # not the flow's unset None), only those the stage reads (no RL settings for SFT or DPO).
+    card = version.description
+    assert "| `sft.learning_rate` | `0.003` |" in card and "| `dpo.beta` | `0.1` |" in card
+    assert "`None`" not in card and ".rl." not in card and "`sft.beta`" not in card
     parent = client.get_run(first["mlflow_run_id"])
     assert parent.info.status == "FINISHED" and parent.data.params["model"] == "gym-tiny"
     assert parent.data.metrics["exact_match_after"] == pytest.approx(first["exact_match_after"])

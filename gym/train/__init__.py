@@ -61,7 +61,7 @@ from gym.train.common import (
     losses_from,
     tied_keys_not_missing,
 )
-from gym.train.config import FINETUNING_TYPES, LORA_TYPES, TrainConfig, with_defaults
+from gym.train.config import FINETUNING_TYPES, LORA_TYPES, TrainConfig, hyperparameters, with_defaults
 from gym.train.grpo import online as grpo_online
 
 METHODS: dict[str, Callable[..., Any]] = {
@@ -172,7 +172,7 @@ def run(
             trained = _train(config, model, Path(train_data), held_out, digest, stage_dir, cutoff)
             assert trained is not None  # one process: the main one
             result = trained
-        result = result.model_copy(update={"choices": choices})
+        result = result.model_copy(update={"choices": choices, "hyperparameters": hyperparameters(config)})
         workspace.atomic_write_text(result_file, result.model_dump_json(indent=2))
         return result
 

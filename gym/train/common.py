@@ -62,6 +62,11 @@ class TrainResult(BaseModel):
         default_factory=dict,
         description="Choices gym made for this stage (QLoRA bit width, reference mode...), in words.",
     )
+    hyperparameters: dict[str, Any] = Field(
+        default_factory=dict,
+        description="What the stage trained with: its config made concrete, the settings it reads "
+        "(gym.train.config.hyperparameters).",
+    )
 
     @model_validator(mode="after")
     def _loss_is_its_own_signal(self) -> TrainResult:

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from gym.errors import ConfigError
 from gym.train.distributed import DistributedSettings
-from gym.train.rl_config import RLSettings
+from gym.train.rl_config import ONLINE_METHODS, RLSettings
 from gym.train.speed import SpeedSettings
 
 # Every method gym knows by name; `gym.train.METHODS` holds the ones implemented (one file each).
@@ -386,6 +386,28 @@ METHOD_PARAMS: dict[str, dict[str, Any]] = {
 }
 # The loss each DPO-variant method name means; a different --train.loss_type with it is a contradiction.
 METHOD_LOSS = {"dpo": None, "ipo": "ipo", "cdpo": "sigmoid", "hinge": "hinge"}
+
+
+# The fields only some methods read: hyperparameters() leaves them out of the others' record.
+METHOD_FIELDS = {
+    "sft_loss_weight": ("dpo", "ipo", "cdpo", "hinge", "simpo"),
+    "reference": ("dpo", "ipo", "cdpo", "hinge", "kto"),
+    "desirable_weight": ("kto",),
+    "undesirable_weight": ("kto",),
+    "rl": ONLINE_METHODS,
+}
+
+
+def hyperparameters(config: TrainConfig) -> dict[str, Any]:
+    """What a stage trains with, as its card and lineage record it: `config` made concrete (by
+    gym.train.plan) without the unset fields and without the sections its method and finetuning_type
+    don't read (rl settings for SFT, LoRA settings for full fine-tuning...)."""
+    kind = config.finetuning_type
+    unread = {f for f, methods in METHOD_FIELDS.items() if config.method not in methods}
+    unread |= {"lora"} if kind not in LORA_TYPES else set()
+    unread |= {section for section in ("freeze", "longlora") if kind != section}
+    unread |= {"quant"} if kind != "qlora" else set()
+    return config.model_dump(mode="json", exclude_none=True, exclude=unread)
 
 
 def family(finetuning_type: str) -> str:
