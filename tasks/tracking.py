@@ -75,22 +75,30 @@ def stage_run(
 
 @contextlib.contextmanager
 def run_logs(name: str = "gym") -> Iterator[None]:
-    """Send the `name` logger's records (INFO and up) to the current Prefect run's logs for the block."""
+    """Send the `name` logger's records (INFO and up) to the current Prefect run's logs for the block,
+    and its warnings to the console too, as a line (`gym: warning: ...`)."""
     if not in_run():
         yield
         return
+    import sys
+
     from prefect.logging.handlers import APILogHandler
 
     logger = logging.getLogger(name)
     handler, level, propagate = APILogHandler(), logger.level, logger.propagate
+    console = logging.StreamHandler(sys.stderr)
+    console.setLevel(logging.WARNING)
+    console.setFormatter(logging.Formatter("gym: warning: %(message)s"))
     logger.addHandler(handler)
+    logger.addHandler(console)
     if level == logging.NOTSET or level > logging.INFO:
         logger.setLevel(logging.INFO)
-    logger.propagate = False  # the run's logs, not the console (Prefect's console handler is on the root)
+    logger.propagate = False  # not Prefect's console handler on the root: its INFO lines would bury the bar
     try:
         yield
     finally:
         logger.removeHandler(handler)
+        logger.removeHandler(console)
         logger.setLevel(level)
         logger.propagate = propagate
 

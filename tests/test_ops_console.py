@@ -128,3 +128,24 @@ def test_open_runs_of_a_failed_flow_run_are_ended(gym_home):
     assert set(tracking.end_open_runs("prefect_flow_run_id", "abc")) == {parent, child}
     assert client.get_run(parent).info.status == client.get_run(child).info.status == "FAILED"
     assert client.get_run(other).info.status == "RUNNING"
+
+
+def test_a_stages_warning_reaches_the_console_of_a_flow_run(gym_home, tmp_path, capfd):
+    """gym's logger goes to the Prefect run's logs during a stage; its warnings were lost to the console."""
+    import json
+
+    from flows.runner import main
+    from flows.train import train
+    from gym.pipeline import TrainFlowConfig
+
+    data = tmp_path / "my.jsonl"
+    data.write_text(
+        "".join(json.dumps({"instruction": f"Say {i}", "output": str(i)}) + "\n" for i in range(16))
+    )
+    argv = ["--dataset", str(data), "--train.max_steps", "2", "--train.eval_steps", "1", "--eval_limit", "2"]
+    assert main(train, TrainFlowConfig, argv) == 0
+    err = capfd.readouterr().err
+    assert (
+        "gym: warning: sft: eval_strategy steps, eval_steps 1 ignored: the stage has no held-out data" in err
+    )
+    assert "{'loss'" not in err, "the stage's INFO records stay off the console"
