@@ -190,3 +190,53 @@ def test_two_processes_stop_with_the_flows_process_resume_and_train_as_one_proce
     monkeypatch.setenv("GYM_HOME", str(home))
     again = two_process_stage()
     assert again.model_dir == resumed.model_dir and again.losses == resumed.losses
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the training processes through /proc")
+def test_ctrl_c_during_two_processes_ends_the_run_with_one_line_and_every_process(tmp_path):
+    """Ctrl-C reaches the whole process group: torchrun's agent and each worker printed a traceback
+    (about 70 lines); now the command ends as a one-process run does."""
+    home = tmp_path / "home"
+    env = {**os.environ, "GYM_HOME": str(home), "OMP_NUM_THREADS": "1"}
+    argv = [
+        "train",
+        "--method",
+        "sft",
+        "--max-steps",
+        "400",
+        "--train.save_steps",
+        "10",
+        "--max_samples",
+        "200",
+    ]
+    argv += ["--train.distributed.num_processes", "2", "--eval_limit", "2"]
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "gym"), *argv],
+        env=env,
+        cwd=tmp_path,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None:
+            if list(home.glob("models/*/checkpoints/checkpoint-*/trainer_state.json")):
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None and launched(home), "training finished (or failed) before Ctrl-C"
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130
+        assert "interrupted: run the same command again" in err and "Traceback" not in err, err[-3000:]
+        deadline = time.time() + 30
+        while launched(home) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not launched(home)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in launched(home):
+            os.kill(pid, signal.SIGKILL)

@@ -142,7 +142,7 @@ def launch(
     command = [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        "gym.train.torchrun",  # torchrun, without its traceback on Ctrl-C
         "--standalone",  # one machine, a free rendezvous port
         "--nproc_per_node",
         str(n),
@@ -153,6 +153,10 @@ def launch(
     print(f"gym: {config.method}: training on {n} processes (DDP)", file=sys.stderr, flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     code = subprocess.run(command, env=env).returncode
+    from gym.train.torchrun import INTERRUPTED  # here: `-m gym.train.torchrun` must not find it imported
+
+    if code == INTERRUPTED:
+        raise KeyboardInterrupt  # the processes stopped on Ctrl-C: the run ends as an interrupted one
     if code != 0 or not result.is_file():
         raise GymError(
             f"{config.method}: the {n} training processes failed (exit status {code}); their output is "

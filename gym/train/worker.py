@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gym.train.torchrun import INTERRUPTED
+
 
 def main(argv: list[str]) -> int:
     from gym.process import tune_process
@@ -71,4 +73,7 @@ def _exit_with(pid: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except KeyboardInterrupt:  # Ctrl-C reaches every process: the flow's process says what to do, once
+        sys.exit(INTERRUPTED)
