@@ -187,31 +187,38 @@ def test_the_api_key_is_required(url, client):
     assert httpx.get(f"{url}/health").status_code == 200
 
 
+SAY_X = [{"role": "user", "content": "x"}]  # a user message needs content: these name another field
 BAD_BODIES = [
     (b"{not json", 400, None),
     ({"model": NAME, "messages": []}, 400, "messages"),
     ({"model": NAME, "messages": [{"role": "tool", "content": "x"}]}, 400, "messages.0.role"),
-    ({"model": NAME, "messages": [{"role": "user"}], "temperature": 5}, 400, "temperature"),
-    ({"model": NAME, "messages": [{"role": "user", "content": "x"}], "n": 0}, 400, "n"),
-    ({"model": NAME, "messages": [{"role": "user", "content": "x"}], "top_p": 0}, 400, "top_p"),
-    ({"model": NAME, "messages": [{"role": "user", "content": "x"}], "max_tokens": 65}, 400, "max_tokens"),
-    ({"model": NAME, "messages": [{"role": "user", "content": "x"}], "stop": ["a"] * 5}, 400, "stop"),
-    ({"model": NAME, "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "x"}]}, 400, "tools"),
-    ({"model": NAME, "messages": [{"role": "user"}], "logprobs": True, "stream": True}, 400, "logprobs"),
-    ({"model": NAME, "messages": [{"role": "user"}], "top_logprobs": 2}, 400, "top_logprobs"),
-    ({"model": NAME, "messages": [{"role": "user"}], "presence_penalty": 2.5}, 400, "presence_penalty"),
-    ({"model": NAME, "messages": [{"role": "user"}], "logit_bias": {"abc": 1}}, 400, "logit_bias"),
-    ({"model": NAME, "messages": [{"role": "user"}], "logit_bias": {"5": 101}}, 400, "logit_bias"),
-    ({"model": NAME, "messages": [{"role": "user"}], "logit_bias": {"99999": 1}}, 400, "logit_bias"),
+    ({"model": NAME, "messages": SAY_X, "temperature": 5}, 400, "temperature"),
+    ({"model": NAME, "messages": SAY_X, "n": 0}, 400, "n"),
+    ({"model": NAME, "messages": SAY_X, "top_p": 0}, 400, "top_p"),
+    ({"model": NAME, "messages": SAY_X, "max_tokens": 65}, 400, "max_tokens"),
+    ({"model": NAME, "messages": SAY_X, "stop": ["a"] * 5}, 400, "stop"),
+    ({"model": NAME, "messages": SAY_X, "tools": [{"type": "x"}]}, 400, "tools"),
+    ({"model": NAME, "messages": SAY_X, "logprobs": True, "stream": True}, 400, "logprobs"),
+    ({"model": NAME, "messages": SAY_X, "top_logprobs": 2}, 400, "top_logprobs"),
+    ({"model": NAME, "messages": SAY_X, "presence_penalty": 2.5}, 400, "presence_penalty"),
+    ({"model": NAME, "messages": SAY_X, "logit_bias": {"abc": 1}}, 400, "logit_bias"),
+    ({"model": NAME, "messages": SAY_X, "logit_bias": {"5": 101}}, 400, "logit_bias"),
+    ({"model": NAME, "messages": SAY_X, "logit_bias": {"99999": 1}}, 400, "logit_bias"),
     (
-        {"model": NAME, "messages": [{"role": "user"}], "logprobs": True, "top_logprobs": 21},
+        {"model": NAME, "messages": SAY_X, "logprobs": True, "top_logprobs": 21},
         400,
         "top_logprobs",
     ),
     ({"model": NAME, "messages": [{"role": "user", "content": "word " * 200}]}, 400, "messages"),
-    ({"model": NAME, "messages": [{"role": "user", "content": "x"}], "n": 33}, 400, "n"),
-    ({"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}, 404, "model"),
-    ({"messages": [{"role": "user", "content": "x"}]}, 400, "model"),
+    ({"model": NAME, "messages": SAY_X, "n": 33}, 400, "n"),
+    ({"model": "gpt-4", "messages": SAY_X}, 404, "model"),
+    ({"messages": SAY_X}, 400, "model"),
+    # Python's json writes NaN, which the body parser reads: a bias must be a finite number too
+    (
+        json.dumps({"model": NAME, "messages": SAY_X, "logit_bias": {"5": float("nan")}}).encode(),
+        400,
+        "logit_bias.5",
+    ),
     # JSON's escapes can spell a lone surrogate half, which no tokenizer reads (it was a 500)
     (
         json.dumps({"model": NAME, "messages": [{"role": "user", "content": "\ud800"}]}).encode(),
@@ -269,6 +276,110 @@ def test_bad_completion_prompts_get_400(url):
         r = httpx.post(f"{url}/v1/completions", content=json.dumps(body).encode(), headers=sent)
         assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
         assert "unpaired surrogate" in r.json()["error"]["message"]
+
+
+def test_a_served_model_is_retrieved_by_its_id_and_an_unknown_id_gets_404(client, url):
+    """`GET /v1/models/{model}` was Starlette's bare 404 "Not Found" for every id."""
+    card = client.models.retrieve(NAME)
+    assert card.model_dump() == client.models.list().data[0].model_dump()
+    assert (card.id, card.object, card.owned_by) == (NAME, "model", "gym")
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.models.retrieve("gpt-4")
+    error = caught.value
+    assert (error.type, error.param, error.code) == ("invalid_request_error", "model", "model_not_found")
+    assert "'gpt-4' does not exist" in error.message
+    # an id with slashes reaches the route too (the client sends it as %2F, the server reads "/")
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.models.retrieve("org/gpt-4")
+    assert caught.value.code == "model_not_found"
+    assert httpx.get(f"{url}/v1/models/{NAME}").status_code == 401  # the key is needed here too
+
+
+def test_a_model_whose_id_holds_slashes_is_retrieved(model_dir):
+    """`gym serve --model models:/NAME@alias` serves under that URI: the id holds a slash."""
+    uri = "models:/tiny@champion"
+    with Engine.load(str(model_dir), name=uri) as named, serve_in_thread(build_app(named)) as base:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        assert client.models.retrieve(uri).id == uri == client.models.list().data[0].id
+
+
+def post_chat(url: str, **body: object) -> httpx.Response:
+    sent = {"model": NAME, "max_tokens": 2, **body}
+    return httpx.post(f"{url}/v1/chat/completions", json=sent, headers={"Authorization": f"Bearer {KEY}"})
+
+
+def test_only_an_assistant_message_may_go_without_content(url):
+    """OpenAI answers a user or system message with null (or no) content with a 400 naming it; it was
+    served as an empty message."""
+    for messages, at, role in (
+        ([{"role": "user", "content": None}], 0, "user"),
+        ([{"role": "system", "content": None}, *ask("hi")], 0, "system"),
+        ([{"role": "system", "content": "be brief"}, {"role": "user"}], 1, "user"),
+        (
+            [*ask("hi"), {"role": "assistant", "content": "yes"}, {"role": "developer", "content": None}],
+            2,
+            "developer",
+        ),
+    ):
+        r = post_chat(url, messages=messages)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert (error["type"], error["param"]) == ("invalid_request_error", f"messages.{at}.content")
+        assert f"a {role} message needs content" in error["message"]
+        assert "only an assistant message may leave it null" in error["message"]
+    history = [*ask("hi"), {"role": "assistant", "content": None}, *ask("and then?")]
+    assert post_chat(url, messages=history).status_code == 200
+
+
+def test_a_content_part_other_than_text_is_refused_by_its_type(client):
+    """An image part got "messages.0.content.str: Input should be a valid string", which says nothing
+    of parts: the 400 now names the part and its type."""
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+    audio = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}
+    for content, says in (
+        ([image], "part 0 has type 'image_url'"),
+        ([{"type": "text", "text": "hear this"}, audio], "part 1 has type 'input_audio'"),
+        ([{"text": "untyped"}], "part 0 has no type"),
+    ):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(
+                model=NAME, messages=[{"role": "user", "content": content}], max_tokens=2
+            )
+        error = caught.value
+        assert error.param == "messages.0.content" and says in error.message, error.message
+        assert "only text content parts" in error.message and "valid string" not in error.message
+    parts = [{"type": "text", "text": "name "}, {"type": "text", "text": "a river"}]
+    reply = client.chat.completions.create(
+        model=NAME, messages=[{"role": "user", "content": parts}], max_tokens=2
+    )
+    assert reply.choices[0].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("temperature", float("nan")),
+        ("top_p", float("nan")),
+        ("temperature", float("inf")),
+        ("presence_penalty", float("-inf")),
+        ("frequency_penalty", float("nan")),
+    ],
+)
+def test_a_number_that_is_not_finite_is_refused_as_such(url, field, value):
+    """Python's json writes NaN and Infinity (not JSON, but parsed): NaN got "Input should be less than or
+    equal to 2", a range it is not outside of."""
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    for path, body in (
+        ("/v1/chat/completions", {"messages": ask("hi")}),
+        ("/v1/completions", {"prompt": "hi"}),
+    ):
+        sent = json.dumps({"model": NAME, "max_tokens": 2, **body, field: value})
+        r = httpx.post(f"{url}{path}", content=sent, headers=headers)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == field and error["message"] == f"{field}: Input should be a finite number"
+    with pytest.raises(ValueError, match="finite number"):
+        SamplingParams(**{field: value})  # in-process callers (gym chat's flags, the engine) alike
 
 
 VALUES = st.one_of(

@@ -114,6 +114,7 @@ def test_sampling_flags_out_of_range_are_refused_before_the_model_loads(capsys):
         ("--temperature", "5", "less than or equal to 2 (got 5.0)"),
         ("--temperature", "-1", "greater than or equal to 0 (got -1.0)"),
         ("--top-p", "0", "greater than 0 (got 0.0)"),
+        ("--temperature", "nan", "a finite number (got nan)"),
     ):
         assert main(["chat", "--model", "no-such-model", flag, bad]) == 2
         err = capsys.readouterr().err

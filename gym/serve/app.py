@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP API over an `Engine` (FastAPI).
 
     GET  /v1/models              the served model
+    GET  /v1/models/{model}      its card by id (an unknown id: 404 model_not_found)
     POST /v1/chat/completions    chat, streamed over SSE with "stream": true
     POST /v1/completions         raw-prompt completion, streamed likewise (the prompt as sent; see build_app)
                                  `logprobs`/`echo` (chat: `logprobs`/`top_logprobs`) score tokens, unstreamed
@@ -112,21 +113,23 @@ def build_app(
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        card = {"id": engine.name, "object": "model", "created": 0, "owned_by": "gym"}
-        if engine.context_length:
-            card["max_model_len"] = engine.context_length
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": [_model_card(engine)]}
+
+    @app.get("/v1/models/{model:path}")  # `path`: an id may hold slashes (an MLflow URI, an org/name)
+    async def retrieve_model(model: str) -> dict[str, Any]:
+        _check_model(engine, model)
+        return _model_card(engine)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest) -> Any:
-        _check_model(engine, body)
+        _check_model(engine, body.model)
         prompt = engine.encode_chat([m.as_dict() for m in body.messages])
         params = _params(engine, limits, body, len(prompt), default_budget=None)
         return await _respond(engine, gate, body, [prompt], [0], params, chat=True)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest) -> Any:
-        _check_model(engine, body)
+        _check_model(engine, body.model)
         prefix = completion_experiences == "prefix"
         texts = body.prompts()
         if len(texts) > limits.max_prompts:  # before any of them is tokenized
@@ -149,11 +152,20 @@ def build_app(
     return app
 
 
-def _check_model(engine: Engine, body: GenerationRequest) -> None:
-    if body.model != engine.name:
+def _model_card(engine: Engine) -> dict[str, Any]:
+    """The served model as OpenAI's `model` object (with vLLM's `max_model_len` when it is known)."""
+    card: dict[str, Any] = {"id": engine.name, "object": "model", "created": 0, "owned_by": "gym"}
+    if engine.context_length:
+        card["max_model_len"] = engine.context_length
+    return card
+
+
+def _check_model(engine: Engine, model: str) -> None:
+    """A 404 in OpenAI's shape (code `model_not_found`) unless `model` is the one this server serves."""
+    if model != engine.name:
         raise APIError(
             404,
-            f"model {body.model!r} does not exist; this server serves {engine.name!r}",
+            f"model {model!r} does not exist; this server serves {engine.name!r}",
             "invalid_request_error",
             "model",
             "model_not_found",

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 class SamplingParams(BaseModel):
     """What one request asks of generation (OpenAI's names and meanings)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # NaN: "a finite number"
 
     max_tokens: int = Field(
         16,

@@ -14,7 +14,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from gym.serve.params import Scoring
@@ -52,14 +52,37 @@ class TextPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
+    """One message of a chat. Only an assistant's may go without content (OpenAI's rule: there it
+    stands beside tool calls); its parts, when a list, are text: gym serves text-only models."""
+
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart] | None = Field(None, validate_default=True)  # checked when absent too
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, value: Any) -> Any:
+        """A part that is not text (an image, audio, a file) is refused by its type, before the union's
+        own errors ("should be a valid string") would say nothing of parts."""
+        for i, part in enumerate(value if isinstance(value, list) else []):
+            if isinstance(part, dict) and part.get("type") != "text":
+                got = f"type {part['type']!r}" if "type" in part else "no type"
+                raise ValueError(
+                    f"part {i} has {got}: this server supports only text content parts "
+                    '({"type": "text", "text": ...}), not images, audio or files'
+                )
+        return value
 
     @field_validator("content")
     @classmethod
-    def _text(cls, value: str | list[TextPart] | None) -> str | list[TextPart] | None:
+    def _text(cls, value: str | list[TextPart] | None, info: ValidationInfo) -> str | list[TextPart] | None:
+        role = info.data.get("role")  # absent when the role itself was refused
+        if value is None and role not in (None, "assistant"):
+            raise ValueError(
+                f"a {role} message needs content (text or a list of text parts); "
+                "only an assistant message may leave it null"
+            )
         for text in [value] if isinstance(value, str) else [p.text for p in value or []]:
             unicode_text(text)
         return value
@@ -76,9 +99,10 @@ class StreamOptions(BaseModel):
 
 
 class GenerationRequest(BaseModel):
-    """What both endpoints share."""
+    """What both endpoints share. Numbers must be finite: JSON parsers that take NaN and Infinity (Python's
+    json writes them) would otherwise see a NaN fail every range check with a message about the range."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     model: str
     temperature: float | None = Field(None, ge=0.0, le=2.0)
