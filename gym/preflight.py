@@ -236,6 +236,26 @@ def check_model(name: str, template: str | None) -> None:
         raise ConfigError(f"model: {exc}") from None
 
 
+def check_adapters(config: Any) -> None:
+    """LoRA target modules and freeze layers the user named, against the model's architecture (its config
+    alone, no weights): a name it lacks failed in the train task, after the data work and the held-out
+    evaluation had loaded the model."""
+    from gym.train.config import LORA_TYPES
+
+    for field, stage in stages(config).items():
+        targets = stage.finetuning_type in LORA_TYPES and stage.lora.target_modules
+        layers = stage.finetuning_type == "freeze" and "layers" in stage.freeze.model_fields_set
+        if not targets and not layers:
+            continue
+        from gym.models import resolve
+        from gym.train import adapters
+
+        try:
+            adapters.check_modules(stage, resolve(config.model, config.template))
+        except ConfigError as exc:
+            raise ConfigError(f"{field}.{exc}") from None
+
+
 def check_dataset(field: str, name: str, use: str) -> None:
     """Each dataset `name` names (one, or a comma-separated list) resolves, and holds the record kind
     `use` (a method, or `exact_match`) reads when its format is known without reading the whole
@@ -280,6 +300,7 @@ def check(config: FlowInputs) -> None:
         check_methods(config)
     if not getattr(config, "model_is_remote", False):  # a model known only to an API endpoint (TF-GRPO)
         check_model(config.model, config.template)
+        check_adapters(config)
     for field, (name, use) in config.dataset_uses().items():
         check_dataset(field, name, use)
     check_val_size(config)

@@ -281,3 +281,30 @@ def test_a_prefect_api_url_nothing_answers_at_is_one_error_line(gym_home, capsys
     )
     assert "unset PREFECT_API_URL" in err and "Traceback" not in err
     assert not (gym_home / "models").exists(), "nothing trained"
+
+
+def test_lora_targets_and_freeze_layers_the_model_lacks_fail_before_any_model_loads(gym_home):
+    """They failed in the train task, after the data work and the held-out evaluation had loaded and run
+    the model; the model's config (its architecture on the meta device) says it at once."""
+    cases = [
+        (
+            TrainConfig(finetuning_type="lora", lora={"target_modules": ["nosuch_proj"]}),
+            r"^train\.lora\.target_modules: gym-tiny has no module named 'nosuch_proj'; its linear layers",
+        ),
+        (
+            TrainConfig(finetuning_type="freeze", freeze={"layers": 99}),
+            r"^train\.freeze\.layers=99, but gym-tiny has",
+        ),
+    ]
+    for stage, says in cases:
+        with pytest.raises(ConfigError, match=says):
+            preflight.check(TrainFlowConfig(train=stage))
+    with pytest.raises(ConfigError, match=r"^sft\.lora\.target_modules: gym-tiny has no module named 'x'"):
+        preflight.check(
+            SftThenDpoConfig(sft=TrainConfig(finetuning_type="dora", lora={"target_modules": ["x"]}))
+        )
+    preflight.check(
+        TrainFlowConfig(train=TrainConfig(finetuning_type="lora", lora={"target_modules": ["q_proj"]}))
+    )
+    preflight.check(TrainFlowConfig(train=TrainConfig(finetuning_type="freeze", freeze={"layers": -1})))
+    assert not list(gym_home.glob("models/sft-*")), "no stage started"

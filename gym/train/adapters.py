@@ -70,6 +70,32 @@ def check(config: TrainConfig, model_ref: ModelRef) -> None:
             )
 
 
+def check_modules(config: TrainConfig, model_ref: ModelRef) -> None:
+    """The LoRA target modules and freeze layers the user named, against the model's architecture built
+    on the meta device from its config alone (no weights read): for gym.preflight, before any model
+    loads. Nothing to check (and nothing imported) when neither was set."""
+    targets = config.lora.target_modules if config.finetuning_type in LORA_TYPES else None
+    if not targets and config.finetuning_type != "freeze":
+        return
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    trust = model_ref.trust_remote_code
+    model_config = AutoConfig.from_pretrained(
+        model_ref.path, revision=model_ref.revision, trust_remote_code=trust
+    )
+    n = getattr(model_config, "num_hidden_layers", None)
+    if config.finetuning_type == "freeze" and isinstance(n, int) and abs(config.freeze.layers) > n:
+        raise ConfigError(
+            f"freeze.layers={config.freeze.layers}, but {model_ref.name} has {n} decoder layers; "
+            f"use a value between -{n} and {n}"
+        )
+    if targets:
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(model_config, trust_remote_code=trust)
+        lora_targets(skeleton, targets, model_ref)
+
+
 def unused_settings(config: TrainConfig) -> str | None:
     """A note when the user set adapter settings the stage's finetuning_type does not read (LoRA settings
     for full or freeze, freeze settings for anything else); else None. Before `plan`, which sets them."""
