@@ -107,6 +107,15 @@ def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
             def batched(prompts, completions, answer, **kwargs):
                 return [float(c[0]["content"] == a) * 2 for c, a in zip(completions, answer)]
+
+            def says_high(completion):
+                return "high"
+
+            def one_short(prompts, completions, **kwargs):
+                return [1.0] * (len(completions) - 1)
+
+            def counts(completion):
+                return len(completion) > 1  # a bool: a number
             """
         )
     )
@@ -124,6 +133,17 @@ def test_dotted_path_callables_in_both_conventions(user_module: str):
     reward = load_reward(f"{user_module}:batched")
     assert reward.batched and reward.name == "batched"
     assert call(f"{user_module}:batched", ["4", "5"], ["4", "4"]) == [2.0, 0.0]
+
+
+def test_a_reward_that_is_not_a_number_per_completion_names_itself_and_the_value(user_module: str):
+    """A string failed in float() deep in the trainer, with a traceback naming neither."""
+    with pytest.raises(
+        ConfigError, match=r"reward my_rewards:says_high: returned str 'high' for completion 0; a rew"
+    ):
+        call(f"{user_module}:says_high", ["4"])
+    with pytest.raises(ConfigError, match=r"my_rewards:one_short: returned 1 values for 2 completions"):
+        call(f"{user_module}:one_short", ["4", "5"])
+    assert call(f"{user_module}:counts", ["4", "45"]) == [0.0, 1.0]
 
 
 def test_trl_reward_functions_work_by_dotted_path():

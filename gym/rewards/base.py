@@ -75,7 +75,13 @@ class Reward:
         self, prompts: Sequence[Any], completions: Sequence[Any], **columns: Any
     ) -> list[float | None]:
         if self.batched:
-            return list(self.fn(prompts=prompts, completions=completions, **columns))
+            values = list(self.fn(prompts=prompts, completions=completions, **columns))
+            if len(values) != len(completions):
+                raise ConfigError(
+                    f"reward {self.spec}: returned {len(values)} values for {len(completions)} completions "
+                    "(one per completion, None where it doesn't apply)"
+                )
+            return [self._number(v, i) for i, v in enumerate(values)]
         n = len(completions)
         answers = columns.get("answer") or [None] * n
         metadata = columns.get("metadata") or [None] * n
@@ -86,9 +92,19 @@ class Reward:
         for i in range(n):
             context = {"prompt": prompts[i], "metadata": metadata_of(metadata[i]), "completion_ids": ids[i]}
             args = (texts[i], answers[i]) if self._takes_answer else (texts[i],)
-            value = self.fn(*args, **{k: context[k] for k in self._context})
-            out.append(None if value is None else float(value))
+            out.append(self._number(self.fn(*args, **{k: context[k] for k in self._context}), i))
         return out
+
+    def _number(self, value: Any, i: int) -> float | None:
+        """A reward as a float (None: it doesn't apply); anything else names the reward and the value."""
+        if value is None or isinstance(value, float):
+            return value
+        if isinstance(value, (int, bool)) or (hasattr(value, "item") and getattr(value, "ndim", 1) == 0):
+            return float(value)  # an int, a bool, a 0-d numpy or torch number
+        raise ConfigError(
+            f"reward {self.spec}: returned {type(value).__name__} {value!r:.60} for completion {i}; a reward "
+            "is a number per completion (or None where it doesn't apply)"
+        )
 
 
 def weighted_sum(scores: Sequence[Sequence[float | None]], weights: Sequence[float]) -> list[float]:
