@@ -28,12 +28,12 @@ from pydantic import BaseModel, Field
 from gym import workspace
 from gym.cli_options import ArgumentParser
 from gym.errors import ConfigError, GymError
-from gym.export import export_model, locate, replace_dir
+from gym.export import DEPLOY_PLAN, export_model, locate, replace_dir
 from gym.hashing import hash_obj
 from gym.space import write_space
 from gym.tfgrpo.injection import load_shipped
 
-PLAN = "deploy.json"
+PLAN = DEPLOY_PLAN
 REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 

@@ -318,6 +318,9 @@ def _ids(value: Any) -> list[int]:
     return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
 
+DEPLOY_PLAN = "deploy.json"  # what `gym deploy` writes beside its export (gym.deploy)
+
+
 def exported(directory: Path) -> bool:
     """Whether `gym export` wrote `directory` (its gym_model.json says so)."""
     try:
@@ -342,11 +345,26 @@ def check_output_dir(output_dir: Path, ours: Callable[[Path], bool] = exported) 
     if output_dir.exists() and not output_dir.is_dir():
         raise ConfigError(f"{output_dir} is a file, not a directory; choose an empty or new directory")
     if output_dir.exists() and any(output_dir.iterdir()) and not ours(output_dir):
+        if by := _written_by(output_dir):  # by the other command: what each replaces is its own kind
+            raise ConfigError(
+                f"{output_dir} holds what `{by}` wrote, and a command replaces only a folder it wrote itself "
+                "(gym export: an export; gym deploy: a bundle); choose an empty or new directory"
+            )
         raise ConfigError(
             f"{output_dir} exists and was not written by gym (only a folder it exported before is replaced; "
             "a training stage's model folder is not); choose an empty or new directory"
         )
     return output_dir
+
+
+def _written_by(directory: Path) -> str | None:
+    """The gym command that wrote `directory`: an export, or a deploy bundle (its deploy.json, its export
+    in model/); None for anything else."""
+    if exported(directory):
+        return "gym export"
+    if (directory / DEPLOY_PLAN).is_file() and exported(directory / "model"):
+        return "gym deploy"
+    return None
 
 
 @contextlib.contextmanager

@@ -135,3 +135,23 @@ def test_pushing_needs_a_token_and_the_network_and_never_shows_the_token(gym_hom
     missing = str(gym_home / "output" / "qwen3-lora")
     assert main(["deploy", "--model", missing, "--hf_token", secret, "--push_to_hub"]) == 2
     assert f"unknown model {missing!r}" in capsys.readouterr().err
+
+
+def test_export_and_deploy_refuse_each_others_folders_saying_whose_they_are(model, tmp_path, capsys):
+    """`gym deploy` into an export (and back) said the folder "was not written by gym"."""
+    from flows.cli import main
+
+    export, bundle = tmp_path / "export", tmp_path / "bundle"
+    assert main(["export", "--model", str(model), "--out", str(export)]) == 0
+    assert main(["deploy", "--model", str(model), "--target", str(bundle), "--no-space"]) == 0
+    capsys.readouterr()
+    for folder, argv, whose in (
+        (export, ["deploy", "--model", str(model), "--target", str(export), "--no-space"], "gym export"),
+        (bundle, ["export", "--model", str(model), "--out", str(bundle)], "gym deploy"),
+    ):
+        before = sorted(p.name for p in folder.iterdir())
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"holds what `{whose}` wrote" in err and "not written by gym" not in err
+        assert sorted(p.name for p in folder.iterdir()) == before, "left as it was"
+    assert main(["export", "--model", str(model), "--out", str(export)]) == 0  # its own: replaced
