@@ -387,11 +387,11 @@ def register_model(
     return version
 
 
-def registered_uri_hint(name: str) -> str | None:
+def registered_uri_hint(name: str, uri: str | None = None) -> str | None:
     """`models:/name@alias` (or `/version`) when `name` is a model registered in the local SQLite store:
     a hint for an error that was given the bare name. None otherwise; only a store that already
     exists is read (no network, nothing created)."""
-    uri = tracking_uri(create=False)
+    uri = tracking_uri(uri, create=False)
     db = _sqlite_file(uri)
     if db is None or not db.is_file():
         return None
@@ -424,6 +424,11 @@ def resolve_model_uri(model_uri: str, uri: str | None = None) -> tuple[str, str,
             name, _, number = body.partition("/")
             mv = client.get_model_version(name, number)
     except MlflowException as exc:
+        if "@" not in body and "/" not in body and (hint := registered_uri_hint(body, uri)):
+            raise ConfigError(
+                f"{model_uri!r} names a registered model, not one of its versions: give it as {hint} "
+                "(models:/NAME@ALIAS or models:/NAME/VERSION)"
+            ) from None
         raise ConfigError(
             f"MLflow model {model_uri!r} not found in {tracking_uri(uri)} "
             "(name@alias or name/version; `mlflow ui` lists the registered models)"

@@ -45,6 +45,13 @@ def test_a_model_registered_in_mlflow_given_by_its_bare_name_is_pointed_to_its_m
         resolve("my-sft")
     with resolve_unknown:  # other names are unknown as before
         resolve("my-dpo")
+    # The URI form without a version or alias: not "not found" (it is there), but how to name a version
+    with pytest.raises(
+        ConfigError, match=r"'models:/my-sft' names a registered model, not one of its versions: give"
+    ):
+        resolve("models:/my-sft")
+    with pytest.raises(ConfigError, match=r"'models:/my-dpo' not found"):
+        resolve("models:/my-dpo")
 
 
 def test_gym_tiny_loads_like_a_downloaded_model():
