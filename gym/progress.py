@@ -33,6 +33,7 @@ QUIET = {
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",  # also transformers' (loading and writing weights)
     "TQDM_DISABLE": "1",  # TRL's reference log-prob pass
     "MLFLOW_LOGGING_LEVEL": "ERROR",
+    "TRL_EXPERIMENTAL_SILENCE": "1",  # the warning on every import of trl.experimental (PPO, ORPO, SimPO)
 }
 
 

@@ -41,6 +41,7 @@ def build_trainer(
         **trl_args(config, output_dir, held_out=eval_data is not None),
         beta=filled(config.beta, "beta"),
         max_length=max_length,
+        remove_unused_columns=False,  # TRL sets it for its pair collator, with a warning
     )
     return row_trainer(
         completion_logits.pair_trainer(ORPOTrainer),

@@ -43,6 +43,7 @@ def build_trainer(
         beta=filled(config.beta, "beta"),
         simpo_gamma=filled(config.simpo_gamma, "simpo_gamma"),
         max_length=max_length,
+        remove_unused_columns=False,  # TRL sets it for its pair collator, with a warning
     )
     return row_trainer(
         completion_logits.pair_trainer(CPOTrainer),
