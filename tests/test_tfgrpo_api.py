@@ -164,6 +164,90 @@ def test_grpo_trainer_training_free_learns_into_the_experience_manager(tmp_path)
         GRPOTrainer(model="gym-tiny", training_free=False, group_size=5)
 
 
+class Answers:
+    """A policy client that answers every question the same way (nothing to learn: no optimizer calls)."""
+
+    identity, max_n = "answers", 8
+
+    def __init__(self, text="4"):
+        self.text, self.calls = text, 0
+
+    def complete(self, messages, *, temperature, max_tokens, seed, n=1):
+        self.calls += 1
+        return Completion(texts=[self.text] * n, usage=Usage(prompt_tokens=3, completion_tokens=1))
+
+
+def test_train_config_max_steps_caps_the_steps_of_gym_train_run(tmp_path, monkeypatch):
+    """TrainConfig(method="tf_grpo", max_steps=2, num_train_epochs=1) ran every planned step: max_steps
+    is the number of TF-GRPO steps (a batch of questions each), instead of the epochs, as for every
+    other method: it stops inside an epoch or runs on into more."""
+    from gym.data.ingest import ingest
+    from gym.models import ModelRef
+    from gym.tfgrpo.data import dataset_spec, plan_steps
+    from gym.train import TrainConfig, run
+
+    data = tmp_path / "qa.jsonl"  # 20 questions: 3 steps of 8 per epoch
+    data.write_text(
+        "".join(json.dumps({"question": f"{i}+{i}?", "answer": str(2 * i)}) + "\n" for i in range(20))
+    )
+    ingested = ingest(dataset_spec(str(data))).path
+    weights = tmp_path / "model"
+    weights.mkdir()
+    (weights / "config.json").write_text("{}")
+    model = ModelRef(name="m", path=str(weights), template="chatml", digest="d", base_model="m")
+    policy = Answers()
+    monkeypatch.setattr("gym.tfgrpo.runtime.client_for", lambda role, *a, **k: policy)
+    capped = run(TrainConfig(method="tf_grpo", max_steps=2, num_train_epochs=1, seed=3), model, ingested)
+    assert capped.global_step == 2 and policy.calls == 2 * 8  # a call (of n=5) per question
+    for max_steps, epochs, steps in ((5, 1, 5), (-1, 1, 3), (2, None, 2)):
+        config = TrainConfig(method="tf_grpo", max_steps=max_steps, num_train_epochs=epochs, seed=3)
+        assert run(config, model, ingested).global_step == steps, (max_steps, epochs)
+    # A capped plan is the start of the full one (epochs beyond are planned the same): a longer run resumes.
+    assert plan_steps(20, 8, 3, 3, max_steps=7) == plan_steps(20, 8, 3, 3)[:7]
+    assert plan_steps(20, 8, 1, 3, max_steps=5) == plan_steps(20, 8, 2, 3)[:5]
+    with pytest.raises(ConfigError, match="max_steps must be 1 or more"):
+        plan_steps(20, 8, 1, 3, max_steps=0)
+
+
+def test_grpo_trainer_reads_max_steps_from_its_training_args(tmp_path):
+    records = [{"question": f"{i}+{i}?", "answer": str(2 * i)} for i in range(6)]
+    args = SimpleNamespace(max_steps=4, num_train_epochs=1, per_device_train_batch_size=2, seed=1)
+    result = GRPOTrainer(model=Answers(), args=args, train_dataset=records, group_size=2).train()
+    assert result.steps == 4  # 3 steps an epoch: into the second
+    unset = SimpleNamespace(max_steps=-1, num_train_epochs=1, per_device_train_batch_size=2, seed=1)
+    assert GRPOTrainer(model=Answers(), args=unset, train_dataset=records, group_size=2).train().steps == 3
+
+
+def test_the_papers_snippet_runs_as_written_on_the_demo_questions(tmp_path, capsys):
+    """The papers' Python API passes no train_dataset (GRPOTrainer(model=..., tokenizer=..., args=...,
+    finetuning_args=..., experience_manager=..., training_free=True)) and failed with "GRPOTrainer needs
+    train_dataset"; it learns from the demo questions, as `gym train --method tf_grpo` without --dataset."""
+    exp_manager = ExperienceManager(library_path=tmp_path / "experience_lib", max_size=100)
+    trainer = GRPOTrainer(
+        model=Answers(),
+        tokenizer=None,
+        args=SimpleNamespace(max_steps=1, seed=1),
+        finetuning_args=SimpleNamespace(grpo_group_size=2),
+        experience_manager=exp_manager,
+        training_free=True,
+        max_eval_questions=2,
+        eval_samples=1,
+    )
+    note = capsys.readouterr().err
+    assert "note: GRPOTrainer: no train_dataset given: learning from gym's demo questions (demo_sft)" in note
+    assert "held-out Mean@k on demo_sft_eval" in note and "pass train_dataset=" in note
+    assert (trainer.train_dataset, trainer.eval_dataset) == ("demo_sft", "demo_sft_eval")
+    result = trainer.train()
+    assert result.steps == 1 and len(result.mean_at_k) == 2  # before, and after its one step
+    # Data named where LLaMA-Factory's data arguments name it is used, without a note.
+    capsys.readouterr()
+    named = GRPOTrainer(model=Answers(), args=SimpleNamespace(dataset="demo_prompts"), training_free=True)
+    assert (named.train_dataset, named.eval_dataset) == ("demo_prompts", None)
+    assert "note:" not in capsys.readouterr().err
+    given = GRPOTrainer(model=Answers(), train_dataset="demo_prompts", training_free=True)
+    assert (given.train_dataset, given.eval_dataset) == ("demo_prompts", None)
+
+
 def test_bad_input_fails_before_any_call_with_a_clear_error(tmp_path):
     from gym.train.tf_grpo import prepare, prepare_from_datasets
 

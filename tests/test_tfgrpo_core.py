@@ -157,6 +157,29 @@ def test_library_persists_atomically_and_detects_tampering(tmp_path):
         Library.load(path)
 
 
+def test_show_prints_a_library_file_or_the_folder_holding_it(tmp_path, capsys):
+    """`gym tfgrpo show ./out` on a model folder (an export, a GRPOTrainer output_dir) said "no such
+    experience library file"; the file itself, and a run directory's library.json, read as well."""
+    from flows.cli import main
+    from gym.tfgrpo.injection import shipped_json
+
+    library = apply(lib(), [Add(text="When adding, carry tens.")]).library
+    model, run_dir = tmp_path / "out", tmp_path / "run"
+    model.mkdir()
+    (model / "experiences.json").write_text(shipped_json(library.to_json(), 2))  # as a model ships it
+    library.save(run_dir / "library.json")
+    for where in (model, model / "experiences.json", run_dir):
+        assert main(["tfgrpo", "show", str(where)]) == 0
+        assert "When adding, carry tens." in capsys.readouterr().out
+    assert main(["tfgrpo", "show", str(model), "--json"]) == 0
+    assert Library.from_json(capsys.readouterr().out) == library
+    assert main(["tfgrpo", "show", str(tmp_path / "empty")]) == 2  # nothing there: as before
+    assert "no such experience library file" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["tfgrpo", "show", str(tmp_path / "empty")]) == 2
+    assert "holds no experience library (experiences.json or library.json)" in capsys.readouterr().err
+
+
 def test_diff_between_versions():
     old = lib("a", "b", "c")
     new = apply(old, [Update(id="E0", text="A"), Delete(id="E1"), Merge(ids=("E1", "E2"), text="m")]).library

@@ -146,9 +146,71 @@ def test_a_run_whose_every_call_failed_is_an_error_not_a_model(tmp_path):
     clients = {"policy": Scripted("p", unreachable), "optimizer": Scripted("o", unreachable)}
     rt = Runtime(settings, model=None, run_dir=tmp_path / "run", clients=clients)
     with pytest.raises(
-        ConfigError, match=r"none of the \d+ calls to the model was answered.*Connection error"
+        ConfigError,
+        match=r"none of the \d+ calls to the model was answered.*Connection error.*up and reachable",
     ):
         train(rt, QUESTIONS)
+
+
+CONTEXT = (
+    "this model's maximum context length is 512 tokens; the request needs 4108 (12 in the prompt, 4096 to "
+    "generate): shorten the prompt or lower max_tokens"
+)
+
+
+@pytest.mark.parametrize(
+    "error, expected, unexpected",
+    [
+        (  # gym serve refusing a max_tokens larger than its context, as the openai client words it
+            f"openai:http://127.0.0.1:8000/v1#gym-tiny: BadRequestError: Error code: 400 - {CONTEXT}",
+            [f"the endpoint refused the requests (HTTP 400: {CONTEXT})", "--policy.max_tokens N", "now 4096"],
+            ["reachable"],
+        ),
+        (
+            "openai:http://127.0.0.1:8000/v1#gpt: NotFoundError: Error code: 404 - model 'gpt' does not "
+            "exist; this server serves 'gym-tiny'",
+            ["refused the requests (HTTP 404: model 'gpt' does not exist", "model name ('gym-tiny'"],
+            ["reachable", "max_tokens"],
+        ),
+        (
+            "openai:http://h/v1#m: UnprocessableEntityError: Error code: 422 - " + "x" * 1000,
+            ["(HTTP 422: " + "x" * 297 + "...)", "--policy.*"],
+            ["x" * 298, "reachable"],
+        ),
+        (
+            "openai:http://h/v1#m: AuthenticationError: Error code: 401 - Incorrect API key provided",
+            ["refused the requests (HTTP 401: Incorrect API key", "$OPENAI_API_KEY"],
+            ["reachable"],
+        ),
+        (  # no HTTP answer, a timeout, a server error, rate limits: the endpoint was not there to answer
+            "openai:http://127.0.0.1:9/v1#m: APIConnectionError: Connection error.",
+            ["(the first error: openai:http://127.0.0.1:9/v1#m: APIConnectionError", "up and reachable"],
+            ["refused"],
+        ),
+        ("openai:http://h/v1#m: APITimeoutError: Request timed out.", ["up and reachable"], ["refused"]),
+        (
+            "openai:http://h/v1#m: InternalServerError: Error code: 500 - boom",
+            ["Error code: 500 - boom", "up and reachable"],
+            ["refused"],
+        ),
+        (
+            "openai:http://h/v1#m: RateLimitError: Error code: 429 - slow down",
+            ["up and reachable"],
+            ["refused"],
+        ),
+    ],
+)
+def test_why_no_call_was_answered_names_the_cause_and_the_setting(error, expected, unexpected):
+    """A run whose every call gym serve refused for context length (HTTP 400) was told to check that
+    the endpoint is up and reachable: a client error is the endpoint refusing the request as sent."""
+    from gym.tfgrpo.engine import unanswered_advice
+
+    policy = TfGrpoSettings(endpoint="http://127.0.0.1:8000/v1", policy={"max_tokens": 4096}).role(
+        "policy", "gym-tiny"
+    )
+    advice = unanswered_advice(error, policy)
+    assert all(e in advice for e in expected), advice
+    assert not any(u in advice for u in unexpected), advice
 
 
 def test_a_hosted_api_without_its_key_is_refused_before_any_call(monkeypatch):

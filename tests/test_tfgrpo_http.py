@@ -144,6 +144,26 @@ def test_tiny_model_over_http_as_policy_and_judge_degrades_safely(served, tmp_pa
     assert manifest_path(again.run_dir, 0).read_bytes() == manifest_path(rt.run_dir, 0).read_bytes()
 
 
+def test_a_run_gym_serve_refused_for_context_length_says_so_and_names_max_tokens(served, tmp_path):
+    """Every policy call refused with a 400 (max_tokens past gym-tiny's 512-token context) ended with
+    "check that the endpoint is up and reachable and its API key is set", which points the wrong way."""
+    from gym.errors import ConfigError
+
+    questions, digest = load_questions("demo_sft", limit=2)
+    settings = TfGrpoSettings(
+        endpoint=served.url, group_size=2, epochs=1, batch_size=2, policy={"max_tokens": 1000}, seed=4
+    )  # under the server's cap (1,024), past the model's context (512)
+    rt = Runtime(settings, model="gym-tiny", dataset=digest, run_dir=tmp_path / "run", cache_dir=tmp_path)
+    with pytest.raises(ConfigError) as caught:
+        train(rt, questions)
+    message = str(caught.value)
+    assert (
+        "the endpoint refused the requests (HTTP 400: this model's maximum context length is 512" in message
+    )
+    assert "lower the policy's max_tokens (now 1000: --policy.max_tokens N" in message
+    assert "reachable" not in message
+
+
 @pytest.mark.slow
 def test_flow_over_http_with_gym_tiny_optimizer_degrades_safely(prefect_server, tiny_url, tmp_path, capsys):
     env = SimEnv(seed=1, families=4, train_per_family=2, eval_per_family=0)

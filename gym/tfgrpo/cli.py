@@ -1,7 +1,7 @@
 """`gym tfgrpo`: Training-Free GRPO tools that need no Prefect.
 
     gym tfgrpo simulate [--seed 0] [--run-dir DIR] [--json]     the seeded simulated environment
-    gym tfgrpo show LIBRARY.json [--json]                        a library, as the prompt shows it
+    gym tfgrpo show LIBRARY.json|FOLDER [--json]                 a library, as the prompt shows it
 
 Training itself runs as a flow: `gym train --method tf_grpo ...`.
 """
@@ -22,8 +22,12 @@ def cmd_tfgrpo(argv: Sequence[str]) -> int:
     sim.add_argument("--seed", type=int, default=0, help="Seed of the environment and of the run.")
     sim.add_argument("--run-dir", default=None, help="Keep the runs here (default: a temporary folder).")
     sim.add_argument("--json", action="store_true", help="End with one line of JSON.")
-    show = sub.add_parser("show", help="Print an experience library file.")
-    show.add_argument("library", help="A library JSON file (experiences.json, libraries/v*.json).")
+    show = sub.add_parser("show", help="Print an experience library (its file, or a folder holding it).")
+    show.add_argument(
+        "library",
+        help="A library JSON file (experiences.json, libraries/v*.json), or a folder holding one: a model "
+        "or export (experiences.json), a run directory (library.json).",
+    )
     show.add_argument("--json", action="store_true", help="Print the file's JSON.")
     args = parser.parse_args(argv)
     if args.action == "simulate":
@@ -43,6 +47,25 @@ def cmd_tfgrpo(argv: Sequence[str]) -> int:
     from gym.tfgrpo.injection import experience_block
     from gym.tfgrpo.library import Library
 
-    library = Library.load(args.library)
+    library = Library.load(library_file(Path(args.library)))
     print(library.to_json() if args.json else experience_block(library.texts), end="" if args.json else "\n")
     return 0
+
+
+def library_file(path: Path) -> Path:
+    """The library file `path` names: itself, or for a folder the library it holds: a model's, an
+    export's or an experience_lib_path's experiences.json, else a run directory's library.json."""
+    if not path.is_dir():
+        return path  # a file, or nothing there: Library.load says so
+    from gym.errors import DataError
+    from gym.tfgrpo.injection import EXPERIENCE_FILE
+
+    names = (EXPERIENCE_FILE, "library.json")
+    found = next((path / name for name in names if (path / name).is_file()), None)
+    if found is None:
+        raise DataError(
+            f"this folder holds no experience library ({' or '.join(names)})",
+            file=str(path),
+            hint="give a TF-GRPO model or export folder, a run directory, or the library file itself",
+        )
+    return found

@@ -14,6 +14,7 @@ each with its own seed.
 from __future__ import annotations
 
 import os
+import re
 import threading
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -41,6 +42,20 @@ class Completion(BaseModel):
 
 class LLMError(GymError, RuntimeError):
     """A call failed for good (after the client's retries)."""
+
+
+# How an OpenAIClient error's text (LLMError, a manifest's `error`) carries the server's HTTP answer:
+# the openai package's "Error code: 400 - <the server's message>".
+_HTTP_ERROR = re.compile(r"Error code: (\d{3})(?: - (.*))?", re.DOTALL)
+
+
+def http_refusal(error: str) -> tuple[int, str] | None:
+    """(HTTP status, the server's message) of a failed call's error text; None when no HTTP answer
+    came back (connection refused, timeout) or the client was not an HTTP one."""
+    match = _HTTP_ERROR.search(error)
+    if match is None:
+        return None
+    return int(match.group(1)), (match.group(2) or "").strip()
 
 
 class LLMClient(Protocol):

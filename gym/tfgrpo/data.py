@@ -8,6 +8,7 @@ answer; files with a `question` column (and optionally `answer`) are read as pro
 
     questions = load_questions("demo_sft", limit=100)
     steps = plan_steps(len(questions), batch_size=8, epochs=3, seed=42)   # a new order every epoch
+    steps = plan_steps(len(questions), batch_size=8, epochs=3, seed=42, max_steps=2)  # its first 2
 """
 
 from __future__ import annotations
@@ -54,11 +55,27 @@ def derive_seed(*parts: object) -> int:
     return int(hash_obj(list(parts)), 16) % (2**31)
 
 
-def plan_steps(n_questions: int, batch_size: int, epochs: int, seed: int) -> list[StepPlan]:
+def steps_per_epoch(n_questions: int, batch_size: int) -> int:
+    """Batches in one pass over the questions (the last may be smaller)."""
+    return -(-n_questions // batch_size)
+
+
+def plan_steps(
+    n_questions: int, batch_size: int, epochs: int, seed: int, max_steps: int | None = None
+) -> list[StepPlan]:
     """Every epoch is a fresh seeded permutation of the questions cut into batches (the last may be
-    smaller); the plan depends on nothing but its arguments."""
+    smaller); the plan depends on nothing but its arguments.
+
+    `max_steps` (when set) decides the number of steps instead of `epochs`, as a training config's
+    max_steps overrides its epochs: the plan stops inside an epoch or runs on into more. Epoch e's
+    batches are the same whatever the number of epochs, so a capped plan is the start of a longer one.
+    """
     if n_questions < 1:
         raise ConfigError("Training-Free GRPO needs at least one training question")
+    if max_steps is not None:
+        if max_steps < 1:
+            raise ConfigError(f"max_steps must be 1 or more, got {max_steps} (unset: run the epochs)")
+        epochs = -(-max_steps // steps_per_epoch(n_questions, batch_size))
     steps: list[StepPlan] = []
     for epoch in range(epochs):
         order = list(range(n_questions))
@@ -72,7 +89,7 @@ def plan_steps(n_questions: int, batch_size: int, epochs: int, seed: int) -> lis
                     questions=tuple(order[start : start + batch_size]),
                 )
             )
-    return steps
+    return steps[:max_steps] if max_steps is not None else steps
 
 
 def dataset_spec(dataset: str | Path) -> Any:

@@ -23,7 +23,9 @@ from pydantic import BaseModel
 from gym import workspace
 from gym.errors import ConfigError
 from gym.tfgrpo import stages
-from gym.tfgrpo.data import Question, StepPlan, derive_seed, plan_steps
+from gym.tfgrpo.clients import http_refusal
+from gym.tfgrpo.config import ResolvedRole
+from gym.tfgrpo.data import Question, StepPlan, derive_seed, plan_steps, steps_per_epoch
 from gym.tfgrpo.library import Library
 from gym.tfgrpo.metrics import MetricReport, report
 from gym.tfgrpo.rewards import verify
@@ -182,12 +184,14 @@ def train(
     eval_questions: list[Question] | None = None,
     initial: Library | None = None,
     on_step: Callable[[StepManifest, Library], None] | None = None,
+    max_steps: int | None = None,
 ) -> RunResult:
-    """Learn a library over `questions` (epochs x batches); evaluate before and after each epoch."""
+    """Learn a library over `questions` (epochs x batches, or `max_steps` steps: see plan_steps);
+    evaluate before and after each epoch (and after the last step, where max_steps ends inside one)."""
     start = time.perf_counter()
     s = rt.settings
     library, _ = start_library(rt, initial)
-    plan = plan_steps(len(questions), s.batch_size, s.epochs, s.seed)
+    plan = plan_steps(len(questions), s.batch_size, s.epochs, s.seed, max_steps)
     manifests: list[StepManifest] = []
     evals: list[EvalRecord] = []
     with ThreadPoolExecutor(max_workers=CALL_THREADS, thread_name_prefix="tfgrpo-call") as pool:
@@ -204,10 +208,58 @@ def train(
             manifests.append(manifest)
             if on_step is not None:
                 on_step(manifest, library)
-            last_of_epoch = step.index == len(plan) - 1 or plan[step.index + 1].epoch != step.epoch
-            if eval_questions and last_of_epoch:
-                evals.append(evaluate(rt, eval_questions, library, f"epoch{step.epoch + 1}", pool))
+            tag = eval_tag(plan, step.index, len(questions), s.batch_size)
+            if eval_questions and tag is not None:
+                evals.append(evaluate(rt, eval_questions, library, tag, pool))
     return finish(rt, library, manifests, evals, time.perf_counter() - start)
+
+
+def eval_tag(plan: list[StepPlan], index: int, n_questions: int, batch_size: int) -> str | None:
+    """The held-out evaluation after step `index`: `epoch<e>` at the end of an epoch, `step<k>` after
+    the plan's last step where it ends inside one (max_steps); None between."""
+    step = plan[index]
+    if index + 1 < len(plan) and plan[index + 1].epoch == step.epoch:
+        return None
+    epoch_done = step.batch + 1 == steps_per_epoch(n_questions, batch_size)
+    return f"epoch{step.epoch + 1}" if epoch_done else f"step{index + 1}"
+
+
+REFUSAL_CHARS = 300  # of the server's message, quoted in the error
+REACHABILITY = "check that the endpoint is up and reachable and its API key is set"
+
+
+def unanswered_advice(error: str, policy: ResolvedRole) -> str:
+    """Why no call was answered and what to change, from the first failed call's `error` (the policy's:
+    no other role is called before it answers). A client error (HTTP 4xx) is the endpoint refusing the
+    request as sent: its message and the setting to change; otherwise (no connection, a timeout, a
+    5xx, rate limits after the client's retries) the endpoint was not there to answer."""
+    refused = http_refusal(error)
+    if refused is None or refused[0] >= 500 or refused[0] in (408, 429):
+        return f" (the first error: {error}); {REACHABILITY}"
+    status, message = refused
+    if len(message) > REFUSAL_CHARS:
+        message = message[: REFUSAL_CHARS - 3] + "..."
+    said = message or "no message"
+    return f": the endpoint refused the requests (HTTP {status}: {said}); {_fix(status, message, policy)}"
+
+
+def _fix(status: int, message: str, policy: ResolvedRole) -> str:
+    """The setting a refusal points at."""
+    text, where = message.lower(), policy.endpoint or "the endpoint"
+    if status in (401, 403):
+        return f"check the API key: ${policy.api_key_env} must hold one that {where} accepts"
+    if status == 404:
+        return (
+            f"check that the model name ({policy.model!r}: --model or --policy.model) is one {where} "
+            "serves, and that the endpoint is its OpenAI-compatible base URL (…/v1)"
+        )
+    if "max_tokens" in text or "context" in text:
+        return (
+            f"lower the policy's max_tokens (now {policy.max_tokens}: --policy.max_tokens N, or "
+            'policy={"max_tokens": N} from Python) to what the endpoint allows: prompt and reply together '
+            "must fit the model's context"
+        )
+    return "change the policy's settings (--policy.*) to what the endpoint accepts"
 
 
 def mean_reward(manifest: StepManifest) -> float | None:
@@ -224,10 +276,10 @@ def finish(
         calls = sum(m.calls for m in manifests)
         if calls and not sum(m.tokens for m in manifests):  # no call was answered: not a run to ship
             errors = (r.error for m in manifests for g in m.groups for r in g.rollouts if r.error)
+            advice = unanswered_advice(next(errors, first), rt.policy.role)
             raise ConfigError(
-                f"TF-GRPO: none of the {calls} calls to the model was answered, so nothing was learned "
-                f"(the first error: {next(errors, first)}); check that the endpoint is up and reachable and "
-                "its API key is set, then run again: the steps are redone"
+                f"TF-GRPO: none of the {calls} calls to the model was answered, so nothing was learned"
+                f"{advice}, then run again: the steps are redone"
             )
         warnings.warn(
             f"TF-GRPO: all {len(manifests)} steps degraded, so nothing was learned (the library is as it "

@@ -93,8 +93,13 @@ def prepare(
     eval_questions: list[Question] | None = None,
     template: str | None = None,
     trust_remote_code: bool = False,
+    max_steps: int | None = None,
 ) -> TfGrpoRun:
-    """Check the settings, decide the run directory (named by the config hash), write the questions."""
+    """Check the settings, decide the run directory (named by the config hash), write the questions.
+
+    `max_steps` (when set) is the number of steps, instead of the settings' epochs (plan_steps). Like a
+    budget, it decides where the run stops, not what a step learns: it is not part of the config hash,
+    so a longer run of the same settings resumes from the steps a capped one made."""
     if settings.reward not in ("majority", "judge") and any(q.answer is None for q in questions):
         raise ConfigError(f"reward {settings.reward!r} needs reference answers: use --reward majority")
     rt = Runtime(
@@ -108,7 +113,7 @@ def prepare(
         dataset_digest=dataset_digest,
         run_dir=str(rt.run_dir),
         config_hash=rt.config_hash,
-        steps=plan_steps(len(questions), settings.batch_size, settings.epochs, settings.seed),
+        steps=plan_steps(len(questions), settings.batch_size, settings.epochs, settings.seed, max_steps),
     )
     workspace.atomic_write_json(run.questions_file, [q.model_dump(mode="json") for q in questions])
     if eval_questions:
@@ -125,10 +130,11 @@ def prepare_from_datasets(
     eval_dataset: str | None = None,
     template: str | None = None,
     trust_remote_code: bool = False,
+    max_steps: int | None = None,
 ) -> TfGrpoRun:
     questions, digest = load_questions(dataset, settings.max_train_questions)
     held_out = load_questions(eval_dataset, settings.max_eval_questions)[0] if eval_dataset else None
-    return prepare(settings, model, questions, digest, held_out, template, trust_remote_code)
+    return prepare(settings, model, questions, digest, held_out, template, trust_remote_code, max_steps)
 
 
 def local_model(run: TfGrpoRun) -> ModelRef | None:
@@ -260,12 +266,19 @@ def summary_extras(result: RunResult) -> dict[str, Any]:
 
 
 def settings_from(config: TrainConfig, settings: TfGrpoSettings | None = None) -> TfGrpoSettings:
-    """TF-GRPO settings for a generic training config: its epochs and seed over the paper defaults."""
+    """TF-GRPO settings for a generic training config: its epochs and seed over the paper defaults
+    (its max_steps is the run's, not the settings': `max_steps_of`)."""
     base = settings or TfGrpoSettings()
     update: dict[str, Any] = {"seed": config.seed}
     if config.num_train_epochs is not None:
         update["epochs"] = max(1, round(config.num_train_epochs))
     return base.model_copy(update=update)
+
+
+def max_steps_of(config: TrainConfig) -> int | None:
+    """A training config's max_steps as TF-GRPO's number of steps (one batch of questions each, one
+    consolidation of the library), instead of the epochs; None for -1 (run num_train_epochs)."""
+    return config.max_steps if config.max_steps > 0 else None
 
 
 def run(
@@ -275,7 +288,8 @@ def run(
     eval_data: Path | None = None,
     settings: TfGrpoSettings | None = None,
 ) -> TrainResult:
-    """gym.train.run's path for method="tf_grpo": ingested sft datasets in, shipped model out."""
+    """gym.train.run's path for method="tf_grpo": ingested sft datasets in, shipped model out.
+    `config.max_steps` caps the run at that many steps (max_steps_of), as it does the other methods."""
     s = settings_from(config, settings)
     from gym.data.ingest import load_meta
 
@@ -283,8 +297,9 @@ def run(
     held_out = questions_from(eval_data, s.max_eval_questions) if eval_data else None
     digest = load_meta(train_data)["digest"]
     where = model.path if Path(model.path).is_dir() else model.name  # a built or trained model: its folder
-    prepared = prepare(s, where, questions, digest, held_out, model.template, model.trust_remote_code)
-    result = train(runtime(prepared), questions, held_out, initial=initial_library(s))
+    steps = max_steps_of(config)
+    prepared = prepare(s, where, questions, digest, held_out, model.template, model.trust_remote_code, steps)
+    result = train(runtime(prepared), questions, held_out, initial=initial_library(s), max_steps=steps)
     return train_result(prepared, result, ship(prepared, result, model))
 
 

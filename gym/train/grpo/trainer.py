@@ -13,15 +13,19 @@ is gym's online GRPO method (weights trained through TRL: gym/train/grpo/online_
 
 `model` may be a transformers model (with `tokenizer`), a registry name or checkpoint directory, a
 model name at `endpoint=` (an OpenAI-compatible API), or any gym LLM client (APIModelAdapter).
-`args` and `finetuning_args` are read for what applies (num_train_epochs, seed, output_dir,
-per_device_train_batch_size; group_size / grpo_group_size / num_generations); any TfGrpoSettings
-field can be passed by keyword. Training runs gym.tfgrpo.engine (resumable, cost-accounted); the
-library ends up in the experience manager, and with `args.output_dir` the model is saved there with
-its experiences.json (what serving injects).
+`args` and `finetuning_args` are read for what applies (num_train_epochs, max_steps (TF-GRPO steps,
+instead of the epochs), seed, output_dir, per_device_train_batch_size; group_size / grpo_group_size /
+num_generations; dataset / eval_dataset, as LLaMA-Factory's data arguments name them); any
+TfGrpoSettings field can be passed by keyword. With no training data named anywhere (the papers'
+snippet names none), it learns from gym's demo questions, scored on their held-out split, as
+`gym train --method tf_grpo` does without --dataset, and prints a note saying so. Training runs
+gym.tfgrpo.engine (resumable, cost-accounted); the library ends up in the experience manager, and with
+`args.output_dir` the model is saved there with its experiences.json (what serving injects).
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +39,11 @@ from gym.tfgrpo.runtime import Runtime
 from gym.train.grpo.experience_manager import ExperienceManager
 
 GROUP_SIZE_NAMES = ("group_size", "grpo_group_size", "num_generations")
+NO_DATASET_NOTE = (
+    "note: GRPOTrainer: no train_dataset given: learning from gym's demo questions ({train}) and scoring "
+    "held-out Mean@k on {held_out}, as `gym train --method tf_grpo` does without --dataset; pass "
+    "train_dataset= (a dataset name or path, or records) to learn from your own"
+)
 
 
 def _read(source: Any, *names: str) -> Any:
@@ -43,6 +52,21 @@ def _read(source: Any, *names: str) -> Any:
         if value is not None:
             return value
     return None
+
+
+def default_datasets(args: Any, finetuning_args: Any) -> tuple[Any, Any]:
+    """(train, held-out) data that `args` / `finetuning_args` name (`dataset`, `eval_dataset`), else
+    the ones `gym train --method tf_grpo` runs without --dataset (its flow config's defaults), with a
+    note on stderr: the papers' snippet passes no dataset, and should run as written."""
+    named = _read(finetuning_args, "dataset") or _read(args, "dataset")
+    if named is not None:
+        return named, _read(finetuning_args, "eval_dataset") or _read(args, "eval_dataset")
+    from gym.pipeline import TfGrpoFlowConfig
+
+    defaults = TfGrpoFlowConfig()
+    train, held_out = defaults.dataset, defaults.held_out_questions()
+    print(NO_DATASET_NOTE.format(train=train, held_out=held_out), file=sys.stderr)
+    return train, held_out
 
 
 def questions_of(dataset: Any, limit: int | None) -> tuple[list[Question], str]:
@@ -134,6 +158,11 @@ class GRPOTrainer:
             TfGrpoSettings(**{**base, **settings}), {"policy": model, "optimizer": optimizer_model}
         )
         self.optimizer_model = optimizer_model
+        steps = _read(args, "max_steps")  # transformers' TrainingArguments: -1 means the epochs
+        self.max_steps: int | None = int(steps) if steps is not None and steps > 0 else None
+        if train_dataset is None:
+            self.train_dataset, demo_eval = default_datasets(args, finetuning_args)
+            self.eval_dataset = eval_dataset if eval_dataset is not None else demo_eval
 
     def _clients(self) -> tuple[dict[str, LLMClient], str | None]:
         clients: dict[str, LLMClient] = {}
@@ -171,7 +200,9 @@ class GRPOTrainer:
         held_out = questions_of(self.eval_dataset, s.max_eval_questions)[0] if self.eval_dataset else None
         clients, name = self._clients()
         rt = Runtime(s, model=name, dataset=digest, clients=clients, template=self.template)
-        self.result = train(rt, questions, held_out, initial=self.experience_manager.library)
+        self.result = train(
+            rt, questions, held_out, initial=self.experience_manager.library, max_steps=self.max_steps
+        )
         from gym.tfgrpo.library import Library
 
         self.experience_manager.library = Library.load(self.result.library_file)
