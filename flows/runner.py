@@ -150,6 +150,8 @@ def _overrides(
         alias["output"] = {"output_dir": args.alias_output_dir}
     if args.alias_epochs is not None and "epochs" in config_cls.model_fields:  # Training-Free GRPO's epochs
         alias["epochs"] = max(1, round(args.alias_epochs))
+    if args.alias_max_steps is not None and "steps" in config_cls.model_fields:  # and its steps
+        alias["steps"] = args.alias_max_steps if args.alias_max_steps > 0 else None
     for stage in stages:
         s: dict[str, Any] = {}
         if args.alias_max_steps is not None:
@@ -186,7 +188,9 @@ def _refuse_unused(config_cls: type[BaseModel], args: argparse.Namespace, stages
     trains_nothing = "this flow trains no weights: leave it out"
     unused = {
         "--finetuning_type": not stages and args.alias_finetuning_type is not None,
-        "--max-steps": not stages and args.alias_max_steps is not None,
+        "--max-steps": not stages
+        and "steps" not in config_cls.model_fields
+        and args.alias_max_steps is not None,
         "--num_train_epochs": not stages and "epochs" not in config_cls.model_fields and args.alias_epochs,
         "--output_dir": not _exports(config_cls) and args.alias_output_dir,
         "--dataset": "sft_dataset" not in config_cls.model_fields and getattr(args, "alias_dataset", None),

@@ -30,6 +30,7 @@ from gym.eval.suite import benchmark_summary
 from gym.pipeline import TfGrpoFlowConfig
 from gym.progress import Progress
 from gym.tfgrpo.data import Question, StepPlan
+from gym.tfgrpo.engine import eval_tag
 from gym.tfgrpo.library import LibraryRef
 from gym.train.tf_grpo import TfGrpoRun, summary
 from tasks.evaluate import benchmark_eval, check_benchmarks_task
@@ -145,8 +146,9 @@ def tf_grpo(config: TfGrpoFlowConfig = DEFAULTS) -> dict[str, Any]:
             bar.update(step.index + 1, note=f"library {library.size} items")
         else:
             library = done
-        if held_out and (step.index + 1 == len(run.steps) or run.steps[step.index + 1].epoch != step.epoch):
-            evals.append(evaluate_library.submit(quote(run), quote(library), f"epoch{step.epoch + 1}"))
+        tag = eval_tag(run.steps, step.index, len(questions), run.settings.batch_size)
+        if held_out and tag is not None:  # each epoch's end (and a --max-steps run's last step)
+            evals.append(evaluate_library.submit(quote(run), quote(library), tag))
     if bar is not None:
         bar.done()
     raise_first_failure([*published, *evals])

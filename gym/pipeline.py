@@ -339,6 +339,12 @@ class TfGrpoFlowConfig(TfGrpoSettings):
         description="Questions per subject, shots, batch size of the benchmarks.",
     )
     output: OutputSettings = Field(default_factory=OutputSettings, description="Registration and export.")
+    steps: int | None = Field(
+        None,
+        ge=1,
+        description="TF-GRPO steps (a batch of questions and one library update each; --max-steps too) "
+        "instead of the epochs; unset: the epochs. Like a budget, it says where the run stops.",
+    )
 
     @field_validator("benchmarks")
     @classmethod
@@ -378,7 +384,7 @@ class TfGrpoFlowConfig(TfGrpoSettings):
     @classmethod
     def from_train_flow(cls, config: TrainFlowConfig) -> TfGrpoFlowConfig:
         """The train flow's config with method tf_grpo: its model, data and output; its stage's
-        epochs and seed over the paper's defaults."""
+        epochs, max_steps and seed over the paper's defaults."""
         epochs = config.train.num_train_epochs
         if config.new_special_tokens:
             raise ConfigError(
@@ -401,4 +407,5 @@ class TfGrpoFlowConfig(TfGrpoSettings):
             output=config.output,
             seed=config.train.seed,
             **({"epochs": max(1, round(epochs))} if epochs is not None else {}),
+            **({"steps": config.train.max_steps} if config.train.max_steps > 0 else {}),
         )

@@ -41,6 +41,7 @@ def prepare_run(config: TfGrpoFlowConfig) -> TfGrpoRun:
         config.held_out_questions(),
         config.template,
         config.trust_remote_code,
+        max_steps=config.steps,
     )
 
 

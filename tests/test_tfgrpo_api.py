@@ -304,6 +304,16 @@ def test_flow_configs_select_tf_grpo_and_pass_preflight():
     config = TfGrpoFlowConfig.from_train_flow(train_flow)
     assert (config.epochs, config.seed, config.group_size, config.dataset) == (2, 7, 5, "demo_sft")
     assert config.benchmarks == ["mmlu=./mmlu"] and config.benchmark_options.limit == 3  # not dropped
+    assert config.steps is None  # the epochs decide
+    capped = TfGrpoFlowConfig.from_train_flow(
+        train_flow.model_copy(update={"train": TrainConfig(max_steps=3)})
+    )
+    assert capped.steps == 3  # `gym train --method tf_grpo --max-steps 3`: 3 TF-GRPO steps
+    from flows.runner import build_parser, parse_config
+
+    for flag, steps in (("--max-steps", 2), ("--max_steps", 4), ("--steps", 5)):
+        parsed = parse_config(TfGrpoFlowConfig, build_parser(TfGrpoFlowConfig).parse_args([flag, str(steps)]))
+        assert parsed.steps == steps
     with pytest.raises(ConfigError, match="tf_grpo writes its own prompts"):  # would not reach them
         data = TokenizeSettings(default_system="Be brief.")
         TfGrpoFlowConfig.from_train_flow(train_flow.model_copy(update={"data": data}))
