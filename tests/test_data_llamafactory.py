@@ -239,6 +239,8 @@ def test_hub_entries_keep_subset_and_split(tmp_path: Path):
         ({"file_name": "a.json", "ranking": "yes"}, "field 'ranking': must be true or false"),
         ({"file_name": "a.json", "tags": {"role": "r"}}, "field 'tags': expected an object with keys among"),
         ({"hf_hub_url": "x/y", "folder": "sub"}, "field 'folder': gym reads a hub dataset's subsets"),
+        # it failed when the run ingested it, pointing at "`file` in the dataset registry"
+        ({"file_name": "b.json"}, "field 'file_name': no such file or folder "),
     ],
 )
 def test_bad_entries_name_the_file_entry_and_field(tmp_path: Path, entry: dict[str, Any], words: str):

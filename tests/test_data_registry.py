@@ -111,7 +111,7 @@ def test_relative_path_and_columns(monkeypatch: pytest.MonkeyPatch):
 def test_undetectable_format_says_what_to_do():
     with pytest.raises(DataError, match="cannot tell the dataset format") as e:
         resolve_dataset(DATA / "qa.jsonl")
-    assert e.value.record == 1 and "set `format`" in str(e.value)
+    assert e.value.record == 1 and "describe the file (its format and `columns`)" in str(e.value)
 
 
 def test_hub_ids_resolve_without_network():

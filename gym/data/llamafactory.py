@@ -141,6 +141,10 @@ def translate(name: str, entry: Any, info_file: Path) -> dict[str, Any]:
         if "file_name" not in entry:
             raise fail("no source: give file_name (a file or folder next to this file) or hf_hub_url")
         spec["file"] = str((info_file.parent / entry["file_name"]).expanduser().resolve())
+        if not Path(spec["file"]).exists():
+            raise fail(
+                f"no such file or folder {spec['file']} (file_name is relative to this file)", "file_name"
+            )
     formatting = entry.get("formatting", "alpaca")
     if formatting not in COLUMNS:
         raise fail(f"expected alpaca or sharegpt, got {formatting!r}", "formatting")

@@ -180,7 +180,9 @@ def detect_source_format(
                 file=file,
                 record=no,
                 hint="expected messages, conversations, chosen/rejected, label, instruction/output or text; "
-                "set `format` (and `columns`) in the dataset registry",
+                "rename the fields, or describe the file (its format and `columns`) in an entry of "
+                "registry/datasets.json or of a dataset_info.json in the data dir (LLaMA-Factory's "
+                "`formatting` and `columns`), and pass that entry's name",
             )
         return fmt  # type: ignore[return-value]
     raise DataError("the dataset is empty", file=source, hint="add records, or point to another file")
