@@ -174,10 +174,15 @@ def worker_command(api_url: str) -> tuple[list[str], dict[str, str]]:
     return [_bin("prefect"), "worker", "start", "--pool", WORK_POOL, "--type", "process"], env
 
 
+START_MARK = "== gym: starting"  # the line spawn writes to a service's log before each start
+
+
 def spawn(name: str, command: list[str], env: dict[str, str], url: str | None) -> Service:
     """Start `command` in a new session (its own process group), output to the workspace's log."""
     log = workspace.path("services", f"{name}.log")
     with open(log, "ab") as out:
+        out.write(f"{START_MARK} {name} {time.strftime('%Y-%m-%d %H:%M:%S')} ==\n".encode())
+        out.flush()
         proc = subprocess.Popen(
             command,
             env={**os.environ, **env},
@@ -210,10 +215,13 @@ def wait_healthy(services: list[Service], deadline_s: float = 120.0) -> None:
 
 
 def tail(path: str, lines: int = 15) -> str:
+    """The last `lines` lines the latest start wrote to log `path` (a log gathers every start)."""
     try:
-        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+        text = Path(path).read_text(errors="replace")
     except OSError:
         return ""
+    latest = text.rsplit(START_MARK, 1)[-1].split("\n", 1)[-1] if START_MARK in text else text
+    return "\n".join(latest.splitlines()[-lines:])
 
 
 def up(

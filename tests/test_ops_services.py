@@ -119,3 +119,20 @@ def test_a_port_whose_connections_linger_in_time_wait_is_still_the_preferred_one
     assert free_port(port) != port, "someone listens there: another port"
     server.close()
     assert free_port(port) == port
+
+
+def test_a_server_that_exits_while_starting_quotes_its_own_start_not_older_ones(gym_home):
+    """The log gathers every start: the error quoted an old run's lines above the real one."""
+    import sys
+
+    from gym import services
+    from gym.errors import GymError
+
+    quits = [sys.executable, "-c", "import sys; print('{}'); sys.exit(1)"]
+    for said in ("an old failure: database is locked", "Port 4200 is already in use"):
+        command = [*quits[:2], quits[2].format(said)]
+        service = services.spawn("prefect", command, {}, "http://127.0.0.1:9")
+        with pytest.raises(GymError, match="exited while starting") as err:
+            services.wait_healthy([service], deadline_s=30)
+    assert "Port 4200 is already in use" in str(err.value) and "database is locked" not in str(err.value)
+    assert "database is locked" in Path(service.log).read_text(), "the log keeps every start"
