@@ -236,6 +236,20 @@ def check_model(name: str, template: str | None) -> None:
         raise ConfigError(f"model: {exc}") from None
 
 
+def check_endpoints(config: Any) -> None:
+    """The LLM endpoints a TF-GRPO run calls answer at their host and port: with nothing there, every
+    call failed, after its retries, and the run ended saying so only after all of them."""
+    from gym.services import unreachable
+
+    roles = {"endpoint": getattr(config, "endpoint", None)}
+    roles |= {f"{r}.endpoint": getattr(getattr(config, r, None), "endpoint", None) for r in TF_GRPO_ROLES}
+    for field, url in roles.items():
+        if url and (problem := unreachable(str(url))):
+            raise ConfigError(
+                f"{field}: {url}: {problem}; start the server, or point --{field} at one that runs"
+            )
+
+
 def check_adapters(config: Any) -> None:
     """LoRA target modules and freeze layers the user named, against the model's architecture (its config
     alone, no weights): a name it lacks failed in the train task, after the data work and the held-out
@@ -294,6 +308,9 @@ def check_dataset(field: str, name: str, use: str) -> None:
         raise ConfigError(f"{field}: {exc}") from None
 
 
+TF_GRPO_ROLES = ("policy", "optimizer", "judge")  # gym.tfgrpo.config's roles, each with its endpoint
+
+
 def check(config: FlowInputs) -> None:
     """Raise the first problem found in a flow config (a GymError naming the field), else return."""
     if isinstance(config, BaseModel):
@@ -301,6 +318,7 @@ def check(config: FlowInputs) -> None:
     if not getattr(config, "model_is_remote", False):  # a model known only to an API endpoint (TF-GRPO)
         check_model(config.model, config.template)
         check_adapters(config)
+    check_endpoints(config)
     for field, (name, use) in config.dataset_uses().items():
         check_dataset(field, name, use)
     check_val_size(config)

@@ -289,6 +289,8 @@ def test_questions_come_from_prompt_data_and_question_files_with_or_without_answ
 
 
 def test_flow_configs_select_tf_grpo_and_pass_preflight():
+    import socket
+
     from gym import preflight
     from gym.data.tokenize import TokenizeSettings
     from gym.pipeline import TfGrpoFlowConfig, TrainFlowConfig
@@ -317,9 +319,19 @@ def test_flow_configs_select_tf_grpo_and_pass_preflight():
     with pytest.raises(ConfigError, match="tf_grpo writes its own prompts"):  # would not reach them
         data = TokenizeSettings(default_system="Be brief.")
         TfGrpoFlowConfig.from_train_flow(train_flow.model_copy(update={"data": data}))
-    preflight.check(
-        TfGrpoFlowConfig(endpoint="http://127.0.0.1:9/v1", model="deepseek-chat")
-    )  # remote: no lookup
+    with socket.socket() as listening:  # an endpoint that answers: the remote model is not looked up
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        url = f"http://127.0.0.1:{listening.getsockname()[1]}/v1"
+        preflight.check(TfGrpoFlowConfig(endpoint=url, model="deepseek-chat"))
+        preflight.check(TfGrpoFlowConfig(model="gym-tiny", optimizer={"endpoint": url}))
+    # Nothing answers there now: every call would fail, after its retries, and the run say so at its end
+    with pytest.raises(ConfigError, match=rf"^endpoint: {url}: nothing answers at 127.0.0.1:\d+: conn"):
+        preflight.check(TfGrpoFlowConfig(endpoint=url, model="deepseek-chat"))
+    with pytest.raises(
+        ConfigError, match=r"^optimizer.endpoint: .*start the server, or point --optimizer.endpoint"
+    ):
+        preflight.check(TfGrpoFlowConfig(model="gym-tiny", optimizer={"endpoint": url}))
     with pytest.raises(ConfigError, match="model: unknown model"):
         preflight.check(TfGrpoFlowConfig(model="deepseek-chat"))  # local: must resolve
 
