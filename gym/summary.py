@@ -63,6 +63,9 @@ def summarize(
         model_alias=registered.get("alias"),
         model_reused=registered.get("reused"),
     )
+    for side, held_out in (("before", before), ("after", after)):  # --eval_metrics beyond exact match
+        for metric, value in (held_out.scores if held_out else {}).items():
+            out.setdefault(f"{metric}_{side}", value)
     if promotion is not None:
         out.update(
             promoted=promotion["promoted"],

@@ -95,3 +95,51 @@ def test_held_out_prompts_open_with_the_training_datas_default_system():
     )
     assert all(s["prompt"].startswith(f"<|im_start|>system\n{said}<|im_end|>") for s in given.samples)
     assert not any(said in s["prompt"] for s in plain.samples)
+
+
+def test_answers_run_as_long_as_the_longest_reference(gym_home, tmp_path):
+    """Answers were cut at 32 new tokens: a longer reference could never be matched, and BLEU and ROUGE
+    scored the cut answers."""
+    import json
+
+    from gym.eval.exact_match import ANSWER_ROOM
+    from gym.models import load_tokenizer
+
+    long_answer = " ".join(f"step {i} done" for i in range(25))
+    rows = [{"instruction": f"Count {i}", "output": long_answer if i == 0 else "ok"} for i in range(3)]
+    (tmp_path / "long.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = ingest(resolve_dataset(str(tmp_path / "long.jsonl")))
+    model = resolve("gym-tiny")
+    tokens = load_tokenizer(model)
+    longest = len(tokens(long_answer, add_special_tokens=False)["input_ids"])
+    answers = {
+        budget: [s["prediction"] for s in evaluate(model, Path(data.path), max_new_tokens=budget).samples]
+        for budget in (None, 32, longest + ANSWER_ROOM)
+    }
+    assert longest > 32
+    assert answers[None] == answers[longest + ANSWER_ROOM], "by default: the longest reference and some room"
+    assert len(answers[None][0]) > len(answers[32][0])  # the untrained model never stops: the budget shows
+
+
+def test_the_training_summary_carries_every_held_out_metric_before_and_after():
+    """Only exact match reached it; BLEU and ROUGE were in the nested MLflow runs and the tags alone."""
+    from gym.eval.exact_match import ExactMatch
+    from gym.summary import summarize
+    from gym.train.common import TrainResult
+
+    stage = TrainResult(
+        method="sft", digest="d", stage_dir="s", model_dir="m", global_step=1, losses=[(1, 2.0)],
+        trainable_params=1, total_params=1,
+    )  # fmt: skip
+    before, after = (
+        ExactMatch(exact_match=e, n=2, samples=[], scores={"exact_match": e, "bleu": b, "rougeL": r})
+        for e, b, r in ((0.0, 1.5, 0.1), (0.5, 40.0, 0.6))
+    )
+    out = summarize({"sft": stage}, before, after, {"name": "x", "version": "1"}, "run", "m", None)
+    assert (out["exact_match_before"], out["exact_match_after"]) == (0.0, 0.5)
+    assert (out["bleu_before"], out["bleu_after"], out["rougeL_before"], out["rougeL_after"]) == (
+        1.5,
+        40.0,
+        0.1,
+        0.6,
+    )

@@ -32,20 +32,26 @@ class ExactMatch(BaseModel):
     experiences: dict[str, Any] | None = None  # the injected TF-GRPO library (hash, version, size)
 
 
+ANSWER_ROOM = 8  # tokens past the longest reference: room for an end-of-turn mark, a trailing space
+MAX_ANSWER = 1024  # the most new tokens an answer gets by default
+
+
 def evaluate(
     model: ModelRef,
     dataset_dir: Path,
     *,
     limit: int | None = None,
     batch_size: int = 32,
-    max_new_tokens: int = 32,
+    max_new_tokens: int | None = None,
     keep_samples: int = 8,
     metrics: Sequence[str] = ("exact_match",),
     system: str | None = None,
 ) -> ExactMatch:
     """Greedy answers to the held-out records' last user turns, scored against their last assistant turns;
     `system` opens each conversation that has no system message (the data's default_system in training;
-    None: the one the model was trained with, if any)."""
+    None: the one the model was trained with, if any). Answers run to `max_new_tokens`, by default the
+    longest reference's length in tokens and a few more (ANSWER_ROOM, at most MAX_ANSWER): a fixed cap
+    shorter than the references could never match them, and cut BLEU and ROUGE short."""
     import torch
     from datasets import load_from_disk
 
@@ -68,6 +74,9 @@ def evaluate(
             messages = inject(messages, shipped.texts_for(query_of(messages)))
         prompts.append(render(tokenizer, messages, model.template, add_generation_prompt=True))
         refs.append(rec["messages"][-1]["content"])
+    if max_new_tokens is None:
+        longest = max((len(tokenizer(r, add_special_tokens=False)["input_ids"]) for r in refs), default=0)
+        max_new_tokens = min(MAX_ANSWER, longest + ANSWER_ROOM)
     preds: list[str] = []
     with torch.inference_mode():
         for i in range(0, len(prompts), batch_size):
