@@ -79,3 +79,29 @@ def test_chat_style_matches_lm_eval_with_the_chat_template(tiny, lm, tmp_path):
     result = evaluate_benchmark(tiny, settings)
     for subject, lls in reference.items():
         assert result.predictions[subject] == [int(np.argmax(q)) for q in lls], subject
+
+
+def test_a_mapping_that_adds_or_renames_subjects_keeps_the_engines_agreeing(tiny, lm, tmp_path):
+    """A subject lm-eval has no task for crashed `--engine lm-eval` (FileNotFoundError on its YAML); a
+    subject the mapping renamed got lm-eval's description there and gym's here: every prompt differed."""
+    import json
+    import shutil
+
+    path = write_benchmark("cmmlu", tmp_path / "cmmlu")
+    mapping = json.loads((path / "mapping.json").read_text(encoding="utf-8"))
+    first, second = list(mapping)[:2]
+    for split in ("dev", "test"):
+        shutil.copy(path / split / f"{first}.csv", path / split / "my_subject.csv")
+    mapping["my_subject"] = {"name": "我的科目", "category": "Other"}
+    mapping[second]["name"] = "农业科学"
+    (path / "mapping.json").write_text(json.dumps(mapping, ensure_ascii=False), encoding="utf-8")
+    data = load_benchmark("cmmlu", path, shots=2)
+    reference = lm_eval_samples(lm, data, 2, tmp_path / "lm-eval")
+    assert set(reference) == set(mapping)
+
+    settings = MCSettings(benchmark="cmmlu", data_dir=str(path), shots=2, batch_size=3, progress=False)
+    requests, _ = build_requests(data, load_tokenizer(tiny), tiny, settings)
+    scored = Scorer(load_model(tiny).eval(), batch_size=5, prefix_cache=False).run(requests)
+    flat = [q for subject in data.subjects for q in reference[subject.info.key]]
+    for key, expected_lls in enumerate(flat):  # the same prompts: the same log-likelihoods
+        assert np.allclose([scored[key][i] for i in range(4)], expected_lls, atol=1e-5, rtol=0), key

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from gym.eval.benchmarks import LETTERS, BenchmarkSpec
 from gym.eval.mc_data import BenchmarkData, SubjectData
+from gym.eval.mc_prompt import description
 from gym.eval.results import EvalResult
 from gym.models import ModelRef
 
@@ -24,6 +25,11 @@ if TYPE_CHECKING:
     from gym.eval.multiple_choice import MCSettings
 
 YAML_DIRS = {"mmlu": "mmlu/default", "ceval": "ceval", "cmmlu": "cmmlu"}
+TEMPLATES = {  # the include each benchmark's subject tasks share
+    "mmlu": "_default_template_yaml",
+    "ceval": "_default_ceval_yaml",
+    "cmmlu": "_default_template_yaml",
+}
 
 
 def lm_eval_tasks_dir() -> Path:
@@ -33,11 +39,17 @@ def lm_eval_tasks_dir() -> Path:
 
 
 def subject_yaml(spec: BenchmarkSpec, subject: str) -> dict[str, Any]:
-    """lm-eval's YAML for one subject with its `include` merged in (these YAMLs use no !function)."""
+    """lm-eval's YAML for one subject with its `include` merged in (these YAMLs use no !function); for a
+    subject lm-eval has no task for (one a user's mapping.json adds), its benchmark's template alone."""
     import yaml
 
     folder = lm_eval_tasks_dir() / YAML_DIRS[spec.name]
-    config: dict[str, Any] = yaml.safe_load((folder / f"{spec.lm_eval_task(subject)}.yaml").read_text())
+    task = folder / f"{spec.lm_eval_task(subject)}.yaml"
+    config: dict[str, Any] = (
+        yaml.safe_load(task.read_text())
+        if task.is_file()
+        else {"task": spec.lm_eval_task(subject), "dataset_name": subject, "include": TEMPLATES[spec.name]}
+    )
     base: dict[str, Any] = yaml.safe_load((folder / config.pop("include")).read_text())
     return {**base, **config}
 
@@ -51,6 +63,9 @@ def local_task_configs(data: BenchmarkData, work_dir: Path) -> list[dict[str, An
     for subject in data.subjects:
         config = subject_yaml(data.spec, subject.info.key)
         config.pop("tag", None)  # tags name the hub tasks' groups; gym aggregates itself
+        # the subject's name as the data's mapping.json gives it: lm-eval's own for the subjects it knows
+        # (the shipped mappings' names are its), a user's for one it doesn't, or one the user renamed
+        config["description"] = description(data.spec, subject)
         config["dataset_path"], config["dataset_kwargs"] = _dataset(data.spec, subject, work_dir)
         config["dataset_name"] = None
         configs.append(config)
