@@ -434,6 +434,19 @@ def merge_adapter(
     from gym.export import MARKER, ExportSettings, export_model
     from gym.hashing import hash_obj, library_digest, stamp
 
+    full = Path(adapter).expanduser()
+    if (
+        not (full / "adapter_config.json").is_file()
+        and (full / MARKER).is_file()
+        and (full / "config.json").is_file()
+    ):
+        # LLaMA-Factory's LoRA output_dir holds the adapter; gym's holds the model, its adapter merged in
+        print(
+            f"note: adapter_name_or_path: {adapter} holds a model gym trained, its adapter already merged "
+            f"(gym writes output_dir so): gym {command} loads it as the model",
+            file=out or sys.stderr,
+        )
+        return full
     folder = _adapter_folder(adapter)
     key = {"adapter": stamp(folder), "base": base, "template": template, "gym": library_digest()}
     merged = workspace.path("models", f"merged-adapter-{hash_obj(key)}")

@@ -303,3 +303,21 @@ def test_settings_gym_cannot_honour_fail_with_what_to_do(command, text, message,
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines[-1].startswith(f"error: {yaml}: ") and message in lines[-1], lines
     assert not (tmp_path / "o").exists()
+
+
+def test_an_inference_yaml_naming_gyms_lora_output_dir_as_the_adapter_loads_it_as_the_model(
+    adapter, tmp_path, gym_home
+):
+    """LLaMA-Factory's LoRA output_dir holds the adapter, so its inference YAML names it as
+    adapter_name_or_path; gym's holds the model with its adapter merged in, and was refused there."""
+    from gym.export import export_model
+
+    folder, adapted, _ = adapter
+    output_dir = export_model(folder, tmp_path / "gym_saves" / "sft")  # what `--output_dir` writes
+    assert not (output_dir / "adapter_config.json").exists()
+    notes = io.StringIO()
+    yaml = write_yaml(tmp_path / "infer.yaml", INFERENCE.format(adapter=output_dir, backend="huggingface"))
+    args = chat_parser().parse_args(translate("chat", [yaml], chat_parser(), out=notes))
+    assert args.model == str(output_dir)
+    assert "holds a model gym trained, its adapter already merged" in notes.getvalue()
+    assert torch.allclose(logits(AutoModelForCausalLM.from_pretrained(args.model)), adapted, atol=1e-5)
