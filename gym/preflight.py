@@ -53,6 +53,7 @@ def check_methods(config: BaseModel) -> None:
         check_speed(field, stage)
         check_precision(field, stage)
         check_online(field, stage, getattr(config, "model", None))
+        check_method(field, stage, getattr(config, "model", None))
         check_distributed(field, stage)
         check_schedule(field, stage)
         check_optim(field, stage)
@@ -160,6 +161,21 @@ def check_optim(field: str, stage: Any) -> None:
             + (f" (did you mean {' or '.join(close)}?)" if close else "")
             + f"; choose from {', '.join(names)}"
         )
+
+
+def check_method(field: str, stage: Any, model: str | None = None) -> None:
+    """The method's own checks of its settings (KTO's batch of two or more, DPO's loss...), with the
+    defaults training fills in (the registry model's, the method's): they failed only once the train task
+    ran, after ingest and tokenization."""
+    from gym.registry import load_models
+    from gym.train import method_check
+    from gym.train.config import with_defaults
+
+    spec = load_models().get(model or "")
+    try:
+        method_check(with_defaults(stage, dict(spec.train_defaults) if spec else {}))
+    except ConfigError as exc:
+        raise ConfigError(f"{field}: {exc}") from None
 
 
 def check_online(field: str, stage: Any, model: str | None = None) -> None:

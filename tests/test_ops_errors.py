@@ -308,3 +308,20 @@ def test_lora_targets_and_freeze_layers_the_model_lacks_fail_before_any_model_lo
     )
     preflight.check(TrainFlowConfig(train=TrainConfig(finetuning_type="freeze", freeze={"layers": -1})))
     assert not list(gym_home.glob("models/sft-*")), "no stage started"
+
+
+def test_a_methods_own_setting_checks_run_in_preflight(gym_home):
+    """KTO's batch of one (LLaMA-Factory's example sets it) failed in the train task, after ingest and
+    tokenization; a DPO-variant name and a loss that contradicts it likewise."""
+
+    def kto(stage: TrainConfig) -> TrainFlowConfig:
+        return TrainFlowConfig(dataset="demo_kto", eval_dataset=None, train=stage)
+
+    with pytest.raises(ConfigError, match=r"^train: kto needs per_device_train_batch_size >= 2.*set it to 2"):
+        preflight.check(kto(TrainConfig(method="kto", per_device_train_batch_size=1)))
+    with pytest.raises(ConfigError, match=r"^train: method 'ipo' is the ipo loss, but loss_type is 'hinge'"):
+        preflight.check(
+            TrainFlowConfig(dataset="demo_dpo", train=TrainConfig(method="ipo", loss_type="hinge"))
+        )
+    preflight.check(kto(TrainConfig(method="kto", per_device_train_batch_size=2)))
+    assert not (gym_home / "datasets").exists(), "nothing ingested"

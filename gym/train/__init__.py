@@ -197,9 +197,7 @@ def plan(
     rl_common.check(config)
     rope.check(config)
     adapters.check(config, model)
-    method_check = _hook(config.method, "check")  # a method module's own checks of its settings
-    if method_check:
-        method_check(config)
+    method_check(config)
     config, quant_choices = quant.resolve(config, model, longest, cutoff_len)
     config, memory_choices = memory.resolve(config, model, longest, cutoff_len)  # qlora's is already on
     config, reference_choices = reference.choose(config, n_train, n_eval)
@@ -345,6 +343,14 @@ def _train(
         **signal,
     )
     return result
+
+
+def method_check(config: TrainConfig) -> None:
+    """The method module's own checks of its settings (`check`, where it has one), before any model loads:
+    gym.train.plan runs them, and gym.preflight before the flow's first task."""
+    hook = _hook(config.method, "check") if config.method in METHODS else None
+    if hook:
+        hook(config)
 
 
 def _hook(method: str, name: str) -> Callable[..., Any] | None:

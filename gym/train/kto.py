@@ -81,7 +81,8 @@ def check(config: TrainConfig) -> None:
     if config.per_device_train_batch_size is not None and config.per_device_train_batch_size < 2:
         raise ConfigError(
             "kto needs per_device_train_batch_size >= 2: its KL estimate pairs each prompt with another "
-            "example's completion from the same batch"
+            "example's completion from the same batch (TRL's KTO; LLaMA-Factory builds those pairs in its "
+            "data instead): set it to 2 or more, and lower gradient_accumulation_steps to keep the batch"
         )
 
 
