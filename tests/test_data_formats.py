@@ -174,6 +174,9 @@ def test_require_kind():
     from gym.train import METHODS
 
     assert set(METHOD_KIND) <= set(METHODS)
+    # LLaMA-Factory's PPO reads an alpaca file as prompts, ignoring its outputs: what makes one prompt data
+    with pytest.raises(ConfigError, match=r"rename the answer column \(alpaca's `output`\) to `answer`"):
+        require_kind("sft", "ppo", dataset="alpaca_en_demo")
     with pytest.raises(
         ConfigError, match=r"trains on preference data \(dpo, ipo, cdpo, hinge, orpo, simpo, rm\)"
     ):

@@ -84,6 +84,11 @@ KIND_COLUMNS = {
     "an answer",
     "text": "a non-empty text column (map another column to it with `columns`)",
 }
+# Why an sft file (LLaMA-Factory's PPO reads alpaca files, ignoring their outputs) is not prompt data here.
+SFT_AS_PROMPTS = (
+    ". Its records end with an answer, which online RL samples itself: rename the answer column "
+    "(alpaca's `output`) to `answer` (the ground truth rewards compare with) and the file reads as prompts"
+)
 ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant"}
 TOOL_ROLES = ("observation", "function_call", "function", "tool", "tool_call", "ipython")
 MAPPING_HINT = "map other column names with `columns` in the dataset registry"
@@ -429,8 +434,9 @@ def require_kind(dataset_kind: str, method: str, dataset: str | None = None) -> 
     if dataset_kind != need:
         name = f"dataset {dataset!r}" if dataset else "the dataset"
         others = ", ".join(m for m, k in METHOD_KIND.items() if k == dataset_kind)
+        hint = SFT_AS_PROMPTS if (dataset_kind, need) == ("sft", "prompt") else ""
         raise ConfigError(
             f"method {method!r} needs a {need} dataset (format {KIND_FORMATS[need]}: records with "
             f"{KIND_COLUMNS[need]}), but {name} is {dataset_kind} data; pick a {need} dataset, "
-            f"or a method that trains on {dataset_kind} data ({others})"
+            f"or a method that trains on {dataset_kind} data ({others}){hint}"
         )
