@@ -17,6 +17,7 @@ from gym.errors import ConfigError
 from gym.eval.suite import BenchmarkOptions
 from gym.tfgrpo.config import TfGrpoSettings
 from gym.train.config import SCORING_METHODS, TrainConfig
+from gym.train.rl_config import ONLINE_METHODS
 from gym.train.warm_start import WarmStart
 
 # Learning rate, epochs and batch size come from the model's registry `train_defaults` (gym-tiny's
@@ -299,7 +300,14 @@ class TrainFlowConfig(FlowConfig):
                 f"no exact match before/after: {self.train.method} trains on raw text, not answers to "
                 "instructions; name instruction data with --eval_dataset to score them anyway"
             ]
-        return super().held_out_notes()
+        notes = super().held_out_notes()
+        if self.train.method in ONLINE_METHODS and not self.method_eval_dataset and not self.val_size:
+            notes.append(  # its signal, mean_reward, is sampled on held-out prompts only
+                f"no held-out mean_reward before/after (the summary's metric_first/last): name held-out "
+                f"prompts with --method_eval_dataset FILE_OR_NAME, or hold out part of {self.dataset} with "
+                "--val_size 0.1"
+            )
+        return notes
 
     def dataset_uses(self) -> dict[str, tuple[str, str]]:
         uses = {"dataset": (self.dataset, self.train.method)}

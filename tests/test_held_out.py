@@ -195,3 +195,18 @@ def test_sft_then_dpo_on_your_data_holds_out_part_of_each_stage(gym_home, own_sf
     assert out["sft_eval_loss"] < out["sft_eval_loss_before"], "the SFT stage learns on its held-out part"
     assert out["dpo_reward_accuracy"] is not None and out["metric_name"] == "reward_margin"
     assert "hold out 0.1 of" in logs[0]
+
+
+def test_online_rl_without_held_out_prompts_says_its_signal_is_unmeasured():
+    """`gym train --method ppo --dataset mine` reported metric_name mean_reward with null values and
+    no word on why: mean_reward is sampled on held-out prompts only."""
+    from gym.train.config import TrainConfig
+
+    bare = TrainFlowConfig(dataset="my_prompts.jsonl", train=TrainConfig(method="ppo"), eval_dataset=None)
+    notes = [n for n in bare.held_out_notes() if "mean_reward" in n]
+    assert len(notes) == 1 and "--method_eval_dataset" in notes[0] and "--val_size" in notes[0]
+    for given in ({"method_eval_dataset": "demo_prompts_eval"}, {"val_size": 0.1}):
+        scored = bare.model_copy(update=given)
+        assert not [n for n in scored.held_out_notes() if "mean_reward" in n]
+    sft = TrainFlowConfig(dataset="my_prompts.jsonl", train=TrainConfig(method="sft"), eval_dataset=None)
+    assert not [n for n in sft.held_out_notes() if "mean_reward" in n]  # SFT has no mean_reward
