@@ -30,7 +30,7 @@ import argparse
 import json
 import shutil
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -237,7 +237,7 @@ def translate(command: str, argv: Sequence[str], own: argparse.ArgumentParser, o
         return rest
     own_flags = [*file_own, *cmd_own]
     where = f"{path}: " if path is not None else ""
-    notes = check(command, values, where)
+    notes = check(command, values, where, given_here=set(_given(namespace)))
     for note in notes:
         print(f"note: {note}", file=out or sys.stderr)
     build = {"export": _export, "eval": evaluation.flags}.get(command, _inference)
@@ -245,9 +245,12 @@ def translate(command: str, argv: Sequence[str], own: argparse.ArgumentParser, o
     return [*file_own, *translated, *cmd_own]
 
 
-def check(command: str, values: dict[str, Any], where: str = "") -> list[str]:
+def check(
+    command: str, values: dict[str, Any], where: str = "", given_here: Collection[str] = ()
+) -> list[str]:
     """The notes for the LLaMA-Factory settings `values` given to `gym <command>`; raises ConfigError
-    (`where` first) for the first one gym cannot honour."""
+    (`where` first, unless the setting is one of `given_here`: on the command line) for the first one gym
+    cannot honour."""
     from gym import cli_llamafactory_eval as evaluation  # it builds on this module
 
     if command not in COMMANDS:
@@ -255,7 +258,7 @@ def check(command: str, values: dict[str, Any], where: str = "") -> list[str]:
     notes: list[str] = []
 
     def refuse(name: str, why: str) -> None:
-        raise ConfigError(f"{where}{name}: {why}")
+        raise ConfigError(f"{'' if name in given_here else where}{name}: {why}")
 
     backend = BACKENDS.get(str(values.get("infer_backend", "huggingface")))
     benchmark = None

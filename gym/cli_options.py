@@ -62,8 +62,8 @@ class ArgumentParser(argparse.ArgumentParser):
     def _suggestion(self, message: str) -> str:
         """`; did you mean --x?` for an unknown or ambiguous flag (`--epochs`, `--lr`, a typo), if any."""
         words = message.split()
-        if message.startswith("unrecognized arguments:"):
-            flag = next((w for w in words[2:] if w.startswith("--")), None)
+        if message.startswith("unrecognized arguments:"):  # a flag, or a `name=value` override after a file
+            flag = next((w for w in words[2:] if w.startswith("--") or ("=" in w and w[0] != "-")), None)
         elif message.startswith("ambiguous option:"):
             flag = words[2].split("=")[0]
         else:

@@ -321,3 +321,23 @@ def test_an_inference_yaml_naming_gyms_lora_output_dir_as_the_adapter_loads_it_a
     assert args.model == str(output_dir)
     assert "holds a model gym trained, its adapter already merged" in notes.getvalue()
     assert torch.allclose(logits(AutoModelForCausalLM.from_pretrained(args.model)), adapted, atol=1e-5)
+
+
+def test_an_override_after_the_file_is_blamed_on_the_command_line_not_the_file(tmp_path, capsys):
+    """`gym export merge.yaml export_legacy_format=true` said the YAML (which says false) had it; a typo in
+    an override was a bare "unrecognized arguments" where the same typo in the file gets a suggestion."""
+    yaml = write_yaml(
+        tmp_path / "lf.yaml",
+        f"model_name_or_path: gym-tiny\nexport_dir: {tmp_path / 'o'}\nexport_legacy_format: false\n",
+    )
+    assert main(["export", yaml, "export_legacy_format=true"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert (
+        last.startswith("error: export_legacy_format: gym writes safetensors only") and str(yaml) not in last
+    )
+    with pytest.raises(SystemExit) as ended:
+        main(["train", yaml, "lerning_rate=1e-5"])
+    assert ended.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "lerning_rate=1e-5" in last and "did you mean --learning_rate" in last
+    assert not (tmp_path / "o").exists()
