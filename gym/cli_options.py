@@ -355,6 +355,8 @@ def file_argv(path: Path, settings: dict[str, Any], known: Collection[str]) -> l
                 flags = [k for k in known if k.startswith("--") and not k.startswith("--no-")]
                 close = [f[2:] for f in similar_flags(flag, flags)]
                 hint = f"; did you mean {' or '.join(close)}?" if close else " (`--help` lists the settings)"
+                if name == "stage":  # LLaMA-Factory's; a flow script runs the stages it is made of
+                    hint = ": this flow runs its own stages; leave it out (`gym train FILE` reads it)"
                 raise ConfigError(f"{path}: unknown setting {name!r}{hint}")
 
     walk(settings, "")

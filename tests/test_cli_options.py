@@ -164,3 +164,15 @@ def test_help_shows_the_paper_flags_with_their_values_not_internal_names():
     text = build_parser(TrainFlowConfig, prog="gym train --method sft").format_help()
     assert "--model_name_or_path MODEL" in text and "--max-steps STEPS" in text and "--output_dir DIR" in text
     assert "ALIAS_" not in text
+
+
+def test_a_flow_scripts_config_file_naming_a_stage_says_the_flow_has_its_own(tmp_path, capsys):
+    """LLaMA-Factory's `stage:` in a file for `python flows/sft_then_dpo.py` was "unknown setting" alone."""
+    from flows.runner import main
+    from flows.sft_then_dpo import sft_then_dpo
+
+    config = tmp_path / "mini.yaml"
+    config.write_text("stage: sft\nmodel_name_or_path: gym-tiny\n")
+    assert main(sft_then_dpo, SftThenDpoConfig, [str(config)]) == 2
+    err = capsys.readouterr().err
+    assert f"{config}: unknown setting 'stage': this flow runs its own stages; leave it out" in err
