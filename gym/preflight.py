@@ -163,17 +163,22 @@ def check_optim(field: str, stage: Any) -> None:
         )
 
 
-def check_method(field: str, stage: Any, model: str | None = None) -> None:
-    """The method's own checks of its settings (KTO's batch of two or more, DPO's loss...), with the
-    defaults training fills in (the registry model's, the method's): they failed only once the train task
-    ran, after ingest and tokenization."""
+def _concrete(stage: Any, model: str | None) -> Any:
+    """The stage with the defaults training fills in (the registry model's, then the method's)."""
     from gym.registry import load_models
-    from gym.train import method_check
     from gym.train.config import with_defaults
 
     spec = load_models().get(model or "")
+    return with_defaults(stage, dict(spec.train_defaults) if spec else {})
+
+
+def check_method(field: str, stage: Any, model: str | None = None) -> None:
+    """The method's own checks of its settings (KTO's batch of two or more, DPO's loss...), with the
+    defaults training fills in: they failed only once the train task ran, after ingest and tokenization."""
+    from gym.train import method_check
+
     try:
-        method_check(with_defaults(stage, dict(spec.train_defaults) if spec else {}))
+        method_check(_concrete(stage, model))
     except ConfigError as exc:
         raise ConfigError(f"{field}: {exc}") from None
 
@@ -184,16 +189,12 @@ def check_online(field: str, stage: Any, model: str | None = None) -> None:
     (a group size that did not divide the default failed only when the stage began, after warm-start
     SFT had trained)."""
     from gym.train import rl_common
-    from gym.train.config import with_defaults
     from gym.train.rl_config import ONLINE_METHODS
 
     if stage.method not in ONLINE_METHODS:
         return
     try:
-        from gym.registry import load_models
-
-        spec = load_models().get(model or "")
-        rl_common.check(with_defaults(stage, dict(spec.train_defaults) if spec else {}))
+        rl_common.check(_concrete(stage, model))
     except ConfigError as exc:
         raise ConfigError(f"{field}.rl: {exc}") from None
 

@@ -114,6 +114,18 @@ def launched(home: Path) -> list[int]:
     return found
 
 
+def wait_for_a_checkpoint(proc: subprocess.Popen, home: Path) -> None:
+    """Until the stage training in `home` has saved a checkpoint; it must still be training then."""
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if list(home.glob("models/*/checkpoints/checkpoint-*/trainer_state.json")):
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None and launched(home), (
+        "training finished (or failed) before it could be interrupted"
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the training processes through /proc")
 def test_two_processes_stop_with_the_flows_process_resume_and_train_as_one_process(tmp_path, monkeypatch):
@@ -131,13 +143,7 @@ def test_two_processes_stop_with_the_flows_process_resume_and_train_as_one_proce
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.time() + 240
-        while time.time() < deadline and proc.poll() is None:
-            if list(home.glob("models/*/checkpoints/checkpoint-*/trainer_state.json")):
-                break
-            time.sleep(0.02)
-        assert proc.poll() is None, "training finished (or failed) before it could be interrupted"
-        assert launched(home)
+        wait_for_a_checkpoint(proc, home)
         os.kill(proc.pid, signal.SIGKILL)  # that process alone, not its process group
         proc.wait(timeout=60)
         deadline = time.time() + 30
@@ -221,12 +227,7 @@ def test_ctrl_c_during_two_processes_ends_the_run_with_one_line_and_every_proces
         text=True,
     )
     try:
-        deadline = time.time() + 240
-        while time.time() < deadline and proc.poll() is None:
-            if list(home.glob("models/*/checkpoints/checkpoint-*/trainer_state.json")):
-                break
-            time.sleep(0.05)
-        assert proc.poll() is None and launched(home), "training finished (or failed) before Ctrl-C"
+        wait_for_a_checkpoint(proc, home)
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 130
