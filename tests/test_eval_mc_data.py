@@ -103,6 +103,17 @@ def test_malformed_row_names_file_and_record(tmp_path):
         load_benchmark("ceval", root)
 
 
+def test_blank_lines_are_skipped_as_lm_eval_does(tmp_path):
+    root = write_benchmark("mmlu", tmp_path)
+    before = load_benchmark("mmlu", root).n_questions
+    _append(root / "data/test/abstract_algebra_test.csv", "\n\r\n")
+    assert load_benchmark("mmlu", root).n_questions == before
+    # A line of empty cells is not blank: still a malformed record.
+    _append(root / "data/test/abstract_algebra_test.csv", ",,\n")
+    with pytest.raises(DataError, match=r"abstract_algebra_test\.csv, record \d+: expected 6 columns"):
+        load_benchmark("mmlu", root)
+
+
 def test_answer_outside_a_to_d_names_file_record_and_field(tmp_path):
     root = write_benchmark("cmmlu", tmp_path)
     _append(root / "test/arts.csv", "6,What is art?,a,b,c,d,E\n")
@@ -139,6 +150,13 @@ def test_wrong_layout_says_what_was_expected(tmp_path):
     # A C-Eval folder handed over as CMMLU: its files don't fit CMMLU's names.
     with pytest.raises(DataError, match="not in a cmmlu layout"):
         load_benchmark("cmmlu", write_benchmark("ceval", tmp_path / "ceval"))
+
+
+def test_mmlu_and_ceval_share_a_layout_the_error_names_the_other(tmp_path):
+    with pytest.raises(DataError, match=r"header must be id,.*looks like mmlu's: is the benchmark mmlu\?"):
+        load_benchmark("ceval", write_benchmark("mmlu", tmp_path / "mmlu"))
+    with pytest.raises(DataError, match=r"record 1: expected 6 columns .*is the benchmark ceval\?"):
+        load_benchmark("mmlu", write_benchmark("ceval", tmp_path / "ceval"))
 
 
 def test_bad_header_and_too_few_shots(tmp_path):

@@ -23,7 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from gym.errors import ConfigError, DataError
-from gym.eval.benchmarks import LETTERS, BenchmarkSpec, SubjectInfo, get_spec, load_mapping, parse_mapping
+from gym.eval.benchmarks import (
+    BENCHMARKS,
+    LETTERS,
+    BenchmarkSpec,
+    SubjectInfo,
+    get_spec,
+    load_mapping,
+    parse_mapping,
+)
 
 
 @dataclass(frozen=True)
@@ -238,7 +246,8 @@ def _read_split(spec: BenchmarkSpec, tree: _Tree, rel: str) -> list[Question]:
         header = next(reader, None)
         if header is None or tuple(header[: len(spec.header)]) != spec.header or len(header) > 8:
             raise DataError(
-                f"header must be {','.join(spec.header)} (then optional columns), got {header}",
+                f"header must be {','.join(spec.header)} (then optional columns), got {header}"
+                f"{_other_benchmark(spec, header)}",
                 file=shown,
                 record=0,
             )
@@ -250,10 +259,12 @@ def _read_split(spec: BenchmarkSpec, tree: _Tree, rel: str) -> list[Question]:
     choice_at = [columns.index(c) for c in spec.choice_cols]
     out = []
     for number, row in enumerate(reader, start=1):
+        if not row:  # a blank line (often the last one), skipped as lm-eval's CSV reader does
+            continue
         if len(row) != len(columns):
             raise DataError(
                 f"expected {len(columns)} columns ({','.join(columns)}), got {len(row)} "
-                f"(line {reader.line_num})",
+                f"(line {reader.line_num}){_other_benchmark(spec, row) if number == 1 else ''}",
                 file=shown,
                 record=number,
             )
@@ -268,6 +279,20 @@ def _read_split(spec: BenchmarkSpec, tree: _Tree, rel: str) -> list[Question]:
         choices = (row[choice_at[0]], row[choice_at[1]], row[choice_at[2]], row[choice_at[3]])
         out.append(Question(row[index["question"]], choices, LETTERS.index(answer)))
     return out
+
+
+def _other_benchmark(spec: BenchmarkSpec, first: list[str] | None) -> str:
+    """A hint when a file's first row is another benchmark's: C-Eval and MMLU share a file layout."""
+    if not first:
+        return ""
+    for other in BENCHMARKS.values():
+        if other is spec:
+            continue
+        headed = other.header is not None and tuple(first[: len(other.header)]) == other.header
+        headless = other.header is None and len(first) == 6 and first[-1] in LETTERS
+        if headed or headless:
+            return f"; the file looks like {other.name}'s: is the benchmark {other.name}?"
+    return ""
 
 
 def _read_parquet(spec: BenchmarkSpec, tree: _Tree, rel: str) -> list[Question]:
