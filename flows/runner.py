@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 from pydantic import BaseModel, ValidationError
 
 from flows import temporary_api
-from gym import cli_llamafactory, preflight, progress
+from gym import cli_llamafactory, preflight, progress, secrets
 from gym.cli_options import (
     ArgumentParser,
     add_config_options,
@@ -278,7 +278,9 @@ def describe(exc: ValidationError) -> str:
     for err in exc.errors():
         flag = ".".join(str(p) for p in err["loc"])
         given = err.get("input")
-        got = "" if isinstance(given, (dict, type(None))) else f" (got {given!r})"
+        hidden = isinstance(given, (dict, type(None))) or secrets.secret_name(flag)
+        hidden = hidden or secrets.holds_secret(given)  # never echo a key
+        got = "" if hidden else f" (got {given!r})"
         msg = err["msg"].removeprefix("Value error, ")  # a validator's own sentence says what is wrong
         parts.append(f"{flag}: {msg}{got}" if flag else f"{msg}{got}")  # a whole-config validator: no path
     return "; ".join(parts)

@@ -362,6 +362,12 @@ def _inference(command: str, values: dict[str, Any], own: Sequence[str], where: 
     argv: list[str] = []
     template = values.get("template")
     trust = bool(values.get("trust_remote_code"))
+    if has(own, "--model") and values.get("adapter_name_or_path") is not None:
+        raise ConfigError(
+            f"{where}adapter_name_or_path goes with model_name_or_path, not with gym's --model (which "
+            f"loads a whole model as it is): pass the base as --model_name_or_path and gym {command} merges "
+            "the adapter into it"
+        )
     if not has(own, "--model"):
         model, adapter = values.get("model_name_or_path"), values.get("adapter_name_or_path")
         if adapter is None and model is None:

@@ -19,6 +19,7 @@ from typing import Any, Literal, NoReturn, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
+from gym import secrets
 from gym.errors import ConfigError
 
 SEP = "."
@@ -43,7 +44,7 @@ class ArgumentParser(argparse.ArgumentParser):
             # A mistyped flag is the likelier cause (`--modle x` leaves --model missing): name it.
             unknown = [a.split("=")[0] for a in self.argv if a.startswith("--") and not self._known(a)]
             message = f"unrecognized arguments: {' '.join(unknown)}" if unknown else message
-        message += self._suggestion(message)
+        message = self._hide_secrets(message) + self._suggestion(message)
         if self.source is not None:
             raise ConfigError(f"{self.source}: {message}")
         usage = self.format_usage()
@@ -51,6 +52,23 @@ class ArgumentParser(argparse.ArgumentParser):
             usage = f"usage: {self.prog} [options]   (every option: {self.prog} --help)\n"
         self._print_message(usage, sys.stderr)
         self.exit(2, f"error: {message}\n")
+
+    def _get_option_tuples(self, option_string: str) -> Any:
+        """Abbreviations, except of a flag naming a secret: `--api_key sk-...` is not `--api_key_env`."""
+        tuples = super()._get_option_tuples(option_string)
+        return [t for t in tuples if not secrets.secret_name(str(t[1]).lstrip("-"))]
+
+    def _hide_secrets(self, message: str) -> str:
+        """`message` without the values given to secret-named flags (`--api_key sk-...`, `token=...`)."""
+        for i, arg in enumerate(self.argv):
+            name, eq, value = arg.lstrip("-").partition("=")
+            if not secrets.secret_name(name):
+                continue
+            if not eq and arg.startswith("-") and i + 1 < len(self.argv):
+                value = self.argv[i + 1]
+            if value:
+                message = message.replace(value, secrets.REDACTED)
+        return secrets.scrub(message)
 
     def _known(self, arg: str) -> bool:
         """Whether `arg` (`--x`, `--x=v`) is one of this parser's flags or an abbreviation of one."""
@@ -140,6 +158,7 @@ def flag_error(exc: ValidationError, dashes: bool = True) -> ConfigError:
     message = first["msg"].removeprefix("Value error, ")  # a validator's own words, as it wrote them
     given = first.get("input")
     shown = isinstance(given, str | int | float) and repr(given) not in message
+    shown = shown and not (secrets.secret_name(field) or secrets.holds_secret(given))
     return ConfigError(
         f"--{field.replace('_', '-') if dashes else field}: {message}"
         + (f" (got {given!r})" if shown else "")

@@ -32,7 +32,7 @@ from gym.card import render
 from gym.cli_options import ArgumentParser, flag_error
 from gym.errors import ConfigError
 from gym.lineage import Lineage
-from gym.models import adapter_base
+from gym.models import adapter_base, require_safetensors
 from gym.ollama import gguf_notes, modelfile
 from gym.templates import load_template, with_default_system
 from gym.tfgrpo.injection import EXPERIENCE_FILE
@@ -110,6 +110,7 @@ def locate(model: str, base: str | None = None, template: str | None = None) -> 
         base = base or json.loads((local / "adapter_config.json").read_text()).get("base_model_name_or_path")
         if not base:
             raise ConfigError(f"adapter {local} does not name its base model: pass --base")
+        require_safetensors(local, "adapter")
         path, facts = adapter_base(base)
         return Source(local.name, None, local, path, _local_lineage(local, base, template, facts), local)
     if (local / "model" / "config.json").is_file():  # a training stage directory
@@ -122,6 +123,7 @@ def locate(model: str, base: str | None = None, template: str | None = None) -> 
         raise ConfigError(
             f"{local} holds neither a model (config.json) nor a PEFT adapter (adapter_config.json)"
         )
+    require_safetensors(local)
     return Source(local.name, str(local), None, None, _local_lineage(local, None, template), local)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +126,7 @@ def _resolve(name_or_path: str, template: str | None, dry_run: bool = False) -> 
                     f"pass the base as the model and --adapter_name_or_path {local}"
                 )
             raise ConfigError(f"{local} is not a model directory (no config.json)")
+        require_safetensors(local)
         meta = _gym_meta(local)  # what gym recorded when it wrote this folder (nothing for others)
         local_template = template or meta.get("template")
         if local_template is None:
@@ -267,6 +269,23 @@ def derived(ref: ModelRef, directory: Path, digest: str) -> ModelRef:
             "default_system": _gym_meta(directory).get("default_system"),
         }
     )
+
+
+# Weight files that are pickles: loading one can run code, so gym reads safetensors only.
+_PICKLED_WEIGHTS = re.compile(r"(pytorch_model|adapter_model|model|consolidated)[\w.-]*\.(bin|pt|pth|ckpt)")
+
+
+def require_safetensors(folder: Path, what: str = "model") -> None:
+    """Refuse a model or adapter folder whose weights are pickles only (`pytorch_model.bin`,
+    `adapter_model.bin`), in one line saying how to convert them, before anything tries to load them."""
+    names = sorted(p.name for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
+    pickled = [n for n in names if _PICKLED_WEIGHTS.fullmatch(n)]
+    if pickled and not any(n.endswith(".safetensors") for n in names):
+        raise ConfigError(
+            f"{what} {folder} holds its weights only as pickle files ({', '.join(pickled[:3])}): gym loads "
+            "safetensors only (unpickling a file can run code); convert it once, where you trust the file, "
+            "by loading it with transformers (PEFT for an adapter) and calling save_pretrained(NEW_DIR)"
+        )
 
 
 def _require_local(ref: ModelRef) -> None:

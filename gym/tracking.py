@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from gym import workspace
+from gym import secrets, workspace
 
 # MLflow sends usage telemetry to its maintainers from a background thread unless told not to; gym runs
 # offline-first and already turns Prefect's analytics off. Set before mlflow is first imported (only this
@@ -25,8 +25,6 @@ from gym import workspace
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 EXPERIMENT = "gym"
-SECRET_KEY = re.compile(r"(token|secret|password|passwd|api[_-]?key|credential|authorization)", re.IGNORECASE)
-REDACTED = "***"
 # Logged with every model so `mlflow models serve` / a fresh env can rebuild it without torchvision.
 MODEL_REQUIREMENTS = ["torch", "transformers==5.17.0", "accelerate==1.15.0", "safetensors"]
 
@@ -137,16 +135,17 @@ def _creating(db: Path) -> Iterator[None]:
 
 
 def redact(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    """Flatten nested params to `a.b` keys, turning secret-looking values into `***`."""
+    """Flatten nested params to `a.b` keys, turning the values of secret-named settings into `***` and
+    stripping credentials from URLs in the others (`http://user:***@host`)."""
     flat: dict[str, str] = {}
     for key, value in params.items():
         name = f"{prefix}{key}"
-        if SECRET_KEY.search(str(key)):
-            flat[name] = REDACTED
+        if secrets.secret_name(key):
+            flat[name] = secrets.REDACTED
         elif isinstance(value, Mapping):
             flat.update(redact(value, prefix=f"{name}."))
         else:
-            flat[name] = str(value)[:6000]
+            flat[name] = secrets.scrub(str(value))[:6000]
     return flat
 
 

@@ -45,6 +45,12 @@ def command(settings: ServeSettings, template_file: str, model_path: str) -> lis
 
 def exec_backend(settings: ServeSettings, api_key: str | None) -> int:
     """Replace this process with the backend's server (it handles signals itself)."""
+    if api_key is not None and settings.backend == "sglang":
+        raise ConfigError(
+            "--backend sglang takes its API key only as a command-line flag, which every user of this "
+            "machine can read (ps): serve with --backend vllm or transformers to require a key, or put an "
+            "authenticating proxy in front of SGLang"
+        )
     require(settings.backend)
     from gym.serve.loading import resolve_served
 
@@ -60,7 +66,5 @@ def exec_backend(settings: ServeSettings, api_key: str | None) -> int:
     env = dict(os.environ)
     if api_key is not None:
         env["VLLM_API_KEY"] = api_key  # vLLM reads it from here
-        if settings.backend == "sglang":
-            argv += ["--api-key", api_key]  # SGLang only takes it as a flag
     os.execvpe(argv[0], argv, env)
     return 0  # not reached

@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gym import secrets
+
 
 class Limits(BaseModel):
     """What one server accepts: larger requests get a 400, requests beyond the concurrency cap a 429."""
@@ -41,7 +43,7 @@ class ServeSettings(BaseModel):
     served_model_name: str | None = Field(None, description="Name clients pass as `model`; default: --model.")
     host: str = Field("127.0.0.1", description="Interface to listen on.")
     port: int = Field(8000, ge=0, le=65535, description="Port (0: any free port, printed at start).")
-    api_key_env: str | None = Field(
+    api_key_env: secrets.EnvName = Field(
         None, description="Environment variable holding the API key clients must send as a bearer token."
     )
     limits: Limits = Field(default_factory=Limits, description="Request caps.")

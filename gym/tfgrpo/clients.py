@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel
 
+from gym import secrets
 from gym.errors import ConfigError, GymError, MissingExtraError
 
 Messages = list[dict[str, str]]
@@ -101,6 +102,11 @@ class OpenAIClient:
             import openai
         except ImportError as exc:  # pragma: no cover - the api extra is part of every install we test
             raise MissingExtraError("the OpenAI-compatible client needs `pip install 'gym[api]'`") from exc
+        if secrets.url_credentials(base_url):  # it would be in cache keys, messages and manifests
+            raise ConfigError(
+                "the endpoint URL holds a credential (not shown): give the URL without it and the key in "
+                f"${api_key_env}"
+            )
         self.base_url, self.model, self.max_n = base_url.rstrip("/"), model, max_n
         self.identity = f"openai:{self.base_url}#{model}"
         # Servers that need no key (vLLM, Ollama, gym serve) still want the header to be there; the

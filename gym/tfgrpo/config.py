@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from gym import secrets
 from gym.errors import ConfigError
 
 Reward = Literal["auto", "exact", "numeric", "judge", "majority"]
@@ -26,6 +27,12 @@ def _http_url(value: str | None) -> str | None:
         parts = urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError("an http(s) URL of an OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1")
+        if secrets.url_credentials(value):
+            raise ValueError(
+                "the URL holds a credential (a user:password part or a key parameter; not shown): the "
+                "endpoint is kept in Prefect's parameters and MLflow, so give it without one and put the "
+                "key in the environment variable api_key_env names (OPENAI_API_KEY unless set)"
+            )
     return value
 
 
@@ -45,7 +52,7 @@ class RoleSettings(BaseModel):
         description="Model name at the endpoint, or a registry model / checkpoint dir to run locally; "
         "unset: the run's model.",
     )
-    api_key_env: str | None = Field(
+    api_key_env: secrets.EnvName = Field(
         None, description="Environment variable holding the API key (never the key itself)."
     )
     temperature: float | None = Field(None, ge=0, description="Sampling temperature (0 = greedy).")
@@ -98,7 +105,9 @@ class TfGrpoSettings(BaseModel):
     endpoint: Endpoint = Field(
         None, description="OpenAI-compatible base URL serving the model (…/v1); unset: run it locally."
     )
-    api_key_env: str = Field("OPENAI_API_KEY", description="Environment variable holding the API key.")
+    api_key_env: Annotated[str, AfterValidator(secrets.env_name)] = Field(
+        "OPENAI_API_KEY", description="Environment variable holding the API key (never the key itself)."
+    )
     group_size: int = Field(5, ge=1, description="Rollouts per question (G).")
     epochs: int = Field(3, ge=1, description="Passes over the training questions.")
     batch_size: int = Field(8, ge=1, description="Questions per step (one consolidation per step).")

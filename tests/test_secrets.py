@@ -1,0 +1,126 @@
+"""Credentials stay out of what gym stores and shows: setting names that hold secrets, keys inside endpoint
+URLs, a key typed where a variable name goes, pickled weights refused before anything loads them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gym import secrets, tracking
+from gym.errors import ConfigError
+
+KEY = "sk-SECRET4242"
+
+
+@pytest.mark.parametrize(
+    ("name", "secret"),
+    [
+        ("hf_token", True),
+        ("hub_token", True),
+        ("token", True),
+        ("client.api_key", True),
+        ("OPENAI_API_KEY", True),
+        ("auth.password", True),
+        ("policy.max_tokens", False),
+        ("budget_tokens", False),
+        ("num_tokens", False),
+        ("template.pad_token", False),
+        ("eos_token", False),
+    ],
+)
+def test_secret_names_are_whole_words(name, secret):
+    assert secrets.secret_name(name) is secret
+
+
+def test_redact_strips_url_credentials_and_keeps_token_counts():
+    flat = tracking.redact(
+        {
+            "endpoint": f"http://alice:{KEY}@127.0.0.1:8000/v1",
+            "judge": {"endpoint": f"https://api.example.com/v1?api_key={KEY}&region=eu", "max_tokens": 8},
+            "budget_tokens": 1000,
+        }
+    )
+    assert KEY not in json.dumps(flat)
+    assert flat["endpoint"] == "http://alice:***@127.0.0.1:8000/v1"
+    assert flat["judge.endpoint"] == "https://api.example.com/v1?api_key=***&region=eu"
+    assert flat["judge.max_tokens"] == "8" and flat["budget_tokens"] == "1000"  # were ***
+
+
+def _gym(capsys, *argv: str) -> tuple[int, str]:
+    from flows.cli import main
+
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse's own errors
+        code = int(exc.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def test_a_key_in_the_endpoint_url_is_refused_without_showing_it(capsys, gym_home):
+    code, said = _gym(
+        capsys, "train", "--method", "tf_grpo", "--model", "gym-tiny", "--endpoint", f"http://u:{KEY}@h:1/v1"
+    )
+    assert code == 2 and "the URL holds a credential" in said and "api_key_env" in said
+    assert KEY not in said
+
+
+def test_a_key_typed_as_a_flag_is_never_echoed_nor_taken_for_the_variable_name(capsys, gym_home):
+    # `--api_key` was an abbreviation of --api_key_env: the key became a Prefect parameter.
+    code, said = _gym(capsys, "train", "--method", "tf_grpo", "--model", "gym-tiny", "--api_key", KEY)
+    assert code == 2 and "unrecognized arguments: --api_key ***" in said and KEY not in said
+    code, said = _gym(capsys, "train", "--method", "tf_grpo", "--model", "gym-tiny", "--api_key_env", KEY)
+    assert code == 2 and "never the key itself" in said and KEY not in said
+    code, said = _gym(capsys, "serve", "--model", "gym-tiny", "--api-key", KEY)
+    assert code == 2 and KEY not in said
+
+
+def test_openai_client_refuses_a_url_carrying_a_key():
+    from gym.tfgrpo.clients import OpenAIClient
+
+    with pytest.raises(ConfigError, match="holds a credential") as caught:
+        OpenAIClient(f"http://127.0.0.1:1/v1?key={KEY}", "m")
+    assert KEY not in str(caught.value)
+
+
+def test_sglang_is_refused_a_key_it_would_show_in_ps(monkeypatch):
+    from gym.serve import backends
+    from gym.serve.settings import ServeSettings
+
+    monkeypatch.setattr(backends.os, "execvpe", lambda *a: pytest.fail("exec'd with the key in argv"))
+    with pytest.raises(ConfigError, match="every user of this machine can read"):
+        backends.exec_backend(ServeSettings(model="gym-tiny", backend="sglang", api_key_env="K"), KEY)
+
+
+def _pickled_folder(path, name):
+    path.mkdir()
+    (path / name).write_bytes(b"\x80\x04K\x01.")  # a pickle: never opened
+    return path
+
+
+def test_pickled_model_weights_are_refused_in_one_line(tmp_path, capsys, gym_home):
+    from gym import models
+
+    folder = _pickled_folder(tmp_path / "binmodel", "pytorch_model.bin")
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+    with pytest.raises(ConfigError, match=r"only as pickle files \(pytorch_model\.bin\): gym loads safe"):
+        models.resolve(str(folder), template="chatml")
+    code, said = _gym(capsys, "export", "--model", str(folder), "--out", str(tmp_path / "out"))
+    assert code == 2 and "only as pickle files" in said and "Traceback" not in said
+    assert not (tmp_path / "out").exists()
+
+
+def test_pickled_adapter_is_refused(tmp_path):
+    from gym.export import locate
+
+    folder = _pickled_folder(tmp_path / "adp", "adapter_model.bin")
+    config = {"base_model_name_or_path": "gym-tiny", "peft_type": "LORA"}
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match=r"adapter .*adp holds its weights only as pickle files"):
+        locate(str(folder), None, None)
+
+
+def test_chat_refuses_an_adapter_beside_gyms_own_model_flag(capsys, gym_home):
+    code, said = _gym(capsys, "chat", "--model", "gym-tiny", "--adapter_name_or_path", "/nowhere")
+    assert code == 2 and "pass the base as --model_name_or_path" in said
