@@ -168,7 +168,12 @@ def memory_estimates(spec: ModelSpec) -> dict[str, dict[str, float]]:
 @cache
 def _load(f: Path, mtime_ns: int) -> dict[str, ModelSpec]:  # mtime_ns: re-read after edits
     try:
-        doc = json.loads(f.read_text(encoding="utf-8"))
+        doc = json.loads(f.read_text(encoding="utf-8-sig"))  # a byte order mark, as editors on Windows write
+    except UnicodeDecodeError:
+        from gym.data.readers import utf8_problem  # lazy: only a broken file pays for pyarrow's import
+
+        message, hint = utf8_problem(f.read_bytes())
+        raise RegistryError(f"{f}: {message} ({hint})") from None
     except json.JSONDecodeError as e:
         raise RegistryError(f"{f}: not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
     schema_file = f.parent / "models.schema.json"

@@ -181,3 +181,79 @@ def test_require_kind():
         ConfigError, match=r"trains on preference data \(dpo, ipo, cdpo, hinge, orpo, simpo, rm\)"
     ):
         require_kind("preference", "sft")
+
+
+def test_alpaca_with_only_input_is_the_user_turn_as_in_llamafactory():
+    rec = {"instruction": "", "input": "some input", "output": "x"}
+    assert normalize(rec, "alpaca", W)["messages"][0] == msg("user", "some input")
+    assert normalize({"input": "q", "output": "x"}, "alpaca", W)["messages"][0] == msg("user", "q")
+    with pytest.raises(DataError, match="is empty") as e:  # instruction is needed when input is empty too
+        normalize({"instruction": " ", "input": "", "output": "x"}, "alpaca", W)
+    assert e.value.field == "instruction"
+
+
+@pytest.mark.parametrize(
+    ("message", "says"),
+    [
+        (
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "type": "function"}]},
+            "'tool_calls'",
+        ),
+        ({"role": "assistant", "content": None, "function_call": {"name": "f"}}, "'function_call'"),
+        ({"role": "tool", "tool_call_id": "1", "content": "sunny"}, "role 'tool'"),
+    ],
+)
+def test_openai_tool_calls_are_rejected_as_tool_turns(message, says):
+    messages = [msg("user", "Weather?"), message, msg("assistant", "Sunny.")]
+    with pytest.raises(DataError, match="tool turns are not supported") as e:
+        normalize({"messages": messages}, "openai", W)
+    assert says in str(e.value) and "drop tool turns" in str(e.value) and e.value.field == "messages"
+
+
+def test_openai_text_parts_and_the_developer_role():
+    parts = [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]
+    rec = {
+        "messages": [msg("developer", "Be kind."), {"role": "user", "content": parts}, msg("assistant", "Yo")]
+    }
+    assert normalize(rec, "openai", W)["messages"] == [
+        msg("system", "Be kind."),
+        msg("user", "Hi\nthere"),
+        msg("assistant", "Yo"),
+    ]
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+    rec["messages"][1]["content"] = [parts[0], image]
+    with pytest.raises(
+        DataError, match="content part 2 is of type 'image_url'; gym trains on text only"
+    ) as e:
+        normalize(rec, "openai", W)
+    assert e.value.field == "messages" and "message 2 (user)" in str(e.value)
+    rec["messages"][1]["content"] = ["Hi"]
+    with pytest.raises(DataError, match=r"content part 1 must be an object like"):
+        normalize(rec, "openai", W)
+
+
+def test_a_label_that_is_no_kto_label_beside_sft_fields_is_an_extra_column():
+    chat = [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}]
+    for rec, fmt in [
+        ({"instruction": "Classify: great", "output": "positive", "label": "sentiment"}, "alpaca"),
+        ({"conversations": chat, "label": "greeting"}, "sharegpt"),
+        ({"messages": [msg("user", "Hi"), msg("assistant", "Hello")], "label": 7}, "openai"),
+    ]:
+        assert detect_format(rec) == fmt, rec
+        assert normalize(rec, fmt, W)["messages"][-1]["role"] == "assistant"
+    for label in (True, 0, "false", " TRUE "):  # KTO labels make KTO data, as before
+        assert detect_format({"instruction": "a", "output": "b", "label": label}) == "kto"
+    assert detect_format({"prompt": "p", "completion": "c", "label": "yes"}) == "kto"  # KTO's own fields
+    assert detect_format({"prompt": "p", "label": "yes"}) == "kto"  # nothing else fits
+
+
+def test_an_error_in_a_guessed_format_says_so_and_how_to_name_another():
+    rec = {"instruction": "a", "output": "b", "label": "maybe"}
+    with pytest.raises(DataError) as e:
+        normalize(rec, "kto", Where("data.jsonl", 7, guessed="kto"))
+    text = str(e.value)
+    assert "format kto was guessed from the first record's fields" in text and "`formatting`" in text
+    assert "use true/false" in text  # the record's own hint stays
+    with pytest.raises(DataError) as e:
+        normalize(rec, "kto", W)
+    assert "guessed" not in str(e.value)

@@ -241,3 +241,41 @@ def test_binary_file_types_for_chat_and_kto(tmp_path: Path, fixture: str, kind: 
         datasets.Dataset(table).save_to_disk(str(path))
     result = ingest(resolve_dataset(path))
     assert resolve_dataset(path).format == source.format and load(result) == expected
+
+
+def test_a_lone_surrogate_is_a_data_error_not_an_arrow_traceback(tmp_path: Path):
+    (tmp_path / "a.jsonl").write_text('{"instruction": "a\\ud800b", "output": "c"}\n', encoding="utf-8")
+    before = datasets_area()
+    with pytest.raises(DataError, match="invalid Unicode: lone surrogate") as e:
+        ingest(resolve_dataset(tmp_path / "a.jsonl"))
+    assert (e.value.file, e.value.record, e.value.field) == (str(tmp_path / "a.jsonl"), 1, "instruction")
+    assert datasets_area() == before
+
+
+def test_a_bad_record_after_blank_lines_is_named_with_its_line(tmp_path: Path):
+    path = tmp_path / "a.jsonl"
+    path.write_text('{"instruction": "a", "output": "b"}\n\n\n{"instruction": "a"}\n', encoding="utf-8")
+    with pytest.raises(DataError) as e:
+        ingest(resolve_dataset(path))
+    assert e.value.record == 2 and e.value.field == "output"
+    assert f"file {path}, record 2 (line 4), field 'output'" in str(e.value)
+
+
+def test_alpaca_with_a_label_column_is_sft_and_a_guess_that_fails_says_so(tmp_path: Path):
+    rows = [{"instruction": "Classify: great", "output": "positive", "label": "sentiment"}]
+    (tmp_path / "meta.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    result = ingest(resolve_dataset(tmp_path / "meta.jsonl"))
+    assert result.kind == "sft" and load(result)[0]["messages"][1]["content"] == "positive"
+    rows = [
+        {"instruction": "a", "output": "b", "label": True},
+        {"instruction": "c", "output": "d", "label": "x"},
+    ]
+    (tmp_path / "kto.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    spec = resolve_dataset(tmp_path / "kto.jsonl")
+    assert spec.format == "kto" and "format_guessed" not in spec.model_dump()
+    with pytest.raises(DataError, match="must be a boolean") as e:
+        ingest(spec)
+    assert "format kto was guessed from the first record's fields" in str(e.value)
+    with pytest.raises(DataError) as e:  # a format named is no guess
+        ingest(resolve_dataset(tmp_path / "kto.jsonl", format="kto"))
+    assert "guessed" not in str(e.value)

@@ -308,3 +308,16 @@ def test_gym_train_checks_a_dataset_info_entry_before_loading_anything(tmp_path:
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "method 'dpo' needs preference records" in proc.stderr
     assert "dataset 'identity' holds sft records" in proc.stderr
+
+
+def test_a_dataset_info_json_may_start_with_a_bom_but_must_be_utf8(tmp_path: Path):
+    lf_data(tmp_path / "data", {}, {"a.json": ALPACA})
+    info = tmp_path / "data" / "dataset_info.json"
+    info.write_bytes(b"\xef\xbb\xbf" + json.dumps({"mine": {"file_name": "a.json"}}).encode())
+    assert records("mine")[0]["messages"][-1] == assistant("5")
+    info.write_bytes(b'{"mine": {"file_name": "a.json"},\n "caf\xe9": {"file_name": "a.json"}}')
+    with pytest.raises(
+        RegistryError, match=r"dataset_info.json: not UTF-8 text: line 2, byte 6 is 0xe9"
+    ) as e:
+        resolve_dataset("mine")
+    assert str(e.value).startswith(str(info)) and "iconv" in str(e.value)

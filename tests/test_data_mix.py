@@ -222,3 +222,9 @@ def test_preflight_checks_the_interleave_shares_against_each_mix(two_parts):
         check(mix_strategy="interleave_under", interleave_probs=[0.5, 0.3, 0.2])
     with pytest.raises(ConfigError, match=r"read when data\.mix_strategy interleaves"):
         check(interleave_probs=[0.7, 0.3])
+
+
+@pytest.mark.parametrize("value", ["", " "])
+def test_an_empty_dataset_setting_is_an_error(value):
+    with pytest.raises(ConfigError, match="the dataset name is empty"):
+        mix.names(value)

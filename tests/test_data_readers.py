@@ -5,6 +5,7 @@ Run: .venv/bin/pytest tests/test_data_readers.py
 
 from __future__ import annotations
 
+import csv
 import json
 import socket
 import subprocess
@@ -16,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from gym.data import readers
 from gym.data.readers import looks_like_hub_id, read_source
 from gym.errors import DataError
 
@@ -244,3 +246,72 @@ def test_bad_json_inside_a_line_names_its_column(tmp_path: Path):
     with pytest.raises(DataError) as e:
         rows(tmp_path / "a.jsonl")
     assert "line 2 is not valid JSON (column 7: Expecting value)" in str(e.value)
+
+
+def test_a_csv_field_over_csvs_default_limit_is_read(tmp_path: Path):
+    """csv refuses fields over 131,072 characters by default: a `_csv.Error` traceback."""
+    long = "x" * 200_000
+    (tmp_path / "a.csv").write_text(f'instruction,output\nhi,"{long}"\n', encoding="utf-8")
+    assert rows(tmp_path / "a.csv")[0][2] == {"instruction": "hi", "output": long}
+
+
+def test_a_csv_error_names_the_file_record_and_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(readers, "CSV_FIELD_LIMIT", 12)
+    limit = csv.field_size_limit(12)  # the one csv error a well-quoted file can still meet
+    try:
+        (tmp_path / "a.csv").write_text("instruction,output\na,b\n\nc,0123456789abc\n", encoding="utf-8")
+        with pytest.raises(DataError, match="not valid CSV: field larger than field limit") as e:
+            rows(tmp_path / "a.csv")
+    finally:
+        csv.field_size_limit(limit)
+    assert e.value.file == str(tmp_path / "a.csv") and e.value.record == 2
+    assert "record 2 (line 4)" in str(e.value) and "quotes" in str(e.value)
+
+
+def test_a_nul_byte_in_a_csv_value_is_refused_as_in_json(tmp_path: Path):
+    (tmp_path / "a.csv").write_text("instruction,output\nhi,a\x00b\n", encoding="utf-8")
+    with pytest.raises(DataError, match="NUL byte") as e:
+        rows(tmp_path / "a.csv")
+    assert e.value.file == str(tmp_path / "a.csv") and e.value.record == 1 and e.value.field == "output"
+
+
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("a.jsonl", '{"instruction": "a\\ud800b", "output": "c"}\n'),
+        ("a.json", '[{"instruction": "ok", "output": "c"}, {"instruction": "x", "output": ["\\udc00"]}]'),
+    ],
+)
+def test_a_lone_surrogate_names_the_file_record_and_field(tmp_path: Path, name: str, content: str):
+    """json.loads reads `\\ud800` alone into a str that UTF-8 (so Arrow) cannot encode: a traceback."""
+    (tmp_path / name).write_text(content, encoding="utf-8")
+    with pytest.raises(DataError, match="invalid Unicode: lone surrogate") as e:
+        rows(tmp_path / name)
+    assert e.value.file == str(tmp_path / name)
+    assert (e.value.record, e.value.field) == ((1, "instruction") if name == "a.jsonl" else (2, "output"))
+
+
+def test_a_surrogate_pair_is_one_character(tmp_path: Path):
+    (tmp_path / "a.jsonl").write_text('{"instruction": "\\ud83d\\ude00", "output": "c"}\n', encoding="utf-8")
+    assert rows(tmp_path / "a.jsonl")[0][2]["instruction"] == "\U0001f600"
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "says"),
+    [
+        ("a.jsonl", '{"a": 1}\n\n\n[2]\n', "record 2 (line 4): expected a JSON object"),
+        ("a.csv", 'instruction,output\na,b\n\n\n"c\nd",e,f\n', "record 2 (line 5): the row has more values"),
+        ("a.jsonl", '{"a": 1}\n[2]\n', "record 2: expected a JSON object"),  # the same number: said once
+    ],
+)
+def test_a_record_of_a_text_file_is_named_with_its_line(tmp_path: Path, name, content, says):
+    """Blank lines, a csv header or line breaks in values made "record N" point elsewhere than line N."""
+    (tmp_path / name).write_text(content, encoding="utf-8")
+    with pytest.raises(DataError) as e:
+        rows(tmp_path / name)
+    assert e.value.record == 2 and says in str(e.value)
+
+
+def test_text_file_records_know_their_line(tmp_path: Path):
+    (tmp_path / "a.txt").write_text("one\n\n\ntwo\n", encoding="utf-8")
+    assert [(n, n.line, r["text"]) for _, n, r in rows(tmp_path / "a.txt")] == [(1, 1, "one"), (2, 4, "two")]

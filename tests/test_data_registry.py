@@ -136,3 +136,45 @@ def test_unknown_generator_is_named(tmp_path: Path):
     f = write_registry(tmp_path, {"mine": {"generator": "demo_nothing", "format": "alpaca"}})
     with pytest.raises(RegistryError, match="entry 'mine', field 'generator': unknown demo dataset"):
         resolve_dataset("mine", registry=f)
+
+
+@pytest.mark.parametrize("name", ["", "  "])
+def test_an_empty_dataset_name_is_an_error_not_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+):
+    """Path("") is Path("."): `--dataset ""` trained on every data file of the current directory."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ok.jsonl").write_text('{"instruction": "a", "output": "b"}\n')
+    with pytest.raises(ConfigError, match="the dataset name is empty"):
+        resolve_dataset(name)
+
+
+def test_a_missing_path_names_the_flag_and_close_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "chats.jsonl").write_text('{"instruction": "a", "output": "b"}\n')
+    with pytest.raises(ConfigError) as e:
+        resolve_dataset("chat.jsonl")
+    assert "no such file or folder 'chat.jsonl'; did you mean 'chats.jsonl'?" in str(e.value)
+    assert "--dataset_dir" in str(e.value) and "$GYM_DATA_DIR" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        resolve_dataset("unrelated.jsonl")
+    assert "did you mean" not in str(e.value) and "--dataset_dir" in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["link.jsonl", "linked"])
+def test_a_broken_symlink_is_named_as_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / name).symlink_to(tmp_path / "gone.jsonl")
+    with pytest.raises(ConfigError, match=f"'{name}' is a symlink pointing to a missing target .*gone.jsonl"):
+        resolve_dataset(name)
+
+
+def test_the_registry_file_may_start_with_a_bom_but_must_be_utf8(tmp_path: Path):
+    f = tmp_path / "datasets.json"
+    f.write_bytes(
+        b"\xef\xbb\xbf" + json.dumps({"mine": {"generator": "demo_sft", "format": "alpaca"}}).encode()
+    )
+    assert resolve_dataset("mine", registry=f).generator == "demo_sft"
+    f.write_bytes(b'{"mine": {"generator": "demo_sft", "format": "alpaca", "description": "caf\xe9"}}')
+    with pytest.raises(RegistryError, match=r"datasets.json: not UTF-8 text: line 1, byte 75 is 0xe9"):
+        resolve_dataset("mine", registry=f)

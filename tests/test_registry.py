@@ -240,3 +240,12 @@ def test_every_entry_gets_estimates():
         assert set(m["inference"]) == set(m["lora"]) == {"fp16", "bf16", "int8", "int4"}
         assert set(m["full"]) == {"fp16", "bf16"}
         assert all(v > 0 for by_dtype in m.values() for v in by_dtype.values())
+
+
+def test_a_bom_is_read_and_a_non_utf8_file_is_named_with_the_byte(tmp_path, shipped):
+    f = tmp_path / "models.json"
+    f.write_bytes(b"\xef\xbb\xbf" + json.dumps(shipped).encode())
+    assert list(load_models(f)) == [e["name"] for e in shipped["models"]]
+    f.write_bytes(b'{"models": [\n  {"name": "caf\xe9"}\n]}')
+    with pytest.raises(RegistryError, match=r"models.json: not UTF-8 text: line 2, byte 16 is 0xe9"):
+        load_models(f)

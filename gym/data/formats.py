@@ -14,11 +14,13 @@ Canonical kinds (what `ingest` writes and `tokenize` reads):
 Source formats (the `format` of a dataset registry entry) and the kind each gives:
 
 - `alpaca` (sft): instruction, input (optional), output, system (optional), history
-  `[[query, answer], ...]` (optional). The user turn is `instruction + "\\n" + input` when input is
-  non-empty, as LLaMA-Factory does.
+  `[[query, answer], ...]` (optional). The user turn is `instruction + "\\n" + input`, or whichever of
+  the two is non-empty, as LLaMA-Factory does.
 - `sharegpt` / `openai` (sft): `conversations` (`{"from", "value"}`) or `messages` (`{"role", "content"}`),
-  plus an optional top-level `system`. Roles human/user, gpt/assistant, system. Tool turns
-  (observation, function_call, tool) are rejected: gym does not train tool calls yet.
+  plus an optional top-level `system`. Roles human/user, gpt/assistant, system (OpenAI's developer
+  too). OpenAI content may be a list of text parts (`[{"type": "text", "text": ...}]`, joined by
+  newlines); other parts (images, audio) are rejected. Tool turns (observation, function_call, tool,
+  or a message with `tool_calls` / `function_call`) are rejected: gym does not train tool calls yet.
 - `preference`: TRL style `{prompt, chosen, rejected}` (strings or message lists), TRL implicit prompt
   (`chosen`/`rejected` as full conversations sharing every turn but the last), or LLaMA-Factory style:
   alpaca fields + `chosen`/`rejected` strings, or `conversations` + `chosen`/`rejected` message objects.
@@ -89,9 +91,23 @@ SFT_AS_PROMPTS = (
     ". Its records end with an answer, which online RL samples itself: rename the answer column "
     "(alpaca's `output`) to `answer` (the ground truth rewards compare with) and the file reads as prompts"
 )
-ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant"}
+ROLES = {
+    "system": "system",
+    "developer": "system",  # OpenAI's newer name for the system message
+    "user": "user",
+    "human": "user",
+    "assistant": "assistant",
+    "gpt": "assistant",
+}
 TOOL_ROLES = ("observation", "function_call", "function", "tool", "tool_call", "ipython")
+TOOL_KEYS = ("tool_calls", "function_call")  # OpenAI's keys for an assistant message calling tools
+TOOL_HINT = "drop tool turns from the conversation, or use a dataset without tool calls"
 MAPPING_HINT = "map other column names with `columns` in the dataset registry"
+# Where the format of a file was guessed from its first record's fields and a record then failed.
+GUESS_HINT = (
+    "format {fmt} was guessed from the first record's fields; to read another, describe the file in an "
+    "entry of registry/datasets.json (`format`) or of dataset_info.json (`formatting`) and pass its name"
+)
 
 
 @dataclass
@@ -101,11 +117,15 @@ class Where:
     file: str
     record: int
     columns: dict[str, str] = field(default_factory=dict)
+    guessed: str | None = None
+    """The format, when it was guessed from the first record's fields (errors then say how to name it)."""
 
     def error(self, message: str, name: str | None = None, hint: str | None = None) -> DataError:
         source = self.columns.get(name, name) if name else None
         if source and source != name:
             message = f"{message} (read as {name!r} through `columns`)"
+        if self.guessed:
+            hint = "; ".join(filter(None, [hint, GUESS_HINT.format(fmt=self.guessed)]))
         return DataError(message, file=self.file, record=self.record, field=source, hint=hint)
 
 
@@ -197,13 +217,14 @@ def _history(rec: dict[str, Any], w: Where) -> list[dict[str, str]]:
 
 
 def alpaca_prompt(rec: dict[str, Any], w: Where, need: str) -> list[dict[str, str]]:
-    """system + history + the user turn built from instruction and input."""
-    instruction = _text(rec, "instruction", w, need)
+    """system + history + the user turn: instruction and input joined by a newline, or whichever of the
+    two is non-empty (LLaMA-Factory's); instruction is required only when input is empty."""
     extra = _text(rec, "input", w, need, required=False)
+    instruction = _text(rec, "instruction", w, need, required=not extra.strip())
     system = _text(rec, "system", w, need, required=False)
     msgs = [{"role": "system", "content": system}] if system.strip() else []
     msgs += _history(rec, w)
-    msgs.append({"role": "user", "content": f"{instruction}\n{extra}" if extra.strip() else instruction})
+    msgs.append({"role": "user", "content": "\n".join(t for t in (instruction, extra) if t.strip())})
     return msgs
 
 
@@ -214,16 +235,40 @@ def parse_message(msg: Any, name: str, i: int, w: Where) -> dict[str, str]:
     role = msg.get("role", msg.get("from"))
     content = msg.get("content", msg.get("value"))
     if role in TOOL_ROLES:
-        raise w.error(
-            f"message {i} has role {role!r}; tool turns are not supported",
-            name,
-            "drop tool turns from the conversation, or use a dataset without tool calls",
-        )
+        raise w.error(f"message {i} has role {role!r}; tool turns are not supported", name, TOOL_HINT)
+    calls = next((key for key in TOOL_KEYS if msg.get(key)), None)
+    if calls is not None:
+        raise w.error(f"message {i} ({role}) has {calls!r}; tool turns are not supported", name, TOOL_HINT)
     if role not in ROLES:
         raise w.error(f"message {i} has unknown role {role!r}; expected one of {sorted(ROLES)}", name)
+    if isinstance(content, list):
+        content = _text_parts(content, f"message {i} ({role})", name, w)
     if not isinstance(content, str) or not content.strip():
         raise w.error(f"message {i} ({role}) needs non-empty text content, got {content!r:.60}", name)
     return {"role": ROLES[role], "content": content}
+
+
+def _text_parts(parts: list[Any], what: str, name: str, w: Where) -> str:
+    """OpenAI content given as parts (`[{"type": "text", "text": ...}, ...]`): the text parts joined by
+    newlines; any other part (an image, audio, a file) is refused."""
+    texts = []
+    for j, part in enumerate(parts, 1):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif isinstance(kind, str) and kind != "text":
+            raise w.error(
+                f"{what}: content part {j} is of type {kind!r}; gym trains on text only",
+                name,
+                "drop the non-text parts (or the record), or use a text-only dataset",
+            )
+        else:
+            raise w.error(
+                f'{what}: content part {j} must be an object like {{"type": "text", "text": ...}}, '
+                f"got {part!r:.60}",
+                name,
+            )
+    return "\n".join(texts)
 
 
 def parse_messages(value: Any, name: str, w: Where) -> list[dict[str, str]]:
@@ -340,12 +385,8 @@ def to_preference(rec: dict[str, Any], w: Where) -> dict[str, Any]:
 
 def parse_label(value: Any, w: Where) -> bool:
     """A real boolean; also 0/1 and "true"/"false"/"0"/"1" (csv has no booleans)."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
-        return value.strip().lower() in ("true", "1")
+    if is_label(value):
+        return value.strip().lower() in ("true", "1") if isinstance(value, str) else bool(value)
     if value is None:
         raise w.error("missing; kto records need a boolean label", "label", MAPPING_HINT)
     raise w.error(
@@ -406,12 +447,27 @@ def normalize(record: dict[str, Any], fmt: str, where: Where) -> dict[str, Any]:
     return to_kto(record, where)
 
 
-def detect_format(columns: Iterable[str]) -> str | None:
-    """Guess the format from a record's field names; None when nothing fits."""
-    cols = set(columns)
+def is_label(value: Any) -> bool:
+    """Whether `value` reads as a KTO label (what `parse_label` takes)."""
+    if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
+        return True
+    return isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0")
+
+
+def detect_format(record: Mapping[str, Any] | Iterable[str]) -> str | None:
+    """Guess the format from a record (or just its field names); None when nothing fits.
+
+    A `label` makes KTO data unless it sits beside alpaca, sharegpt or messages fields with a value that
+    is no KTO label (e.g. a category): that is an extra column, ignored as LLaMA-Factory ignores extra
+    columns. Given names alone, a `label` is taken for a KTO label.
+    """
+    cols = set(record)
     if {"chosen", "rejected"} <= cols:
         return "preference"
-    if "label" in cols:
+    chat = bool({"messages", "conversations"} & cols) or {"instruction", "output"} <= cols
+    if "label" in cols and (
+        not chat or "completion" in cols or not isinstance(record, Mapping) or is_label(record["label"])
+    ):
         return "kto"
     if "messages" in cols:
         return "openai"

@@ -127,13 +127,14 @@ def read_records(spec: DatasetSpec, source: str, fmt: str) -> tuple[datasets.Dat
     import datasets
 
     schema = features(FORMAT_KIND[fmt]).arrow_schema
+    guessed = fmt if spec.format is None or spec.format_guessed else None
     tables, batch, count = [], [], 0
     rows = readers.read_source(source, split=spec.split, revision=spec.revision, subset=spec.subset)
     for file, no, raw in rows:
         if spec.num_samples is not None and count >= spec.num_samples:
             break
         record = apply_tags(apply_columns(raw, spec.columns), spec.tags)
-        batch.append(normalize(record, fmt, Where(file, no, spec.columns)))
+        batch.append(normalize(record, fmt, Where(file, no, spec.columns, guessed)))
         count += 1
         if len(batch) == _BATCH:
             tables.append(pa.Table.from_pylist(batch, schema=schema))

@@ -31,11 +31,10 @@ from __future__ import annotations
 import difflib
 import functools
 import itertools
-import json
 from pathlib import Path
 from typing import Any
 
-from gym.data.readers import read_source
+from gym.data.readers import read_json_file, read_source
 from gym.errors import DataError, RegistryError
 
 INFO_FILE = "dataset_info.json"
@@ -79,10 +78,7 @@ def info_files(root: Path) -> list[Path]:
 
 
 def load_info(path: Path) -> dict[str, Any]:
-    try:
-        entries = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise RegistryError(f"{path}: not valid JSON at line {e.lineno}: {e.msg}") from None
+    entries = read_json_file(path)
     if not isinstance(entries, dict):
         raise RegistryError(
             f"{path}: expected an object of dataset name -> entry, got {type(entries).__name__}"

@@ -26,7 +26,7 @@ from typing import Any
 from gym import workspace
 from gym.data import ingest as ingest_module
 from gym.data.ingest import IngestResult, ingest
-from gym.data.registry import DatasetSpec, resolve_dataset
+from gym.data.registry import EMPTY_NAME, DatasetSpec, resolve_dataset
 from gym.errors import ConfigError
 from gym.hashing import hash_obj
 
@@ -34,6 +34,8 @@ from gym.hashing import hash_obj
 def names(value: str) -> list[str]:
     """The datasets a dataset setting names: a comma-separated list, else the one name (an existing
     path with a comma in it is one name)."""
+    if not value.strip():
+        raise ConfigError(EMPTY_NAME)
     if "," not in value or Path(value).expanduser().exists():
         return [value]
     parts = [part.strip() for part in value.split(",")]

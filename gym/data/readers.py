@@ -5,7 +5,8 @@ Supported sources: `.json` (a top-level array, or JSON Lines in a .json file), `
 files of one of those types (read in sorted order), a `.txt` file (raw text: one `{"text": line}`
 record per line, as `datasets.load_dataset("text")` reads it, blank lines skipped), and hub ids
 (`datasets.load_dataset`; only when the name is not a local path). Every reader yields
-`(record_no, record)` with 1-based numbers.
+`(record_no, record)` with 1-based numbers; a text file's numbers (`RecordNo`) know their line too, so
+errors say `record 2 (line 4)` where blank lines, a csv header or line breaks in values make the two differ.
 
     from gym.data.readers import read_source
     for file, no, record in read_source("tests/fixtures/data/alpaca.jsonl"):
@@ -20,6 +21,7 @@ import functools
 import json
 import os
 import re
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,14 +29,38 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from gym.errors import DataError
+from gym.errors import DataError, RegistryError
 
 EXTENSIONS = (".json", ".jsonl", ".csv", ".parquet", ".arrow")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _BATCH = 1024
+# csv's own default field limit (131,072 characters) refuses a long document or conversation; raised
+# to the largest a C long holds everywhere (Windows' is 32 bits).
+CSV_FIELD_LIMIT = min(sys.maxsize, 2**31 - 1)
+# What json.loads leaves of a lone surrogate escape ("\ud800"): a str that UTF-8 cannot encode.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_NUL = "\x00"
 
 Records = Iterator[tuple[int, dict[str, Any]]]
 TextReader = Callable[[Path], Records]
+
+
+class RecordNo(int):
+    """A record's 1-based number that also knows the line of its text file where the record is, for
+    messages: `str()` (what a DataError prints) says `2 (line 4)` where the two differ; otherwise it
+    is the number it is (compares, hashes and serializes as the int)."""
+
+    line: int | None
+
+    def __new__(cls, no: int, line: int | None = None) -> RecordNo:
+        self = super().__new__(cls, no)
+        self.line = line
+        return self
+
+    def __str__(self) -> str:
+        no = int(self)
+        return f"{no} (line {self.line})" if self.line is not None and self.line != no else str(no)
 
 
 def _check_dict(record: Any, file: str, no: int) -> dict[str, Any]:
@@ -64,23 +90,36 @@ def _utf8(reader: TextReader) -> TextReader:
 
 def not_utf8(path: Path) -> DataError:
     """Where `path` stops being UTF-8: the line and the byte, and what to do."""
-    data = path.read_bytes()
+    message, hint = utf8_problem(path.read_bytes())
+    return DataError(message, file=str(path), hint=hint)
+
+
+def utf8_problem(data: bytes) -> tuple[str, str]:
+    """Why `data` (the bytes of a file that failed to decode) is not UTF-8 text, where (the line and the
+    byte), and what to do; for any file gym reads as text (data, dataset_info.json, registries)."""
     hint = "save it as UTF-8, e.g. iconv -f <its encoding> -t UTF-8 FILE > NEW"
     if data.startswith((b"\xff\xfe", b"\xfe\xff")):
-        hint = "save it as UTF-8, e.g. iconv -f UTF-16 -t UTF-8 FILE > NEW"
-        return DataError("the file is UTF-16 text, not UTF-8", file=str(path), hint=hint)
+        return "the file is UTF-16 text, not UTF-8", hint.replace("<its encoding>", "UTF-16")
     body = data.removeprefix(b"\xef\xbb\xbf")
     try:
         body.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = body[: exc.start].count(b"\n") + 1
         column = exc.start - (body.rfind(b"\n", 0, exc.start) + 1) + 1
-        return DataError(
-            f"not UTF-8 text: line {line}, byte {column} is 0x{body[exc.start]:02x} ({exc.reason})",
-            file=str(path),
-            hint=hint,
-        )
-    return DataError("not UTF-8 text", file=str(path), hint=hint)
+        return f"not UTF-8 text: line {line}, byte {column} is 0x{body[exc.start]:02x} ({exc.reason})", hint
+    return "not UTF-8 text", hint
+
+
+def read_json_file(path: Path) -> Any:
+    """A JSON file gym reads settings from (a registry, a dataset_info.json): UTF-8, with or without a
+    byte order mark; one that is not, or not valid JSON, is a RegistryError naming the file and where."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8-sig"))
+    except UnicodeDecodeError:
+        message, hint = utf8_problem(path.read_bytes())
+        raise RegistryError(f"{path}: {message} ({hint})") from None
+    except json.JSONDecodeError as e:
+        raise RegistryError(f"{path}: not valid JSON at line {e.lineno}: {e.msg}") from None
 
 
 @_utf8
@@ -100,8 +139,9 @@ def read_json(path: Path) -> Records:
                 ) from None
             if not isinstance(rows, list):
                 raise DataError("expected a top-level array of records", file=file)
+            escapes = _SURROGATE_ESCAPE.search(text) is not None
             for no, row in enumerate(rows, 1):
-                yield no, _check_dict(row, file, no)
+                yield no, _checked(row, file, no, escapes)
             return
         if "\n" in text.strip() and _one_object(text):
             raise DataError(
@@ -137,30 +177,108 @@ def _read_json_lines(path: Path) -> Records:
                     record=no,
                     hint="JSON Lines files need one complete JSON object per line",
                 ) from None
-            yield no, _check_dict(row, file, no)
+            no_at = RecordNo(no, line_no)
+            yield no_at, _checked(row, file, no_at, _SURROGATE_ESCAPE.search(text) is not None)
+
+
+def _checked(row: Any, file: str, no: int, escapes: bool) -> dict[str, Any]:
+    """A JSON record as a dict; checked for lone surrogates when its text has `\\uD800`-`\\uDFFF` escapes
+    (a traceback of UnicodeEncodeError from Arrow, naming neither file nor record, before)."""
+    record = _check_dict(row, file, no)
+    for key, value in record.items() if escapes else ():
+        bad = _lone_surrogate([key, value])
+        if bad is not None:
+            raise DataError(
+                f"invalid Unicode: lone surrogate \\u{ord(bad):04x} (half of a UTF-16 pair, as left by text "
+                "cut in the middle of an emoji), which UTF-8 cannot hold",
+                file=file,
+                record=no,
+                field=key,
+                hint="fix the text: a \\uD800-\\uDBFF escape must be followed by a \\uDC00-\\uDFFF one; "
+                "or drop the record",
+            )
+    return record
+
+
+def _lone_surrogate(value: Any) -> str | None:
+    """The first lone surrogate in a JSON value (object keys included), or None."""
+    if isinstance(value, str):
+        found = _SURROGATE.search(value)
+        return found.group() if found else None
+    if isinstance(value, dict):
+        value = [*value, *value.values()]
+    if isinstance(value, list):
+        return next(filter(None, map(_lone_surrogate, value)), None)
+    return None
 
 
 @_utf8
 def read_text(path: Path) -> Records:
     """Plain text: one `{"text": line}` record per line that is not blank (LLaMA-Factory's wiki_demo.txt)."""
     with open(path, encoding="utf-8-sig") as f:
-        lines = (line.rstrip("\r\n") for line in f)
-        yield from enumerate(({"text": line} for line in lines if line.strip()), 1)
+        no = 0
+        for line_no, line in enumerate(f, 1):
+            text = line.rstrip("\r\n")
+            if text.strip():
+                no += 1
+                yield RecordNo(no, line_no), {"text": text}
 
 
 @_utf8
 def read_csv(path: Path) -> Records:
-    """CSV with a header row; every value is read as text (formats convert labels and numbers)."""
+    """CSV with a header row; every value is read as text (formats convert labels and numbers). Records
+    are numbered from the first row after the header; blank rows are skipped, as csv.DictReader does."""
+    file = str(path)
+    csv.field_size_limit(max(csv.field_size_limit(), CSV_FIELD_LIMIT))
     with open(path, encoding="utf-8-sig", newline="") as f:
-        for no, row in enumerate(csv.DictReader(f), 1):
-            if None in row:
+        reader = csv.reader(f)
+        header, no = _csv_row(reader, file, None), 0
+        if header is None:
+            return
+        while True:
+            at = RecordNo(no + 1, reader.line_num + 1)  # the line the row starts on
+            row = _csv_row(reader, file, at)
+            if row is None:
+                return
+            if not row:
+                continue  # a blank line
+            no += 1
+            if len(row) > len(header):
                 raise DataError(
                     "the row has more values than the header has columns",
-                    file=str(path),
-                    record=no,
+                    file=file,
+                    record=at,
                     hint="quote values that contain commas",
                 )
-            yield no, dict(row)
+            record = dict(zip(header, row, strict=False)) | {k: None for k in header[len(row) :]}
+            for name, value in record.items():
+                at_char = value.find(_NUL) + 1 if value is not None else 0
+                if at_char:
+                    raise DataError(
+                        f"the value holds a NUL byte (\\x00) at character {at_char}",
+                        file=file,
+                        record=at,
+                        field=name,
+                        hint="remove the NUL bytes (a JSON Lines file with them is refused too); a file "
+                        "full of them may be UTF-16 or binary",
+                    )
+            yield at, record
+
+
+def _csv_row(reader: Any, file: str, at: RecordNo | None) -> list[str] | None:
+    """The next row of a csv reader (None at the end), its errors as a DataError naming record `at` (None:
+    the header)."""
+    try:
+        return next(reader, None)
+    except csv.Error as exc:
+        where = "" if at else " in the header row"
+        raise DataError(
+            f"not valid CSV{where}: {exc}",
+            file=file,
+            record=at,
+            hint="check the quoting there: a value holding a quote, comma or line break goes in double "
+            "quotes, with its own quotes doubled",
+        ) from None
 
 
 def _batches(batches: Iterator[pa.RecordBatch]) -> Records:

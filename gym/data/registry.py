@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from gym.data import llamafactory
 from gym.data.demo import DEMO_DATASETS
 from gym.data.formats import FORMAT_KIND, apply_columns, detect_format
-from gym.data.readers import EXTENSIONS, looks_like_hub_id, read_source
+from gym.data.readers import EXTENSIONS, looks_like_hub_id, read_json_file, read_source
 from gym.errors import ConfigError, DataError, RegistryError
 from gym.paths import registry_dir
 
@@ -43,6 +43,11 @@ TagName = Literal[
 
 # A held-out dataset parameter's default: the demo's held-out split when the run trains on demo data.
 AUTO = "auto"
+# An empty dataset name is Path(""), the current directory: it read every data file there.
+EMPTY_NAME = (
+    "the dataset name is empty; give a registry name, a file or folder (`.` for the current directory), "
+    "or a hub id"
+)
 
 
 class DatasetSpec(BaseModel):
@@ -64,6 +69,9 @@ class DatasetSpec(BaseModel):
     """Name of a demo dataset in gym/data/demo.py."""
     format: Format | None = None
     """Source format; None means detect it from the first record's fields."""
+    format_guessed: bool = Field(default=False, exclude=True)
+    """Whether `format` was detected from the first record's fields (a record that fails then says so, and
+    how to name the format); left out of dumps, so of cache keys and meta.json."""
     columns: dict[str, str] = Field(default_factory=dict)
     """Canonical field name -> source column name, e.g. {"output": "answer"}."""
     tags: dict[TagName, str] = Field(default_factory=dict)
@@ -122,10 +130,7 @@ def _schema_error(error: jsonschema.ValidationError, file: Path) -> RegistryErro
 def load_registry(path: Path | None = None) -> dict[str, dict[str, Any]]:
     """The registry's raw entries, validated against the JSON Schema."""
     path = Path(path) if path else registry_file()
-    try:
-        entries = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise RegistryError(f"{path}: not valid JSON at line {e.lineno}: {e.msg}") from None
+    entries = read_json_file(path)
     errors = sorted(
         jsonschema.Draft202012Validator(_schema()).iter_errors(entries),
         key=lambda e: [str(p) for p in e.path],
@@ -173,7 +178,7 @@ def detect_source_format(
 ) -> Format:
     """The format of a dataset, from its first record's fields (after the column mapping)."""
     for file, no, record in read_source(source, split=split, revision=revision, subset=subset):
-        fmt = detect_format(apply_columns(record, columns))
+        fmt = detect_format(apply_columns(record, columns))  # the record: a label's value counts
         if fmt is None:
             raise DataError(
                 f"cannot tell the dataset format from the fields {sorted(record)}",
@@ -206,6 +211,8 @@ def resolve_dataset(
     not given; `ingest` detects it then.
     """
     name = str(name_or_path)
+    if not name.strip():
+        raise ConfigError(EMPTY_NAME)
     entries = load_registry(registry)
     if name in entries:
         return spec_from_entry(name, entries[name], data_root)
@@ -215,7 +222,11 @@ def resolve_dataset(
     if local.exists():
         path = str(local.resolve())
         fmt = format or detect_source_format(path, columns or {}, split)
-        return DatasetSpec(name=name, file=path, format=fmt, columns=columns or {}, split=split)
+        return DatasetSpec(
+            name=name, file=path, format=fmt, columns=columns or {}, split=split, format_guessed=not format
+        )
+    if local.is_symlink() or Path(name).expanduser().is_symlink():  # to a missing target
+        raise ConfigError(_no_such_path(name, data_dir(data_root)))
     lf_entry = llamafactory.find(name, data_dir(data_root))
     if lf_entry is not None:
         return DatasetSpec(name=name, **lf_entry)
@@ -225,11 +236,33 @@ def resolve_dataset(
     if looks_like_hub_id(name) and ("/" in name or not close):
         return DatasetSpec(name=name, hub_id=name, format=format, columns=columns or {}, split=split)
     if not looks_like_hub_id(name) and (os.sep in name or name.lower().endswith(EXTENSIONS)):
-        raise ConfigError(
-            f"no such file or folder {name!r} (relative paths are looked up in the current directory, "
-            f"then in the data dir {data_dir(data_root)}; set data_root= or $GYM_DATA_DIR)"
-        )
+        raise ConfigError(_no_such_path(name, data_dir(data_root)))
     raise ConfigError(
         f"dataset {name!r} is neither a registry entry, a local file or folder, nor a hub id"
         + (f"; did you mean {', '.join(close)}?" if close else f"; registry entries: {', '.join(entries)}")
+    )
+
+
+def _no_such_path(name: str, root: Path) -> str:
+    """Why local path `name` (looked up in the current directory, then in the data dir `root`) is not
+    there: a broken symlink, or a missing file, with the close names in its folder."""
+    given = Path(name).expanduser()
+    places = [given] if given.is_absolute() else [given, root / given]
+    link = next((p for p in places if p.is_symlink()), None)
+    if link is not None:
+        return (
+            f"{name!r} is a symlink pointing to a missing target ({os.readlink(link)}); "
+            "fix the link, or give the data's real path"
+        )
+    close: list[str] = []
+    for place in places:
+        folder = place.parent
+        if folder.is_dir():
+            names = [p.name for p in folder.iterdir() if not p.name.startswith(".") and p.exists()]
+            matches = difflib.get_close_matches(place.name, names, n=3, cutoff=0.8)
+            close += [str(Path(name).parent / match) for match in matches]
+    guess = f"did you mean {', '.join(repr(c) for c in dict.fromkeys(close))}? " if close else ""
+    return (
+        f"no such file or folder {name!r}; {guess}(relative paths are looked up in the current directory, "
+        f"then in the data dir {root}: set it with --dataset_dir, data_root= in Python, or $GYM_DATA_DIR)"
     )
