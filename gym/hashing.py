@@ -51,22 +51,31 @@ def _skipped(p: Path) -> bool:
 
 
 def stamp(path: Path) -> Any:
-    """Cheap identity of a file or folder: relative names, sizes and modification times.
+    """Cheap identity of a file or folder: relative names, sizes, modification and change times.
 
-    Not a content hash (that would read every byte): rewriting or touching any file changes it.
+    Not a content hash (that would read every byte): rewriting or touching any file changes it. The
+    change time (ctime) counts too: an edit that keeps size and mtime (`touch -r`), or an older copy put
+    back with its mtime (`cp -p`, `git checkout`, `rsync -t`), changes it, and no program can set it.
     A missing path has an identity too, so callers never fail on it.
     """
     p = Path(path).expanduser()
     if p.is_file():
         st = p.stat()
-        return {"path": str(p.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-    if p.is_dir():
-        files = sorted(f for f in p.rglob("*") if f.is_file() and not _skipped(f))
         return {
             "path": str(p.resolve()),
-            "files": [(f.relative_to(p).as_posix(), f.stat().st_size, f.stat().st_mtime_ns) for f in files],
+            "size": st.st_size,
+            "mtime_ns": st.st_mtime_ns,
+            "ctime_ns": st.st_ctime_ns,
         }
+    if p.is_dir():
+        files = sorted(f for f in p.rglob("*") if f.is_file() and not _skipped(f))
+        return {"path": str(p.resolve()), "files": [_file_stamp(f, p) for f in files]}
     return {"missing": str(p)}
+
+
+def _file_stamp(file: Path, root: Path) -> tuple[str, int, int, int]:
+    st = file.stat()
+    return (file.relative_to(root).as_posix(), st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 @functools.cache

@@ -8,9 +8,11 @@ artifact under a final name.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import shutil
+import socket
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -46,7 +48,9 @@ def atomic_dir(final: Path) -> Iterator[Path]:
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    _drop_abandoned(final)
+    owner = f"{socket.gethostname()}-{os.getpid()}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-{owner}-", dir=final.parent))
     try:
         yield tmp
         try:
@@ -58,6 +62,27 @@ def atomic_dir(final: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _drop_abandoned(final: Path) -> None:
+    """Delete temp dirs of `final` that a killed process left (`kill -9` mid-write): those made on this
+    host by a process that is gone. Others' (a live run, another host sharing the folder) stay."""
+    host = socket.gethostname()
+    for tmp in final.parent.glob(f".{glob.escape(final.name)}.tmp-*"):
+        owner = tmp.name[len(f".{final.name}.tmp-") :].rpartition("-")[0]  # host-pid (then mkdtemp's part)
+        made_on, _, pid = owner.rpartition("-")
+        if made_on == host and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # someone else's process: alive
+        return True
+    return True
 
 
 def umask() -> int:

@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from prefect import Task, tags, task
 from prefect.cache_policies import INPUTS, TASK_SOURCE, CacheKeyFnPolicy, CachePolicy
-from prefect.context import FlowRunContext
+from prefect.context import FlowRunContext, TaskRunContext
 from prefect.settings import (
     PREFECT_LOCAL_STORAGE_PATH,
     PREFECT_RESULTS_PERSIST_BY_DEFAULT,
@@ -33,6 +36,7 @@ from prefect.settings import (
     temporary_settings,
 )
 from prefect.tasks import exponential_backoff
+from pydantic import BaseModel
 
 from gym import workspace
 from gym.errors import GymError
@@ -41,11 +45,72 @@ from tasks import _heartbeats
 
 _heartbeats.install()  # a finished flow returns at once, not when its heartbeat thread next wakes
 
-# Run labels never change a task's output, so they stay out of its cache key.
-RUN_LABELS = ("parent_run_id", "flow_run_id")
-# gym's own code and registry (templates, model entries) are inputs of every task too.
-LIBRARY = CacheKeyFnPolicy(cache_key_fn=lambda _ctx, _inputs: library_digest())
-CACHE_POLICY = (INPUTS - RUN_LABELS[0] - RUN_LABELS[1]) + TASK_SOURCE + LIBRARY
+# Run labels and where a run is tracked never change a task's output, so they stay out of its cache key.
+RUN_LABELS = ("parent_run_id", "flow_run_id", "tracking_uri")
+# gym's own code and registry (templates, model entries) are inputs of every task too, and so is the
+# workspace: results name its files by absolute path, so a copied or moved workspace (its
+# prefect/results with it) must not be served results that point into the old one.
+LIBRARY = CacheKeyFnPolicy(
+    cache_key_fn=lambda _ctx, _inputs: hash_obj([library_digest(), str(workspace.home())])
+)
+_INPUTS = INPUTS
+for _label in RUN_LABELS:
+    _INPUTS = _INPUTS - _label
+CACHE_POLICY = _INPUTS + TASK_SOURCE + LIBRARY
+MAX_GENERATIONS = 16
+
+
+@dataclass
+class PresentArtifacts(CachePolicy):
+    """`inner`'s key, unless the result cached under it names workspace files that are gone (deleted by
+    hand, or cleaned up): then the next generation of the key (`KEY-1`, `KEY-2`, ...), so the task runs
+    again, rebuilds them and records its result there, instead of handing on paths to nothing."""
+
+    inner: CachePolicy | None = None
+
+    def compute_key(
+        self, task_ctx: TaskRunContext, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs: Any
+    ) -> str | None:
+        assert self.inner is not None
+        key = self.inner.compute_key(
+            task_ctx=task_ctx, inputs=inputs, flow_parameters=flow_parameters, **kwargs
+        )
+        if key is None:
+            return None
+        store, root = task_ctx.result_store, workspace.home()
+        candidate = key
+        for generation in range(MAX_GENERATIONS):
+            candidate = f"{key}-{generation}" if generation else key
+            try:
+                if not store.exists(candidate) or not missing_files(store.read(candidate).result, root):
+                    return candidate
+            except Exception:  # an unreadable record: Prefect itself decides what to do with the key
+                return candidate
+        return candidate
+
+
+# Fields of results that name a workspace artifact (datasets, tokenized data, training stages, runs).
+ARTIFACT_FIELDS = ("path", "stage_dir", "model_dir", "adapter_dir", "run_dir")
+
+
+def missing_files(value: Any, root: Path) -> list[Path]:
+    """The artifacts under workspace `root` that a task's result names (`ARTIFACT_FIELDS` of the models in
+    it, at any depth) and that do not exist."""
+    if isinstance(value, BaseModel):
+        found = []
+        for name, field in dict(value).items():
+            if name in ARTIFACT_FIELDS and isinstance(field, str | Path) and os.path.isabs(field):
+                if Path(field).is_relative_to(root) and not Path(field).exists():
+                    found.append(Path(field))
+            else:
+                found += missing_files(field, root)
+        return found
+    if isinstance(value, dict):
+        return [p for v in value.values() for p in missing_files(v, root)]
+    if isinstance(value, list | tuple):
+        return [p for v in value for p in missing_files(v, root)]
+    return []
+
 
 # Tag of every task that loads a model onto the accelerator (training, evaluation).
 GPU_TAG = "gym-gpu"
@@ -83,7 +148,11 @@ def gym_task(
     policy: CachePolicy = CACHE_POLICY
     if identity is not None:
         policy = policy + CacheKeyFnPolicy(cache_key_fn=lambda _ctx, inputs: hash_obj(identity(**inputs)))
-    options: dict[str, Any] = {"cache_policy": policy, "persist_result": True, "retries": 0}
+    options: dict[str, Any] = {
+        "cache_policy": PresentArtifacts(inner=policy),
+        "persist_result": True,
+        "retries": 0,
+    }
     options.update(kwargs)
     if gpu:
         return lambda fn: GpuTask(fn=fn, **options)

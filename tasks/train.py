@@ -12,6 +12,7 @@ from typing import Any
 from gym import tracking
 from gym.models import ModelRef, derived
 from gym.plots import loss_plot
+from gym.rewards.base import identity as reward_identity
 from gym.train import TrainConfig, TrainResult, rl_common, run
 from gym.train.rl_config import ONLINE_METHODS
 from tasks._common import gym_task
@@ -21,7 +22,12 @@ from tasks.tracking import fmt, link, publish, run_logs, stage_run, table
 HELD_OUT = ("eval_loss", "eval_rewards/accuracies", "eval_rewards/margins", "eval_mean_token_accuracy")
 
 
-@gym_task(name="train", task_run_name="train {config.method}", gpu=True)
+def _rewards(config: TrainConfig, **_: Any) -> Any:
+    """What an online stage's reward functions compute (their code), which the config names only."""
+    return reward_identity(config.rl.rewards) if config.method in ONLINE_METHODS else None
+
+
+@gym_task(name="train", task_run_name="train {config.method}", gpu=True, identity=_rewards)
 def train_stage(
     config: TrainConfig,
     model: ModelRef,

@@ -15,7 +15,6 @@ from prefect.settings import PREFECT_TASKS_REFRESH_CACHE
 import tasks._common
 from flows.runner import main
 from gym.data.ingest import load_meta
-from gym.errors import DataError
 from gym.pipeline import TrainFlowConfig
 from tasks._common import workspace_settings
 from tasks.data import ingest_dataset
@@ -74,19 +73,83 @@ def test_a_change_to_gyms_code_or_registry_reruns_tasks(prefect_server, data_fil
     assert run(str(data_file))[0] == "Completed"
 
 
-def test_refresh_cache_reruns_and_rebuilds_a_deleted_artifact(prefect_server, data_file):
+def test_a_cached_result_whose_artifact_was_deleted_is_rebuilt(prefect_server, data_file):
     import shutil
 
     _, first = run(str(data_file))
     shutil.rmtree(first.path)  # deleted from the workspace; Prefect's cache still points at it
-    state, cached = run(str(data_file))
-    assert state == "Cached"
-    with pytest.raises(DataError, match="--refresh-cache"):
-        load_meta(cached.path)
-
-    state, rebuilt = run(str(data_file), refresh_cache=True)
-    assert state == "Completed" and rebuilt.digest == first.digest
+    state, rebuilt = run(str(data_file))
+    assert state == "Completed" and rebuilt.digest == first.digest  # was "Cached": a path to nothing
     assert load_meta(rebuilt.path)["num_records"] == 3
+    assert run(str(data_file))[0] == "Cached"  # the rebuilt result is served from then on
+
+    shutil.rmtree(rebuilt.path)
+    state, again = run(str(data_file), refresh_cache=True)
+    assert state == "Completed" and load_meta(again.path)["num_records"] == 3
+
+
+def test_an_edit_that_keeps_size_and_mtime_or_an_old_copy_put_back_reruns_ingest(prefect_server, data_file):
+    import os
+    import shutil
+
+    original = data_file.with_suffix(".orig")
+    shutil.copy2(data_file, original)
+    _, first = run(str(data_file))
+    data_file.write_text(data_file.read_text().replace('"say 1"', '"SAY 1"'))  # same size
+    os.utime(data_file, ns=(original.stat().st_atime_ns, original.stat().st_mtime_ns))  # touch -r
+    state, edited = run(str(data_file))
+    assert state == "Completed" and edited.digest != first.digest
+    shutil.copy2(original, data_file)  # cp -p: the old bytes with their old mtime
+    state, restored = run(str(data_file))
+    assert state == "Completed" and restored.digest == first.digest  # was the edited version's artifact
+
+
+def test_a_copied_workspace_is_not_served_results_naming_the_old_ones_files(
+    prefect_server, data_file, gym_home, monkeypatch
+):
+    import shutil
+
+    _, first = run(str(data_file))
+    copy = gym_home.parent / "copied_home"
+    shutil.copytree(gym_home, copy)  # prefect/results with it
+    monkeypatch.setenv("GYM_HOME", str(copy))
+    state, there = run(str(data_file))
+    assert state == "Completed" and Path(there.path).is_relative_to(copy) and there.digest == first.digest
+
+
+def test_a_temp_folder_a_killed_process_left_is_removed_by_the_next_write(tmp_path):
+    import os
+    import socket
+    import subprocess
+
+    from gym import workspace
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    host = socket.gethostname()
+    left = tmp_path / f".art.tmp-{host}-{dead.pid}-abc_12"
+    live = tmp_path / f".art.tmp-{host}-{os.getpid()}-xyz"  # a run writing it now
+    elsewhere = tmp_path / f".art.tmp-another-host-{dead.pid}-abc"  # a shared folder's other host
+    for folder in (left, live, elsewhere):
+        folder.mkdir()
+    with workspace.atomic_dir(tmp_path / "art") as tmp:
+        (tmp / "x").write_text("1")
+    assert not left.exists() and live.exists() and elsewhere.exists() and (tmp_path / "art" / "x").is_file()
+
+
+def test_a_reward_functions_code_is_part_of_an_online_stage_identity(tmp_path, monkeypatch):
+    from gym.rewards.base import identity
+    from gym.train import TrainConfig, stage_digest
+    from tests.helpers import tiny
+
+    (tmp_path / "myreward.py").write_text("def fn(completion):\n    return 1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = TrainConfig(method="grpo")
+    config.rl.rewards = ["myreward:fn", "exact_match"]
+    before, digest = identity(config.rl.rewards), stage_digest(config, tiny(), Path("t"), None)
+    (tmp_path / "myreward.py").write_text("def fn(completion):\n    return 0.0\n")
+    assert identity(config.rl.rewards) != before and identity(["exact_match"]) == ["exact_match"]
+    assert stage_digest(config, tiny(), Path("t"), None) != digest
 
 
 def test_model_resolution_is_never_served_from_cache(prefect_server):

@@ -110,6 +110,27 @@ def test_finished_stage_is_returned_without_training_again():
     assert other.digest != first.digest
 
 
+def test_a_finished_stage_whose_model_was_deleted_or_whose_workspace_moved(gym_home, monkeypatch):
+    import shutil
+
+    model = tiny()
+    data = tokenized("demo_sft", model, max_samples=64)
+    config = SFT.model_copy(update={"max_steps": 3, "save_steps": 1})
+    first = train.run(config, model, data)
+    weights_first = weights(first.model_dir)
+    shutil.rmtree(first.model_dir)  # its result.json stays: it was handed back naming a folder that is gone
+    again = train.run(config, model, data)
+    assert (Path(again.model_dir) / "config.json").is_file()
+    assert all((weights(again.model_dir)[k] == w).all() for k, w in weights_first.items())  # the same run
+
+    moved = gym_home.parent / "moved_home"  # a workspace copied elsewhere keeps each stage's result.json
+    shutil.copytree(gym_home, moved)
+    monkeypatch.setenv("GYM_HOME", str(moved))
+    there = train.run(config, model, data)
+    assert Path(there.model_dir).is_relative_to(moved) and Path(there.stage_dir).is_relative_to(moved)
+    assert (Path(there.model_dir) / "config.json").is_file()
+
+
 def test_wrong_data_kind_fails_before_loading_the_model():
     model = tiny()
     with pytest.raises(ConfigError, match="preference"):

@@ -26,11 +26,13 @@ A reward may return None for a completion it does not apply to; it is then left 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import json
 import math
 import re
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from gym.errors import ConfigError
@@ -171,6 +173,31 @@ def _import(spec: str) -> Callable[..., Any]:
     if not callable(fn):
         raise ConfigError(f"reward {spec!r}: module {module_name!r} has no function {attr!r}")
     return fn  # type: ignore[no-any-return]
+
+
+def identity(specs: Sequence[str]) -> list[Any]:
+    """What the rewards `specs` compute, beyond their names, for cache keys: a user's reward function's
+    module source (its own file: editing the function retrains the stage), a reward model folder's
+    files. Built-ins are their name (gym's own code is in every key already)."""
+    from gym.hashing import hash_file, stamp
+
+    out: list[Any] = []
+    for spec in specs:
+        spec = spec.strip()
+        kind, sep, arg = spec.partition(":")
+        if spec in BUILTINS or (sep and kind in FACTORIES and kind != "reward_model"):
+            out.append(spec)
+        elif kind == "reward_model":
+            out.append({"spec": spec, "files": stamp(Path(arg).expanduser())})
+        else:
+            module_name = kind if sep else spec.rpartition(".")[0]
+            try:
+                found = importlib.util.find_spec(module_name) if module_name else None
+            except (ImportError, ValueError):
+                found = None
+            origin = Path(found.origin) if found is not None and found.origin else None
+            out.append({"spec": spec, "source": hash_file(origin) if origin and origin.is_file() else None})
+    return out
 
 
 def load_reward(spec: str) -> Reward:

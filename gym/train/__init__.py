@@ -30,6 +30,7 @@ from gym.data.tokenize import data_notes
 from gym.errors import ConfigError
 from gym.hashing import hash_obj
 from gym.models import MODEL_META, ModelRef, load_model, load_tokenizer
+from gym.rewards.base import identity as reward_identity
 from gym.templates import with_default_system
 from gym.train import (
     adapters,
@@ -63,6 +64,7 @@ from gym.train.common import (
 )
 from gym.train.config import FINETUNING_TYPES, LORA_TYPES, TrainConfig, hyperparameters, with_defaults
 from gym.train.grpo import online as grpo_online
+from gym.train.rl_config import ONLINE_METHODS
 
 METHODS: dict[str, Callable[..., Any]] = {
     "sft": sft.build_trainer,
@@ -93,15 +95,16 @@ def stage_digest(config: TrainConfig, model: ModelRef, train_data: Path, eval_da
     the same; tested bit for bit), and gym may choose it from the memory free at the time
     (gym.train.memory), so a run interrupted with it off resumes with it on, and the other way round.
     """
-    return hash_obj(
-        {
-            "config": config.model_copy(update={"gradient_checkpointing": False}),
-            "model": model.digest,
-            "template": model.template,
-            "train": Path(train_data).name,
-            "eval": Path(eval_data).name if eval_data else None,
-        }
-    )
+    inputs: dict[str, Any] = {
+        "config": config.model_copy(update={"gradient_checkpointing": False}),
+        "model": model.digest,
+        "template": model.template,
+        "train": Path(train_data).name,
+        "eval": Path(eval_data).name if eval_data else None,
+    }
+    if config.method in ONLINE_METHODS:  # what the reward functions compute, not only their names
+        inputs["rewards"] = reward_identity(config.rl.rewards)
+    return hash_obj(inputs)
 
 
 def last_checkpoint(directory: Path) -> str | None:
@@ -154,7 +157,14 @@ def run(
     result_file = stage_dir / "result.json"
     with FileLock(str(stage_dir) + ".lock"):
         if result_file.is_file():
-            return TrainResult.model_validate_json(result_file.read_text())
+            done = rebased(TrainResult.model_validate_json(result_file.read_text()), stage_dir)
+            if (Path(done.model_dir) / "config.json").is_file():
+                return done
+            # Its model was deleted: train again (from the last checkpoint left, if any).
+            print(
+                f"gym: {config.method}: {done.model_dir} is gone: training the stage again", file=sys.stderr
+            )
+            result_file.unlink()
         for what, choice in choices.items():
             print(f"gym: {config.method}: {what}: {choice}", file=sys.stderr, flush=True)
         longest_trained = min(longest or 0, cutoff)  # what training sees: cut to cutoff_len
@@ -175,6 +185,22 @@ def run(
         result = result.model_copy(update={"choices": choices, "hyperparameters": hyperparameters(config)})
         workspace.atomic_write_text(result_file, result.model_dump_json(indent=2))
         return result
+
+
+def rebased(result: TrainResult, stage_dir: Path) -> TrainResult:
+    """`result` with its paths in `stage_dir`: a workspace copied or moved elsewhere keeps each stage's
+    result.json, whose paths still name the stage folder where it was written."""
+    old = result.stage_dir
+    if old == str(stage_dir):
+        return result
+
+    def moved(path: str | None) -> str | None:
+        if path is None or not (path == old or path.startswith(old + "/")):
+            return path
+        return str(stage_dir) + path[len(old) :]
+
+    fields = ("stage_dir", "model_dir", "adapter_dir", "resumed_from")
+    return result.model_copy(update={f: moved(getattr(result, f)) for f in fields})
 
 
 def plan(
