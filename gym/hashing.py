@@ -50,32 +50,31 @@ def _skipped(p: Path) -> bool:
     return p.name.startswith(".") or "__pycache__" in p.parts or p.suffix in (".pyc", ".pyo")
 
 
-def stamp(path: Path) -> Any:
-    """Cheap identity of a file or folder: relative names, sizes, modification and change times.
+def stamp(path: Path, ctime: bool = False) -> Any:
+    """Cheap identity of a file or folder: relative names, sizes and modification times.
 
-    Not a content hash (that would read every byte): rewriting or touching any file changes it. The
-    change time (ctime) counts too: an edit that keeps size and mtime (`touch -r`), or an older copy put
-    back with its mtime (`cp -p`, `git checkout`, `rsync -t`), changes it, and no program can set it.
-    A missing path has an identity too, so callers never fail on it.
+    Not a content hash (that would read every byte): rewriting or touching any file changes it. With
+    `ctime`, the change time counts too: an edit that keeps size and mtime (`touch -r`), or an older copy
+    put back with its mtime (`cp -p`, `git checkout`, `rsync -t`), changes it, and no program can set
+    it back; but so do a chmod or a hard link, so it is for files whose re-reading is cheap (a dataset
+    is ingested again into the same content-addressed artifact), not for model folders that name
+    training stages. A missing path has an identity too, so callers never fail on it.
     """
     p = Path(path).expanduser()
     if p.is_file():
-        st = p.stat()
-        return {
-            "path": str(p.resolve()),
-            "size": st.st_size,
-            "mtime_ns": st.st_mtime_ns,
-            "ctime_ns": st.st_ctime_ns,
-        }
+        return {"path": str(p.resolve()), **_file_stamp(p, ctime)}
     if p.is_dir():
         files = sorted(f for f in p.rglob("*") if f.is_file() and not _skipped(f))
-        return {"path": str(p.resolve()), "files": [_file_stamp(f, p) for f in files]}
+        return {
+            "path": str(p.resolve()),
+            "files": [(f.relative_to(p).as_posix(), *_file_stamp(f, ctime).values()) for f in files],
+        }
     return {"missing": str(p)}
 
 
-def _file_stamp(file: Path, root: Path) -> tuple[str, int, int, int]:
+def _file_stamp(file: Path, ctime: bool) -> dict[str, int]:
     st = file.stat()
-    return (file.relative_to(root).as_posix(), st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, **({"ctime_ns": st.st_ctime_ns} if ctime else {})}
 
 
 @functools.cache

@@ -8,11 +8,11 @@ artifact under a final name.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import glob
 import json
 import os
 import shutil
-import socket
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -44,45 +44,56 @@ def atomic_dir(final: Path) -> Iterator[Path]:
     """Yield a temp dir beside `final`; rename it into place only if the block succeeds.
 
     If `final` already exists (another run produced the same content), the temp dir is
-    discarded: content-addressed artifacts with equal names have equal content.
+    discarded: content-addressed artifacts with equal names have equal content. The writer holds a
+    lock on a file beside the temp dir while it writes, so a temp dir a killed process left (`kill -9`
+    mid-write) is known by its lock being free, and the next write of `final` removes it.
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     _drop_abandoned(final)
-    owner = f"{socket.gethostname()}-{os.getpid()}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-{owner}-", dir=final.parent))
+    fd, lock_name = tempfile.mkstemp(prefix=f".{final.name}.tmp-", suffix=LOCK_SUFFIX, dir=final.parent)
+    lock = Path(lock_name)
     try:
-        yield tmp
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        tmp = lock.with_name(lock.name.removesuffix(LOCK_SUFFIX))
+        tmp.mkdir()
         try:
-            os.rename(tmp, final)
-        except OSError:
-            if not final.exists():
-                raise
+            yield tmp
+            try:
+                os.rename(tmp, final)
+            except OSError:
+                if not final.exists():
+                    raise
+                shutil.rmtree(tmp, ignore_errors=True)
+        except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            raise
+    finally:
+        lock.unlink(missing_ok=True)
+        os.close(fd)
+
+
+LOCK_SUFFIX = ".lock"
 
 
 def _drop_abandoned(final: Path) -> None:
-    """Delete temp dirs of `final` that a killed process left (`kill -9` mid-write): those made on this
-    host by a process that is gone. Others' (a live run, another host sharing the folder) stay."""
-    host = socket.gethostname()
-    for tmp in final.parent.glob(f".{glob.escape(final.name)}.tmp-*"):
-        owner = tmp.name[len(f".{final.name}.tmp-") :].rpartition("-")[0]  # host-pid (then mkdtemp's part)
-        made_on, _, pid = owner.rpartition("-")
-        if made_on == host and pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # someone else's process: alive
-        return True
-    return True
+    """Delete the temp dirs of `final` whose writer is gone: their lock file is there and no process holds
+    it (a lock works across processes, containers and NFS hosts). Temp dirs without one are left alone."""
+    for lock in final.parent.glob(f".{glob.escape(final.name)}.tmp-*{LOCK_SUFFIX}"):
+        try:
+            fd = os.open(lock, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: its writer is at work
+            os.close(fd)
+            continue
+        try:
+            shutil.rmtree(lock.with_name(lock.name.removesuffix(LOCK_SUFFIX)), ignore_errors=True)
+            lock.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
 
 
 def umask() -> int:

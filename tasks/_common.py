@@ -57,14 +57,14 @@ _INPUTS = INPUTS
 for _label in RUN_LABELS:
     _INPUTS = _INPUTS - _label
 CACHE_POLICY = _INPUTS + TASK_SOURCE + LIBRARY
-MAX_GENERATIONS = 16
 
 
 @dataclass
 class PresentArtifacts(CachePolicy):
-    """`inner`'s key, unless the result cached under it names workspace files that are gone (deleted by
-    hand, or cleaned up): then the next generation of the key (`KEY-1`, `KEY-2`, ...), so the task runs
-    again, rebuilds them and records its result there, instead of handing on paths to nothing."""
+    """`inner`'s key; but a result cached under it that names workspace files that are gone (deleted by
+    hand) is dropped first, so the task runs again, rebuilds them and records its result under the same
+    key, instead of handing on paths to nothing. Records in other result storage (a remote one) are
+    served as Prefect would: `--refresh-cache` rebuilds there."""
 
     inner: CachePolicy | None = None
 
@@ -75,18 +75,25 @@ class PresentArtifacts(CachePolicy):
         key = self.inner.compute_key(
             task_ctx=task_ctx, inputs=inputs, flow_parameters=flow_parameters, **kwargs
         )
-        if key is None:
-            return None
-        store, root = task_ctx.result_store, workspace.home()
-        candidate = key
-        for generation in range(MAX_GENERATIONS):
-            candidate = f"{key}-{generation}" if generation else key
-            try:
-                if not store.exists(candidate) or not missing_files(store.read(candidate).result, root):
-                    return candidate
-            except Exception:  # an unreadable record: Prefect itself decides what to do with the key
-                return candidate
-        return candidate
+        if key is not None and (stale := _stale_record(task_ctx.result_store, key)) is not None:
+            stale.unlink(missing_ok=True)
+        return key
+
+
+def _stale_record(store: Any, key: str) -> Path | None:
+    """The file of the result recorded under `key` in local result storage, if it names workspace
+    artifacts that no longer exist."""
+    from prefect.results import ResultRecord
+
+    basepath = getattr(store.result_storage, "basepath", None)
+    if store.metadata_storage is not None or not basepath:
+        return None
+    record = Path(str(basepath)).expanduser() / key
+    try:
+        result = ResultRecord.deserialize(record.read_bytes()).result
+    except Exception:  # none yet, or one Prefect itself will judge
+        return None
+    return record if missing_files(result, workspace.home()) else None
 
 
 # Fields of results that name a workspace artifact (datasets, tokenized data, training stages, runs).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from pathlib import Path
@@ -118,23 +119,36 @@ def test_a_copied_workspace_is_not_served_results_naming_the_old_ones_files(
 
 
 def test_a_temp_folder_a_killed_process_left_is_removed_by_the_next_write(tmp_path):
-    import os
-    import socket
     import subprocess
+    import sys
 
     from gym import workspace
 
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    host = socket.gethostname()
-    left = tmp_path / f".art.tmp-{host}-{dead.pid}-abc_12"
-    live = tmp_path / f".art.tmp-{host}-{os.getpid()}-xyz"  # a run writing it now
-    elsewhere = tmp_path / f".art.tmp-another-host-{dead.pid}-abc"  # a shared folder's other host
-    for folder in (left, live, elsewhere):
-        folder.mkdir()
-    with workspace.atomic_dir(tmp_path / "art") as tmp:
-        (tmp / "x").write_text("1")
-    assert not left.exists() and live.exists() and elsewhere.exists() and (tmp_path / "art" / "x").is_file()
+    # A writer killed mid-write (kill -9) leaves its temp dir and lock file; one still writing holds its lock.
+    writer = (
+        "import sys, time; from pathlib import Path; from gym import workspace\n"
+        "with workspace.atomic_dir(Path(sys.argv[1])) as tmp:\n"
+        "    (tmp / 'part').write_text('x'); print(tmp, flush=True); time.sleep(60)\n"
+    )
+    killed = subprocess.Popen([sys.executable, "-c", writer, str(tmp_path / "art")], stdout=subprocess.PIPE)
+    left = Path(killed.stdout.readline().decode().strip())  # type: ignore[union-attr]
+    killed.kill()
+    killed.wait()
+    assert left.is_dir()
+    live = subprocess.Popen([sys.executable, "-c", writer, str(tmp_path / "art")], stdout=subprocess.PIPE)
+    try:
+        writing = Path(live.stdout.readline().decode().strip())  # type: ignore[union-attr]
+        assert not left.exists() and writing.is_dir()  # the next write of `art` removed it
+        with workspace.atomic_dir(tmp_path / "art") as tmp:
+            (tmp / "x").write_text("1")
+        assert writing.exists() and (tmp_path / "art" / "x").is_file()  # a live writer's stays
+    finally:
+        live.kill()
+        live.wait()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".art")) == [
+        writing.name,
+        writing.name + ".lock",
+    ]
 
 
 def test_a_reward_functions_code_is_part_of_an_online_stage_identity(tmp_path, monkeypatch):
@@ -147,7 +161,8 @@ def test_a_reward_functions_code_is_part_of_an_online_stage_identity(tmp_path, m
     config = TrainConfig(method="grpo")
     config.rl.rewards = ["myreward:fn", "exact_match"]
     before, digest = identity(config.rl.rewards), stage_digest(config, tiny(), Path("t"), None)
-    (tmp_path / "myreward.py").write_text("def fn(completion):\n    return 0.0\n")
+    (tmp_path / "myreward.py").write_text("def fn(completion):\n    return 0.25\n")
+    monkeypatch.delitem(sys.modules, "myreward")  # as the next run's process loads it
     assert identity(config.rl.rewards) != before and identity(["exact_match"]) == ["exact_match"]
     assert stage_digest(config, tiny(), Path("t"), None) != digest
 
@@ -170,7 +185,9 @@ def test_stamp_sees_edits_without_reading_content_and_library_digest_is_stable(t
     assert stamp(f) == {"missing": str(f)}
     f.parent.mkdir()
     f.write_text("a")
-    before_file, before_dir = stamp(f), stamp(f.parent)
+    before_file, before_dir, with_ctime = stamp(f), stamp(f.parent), stamp(f, ctime=True)
+    f.chmod(0o600)  # a chmod or a hard link changes only the ctime: a model folder's stamp stays
+    assert stamp(f) == before_file and stamp(f.parent) == before_dir and stamp(f, ctime=True) != with_ctime
     os.utime(f, ns=(1, 1))  # same bytes, touched: treated as changed
     assert stamp(f) != before_file and stamp(f.parent) != before_dir
     assert library_digest() == library_digest.__wrapped__()  # computed the same way every time

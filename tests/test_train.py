@@ -131,6 +131,19 @@ def test_a_finished_stage_whose_model_was_deleted_or_whose_workspace_moved(gym_h
     assert (Path(there.model_dir) / "config.json").is_file()
 
 
+def test_a_lora_stage_whose_adapter_was_deleted_saves_it_again(gym_home):
+    import shutil
+
+    model = tiny()
+    data = tokenized("demo_sft", model, max_samples=32)
+    config = SFT.model_copy(update={"max_steps": 2, "finetuning_type": "lora"})
+    first = train.run(config, model, data)
+    assert first.adapter_dir is not None
+    shutil.rmtree(first.adapter_dir)  # its cached result would name it on and on
+    again = train.run(config, model, data)
+    assert again.adapter_dir is not None and (Path(again.adapter_dir) / "adapter_config.json").is_file()
+
+
 def test_wrong_data_kind_fails_before_loading_the_model():
     model = tiny()
     with pytest.raises(ConfigError, match="preference"):

@@ -86,7 +86,8 @@ def source_identity(spec: DatasetSpec) -> dict[str, Any]:
 
 
 def source_stamp(name: str) -> dict[str, Any]:
-    """What dataset `name` resolves to right now, with a cheap stamp (sizes, mtimes) of its files.
+    """What dataset `name` resolves to right now, with a cheap stamp (sizes, modification and
+    change times) of its files.
 
     For cache keys: it changes when the registry entry, the working directory's file or the file
     itself changes, without reading any record. Never raises (ingest reports what is wrong).
@@ -95,7 +96,8 @@ def source_stamp(name: str) -> dict[str, Any]:
         spec = resolve_dataset(name)
     except GymError as e:
         return {"unresolved": str(e)}
-    return {"spec": spec.model_dump(mode="json"), "files": stamp(Path(spec.file)) if spec.file else None}
+    files = stamp(Path(spec.file), ctime=True) if spec.file else None  # ctime: `touch -r`, `cp -p` edits
+    return {"spec": spec.model_dump(mode="json"), "files": files}
 
 
 def dataset_digest(spec: DatasetSpec) -> str:

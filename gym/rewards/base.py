@@ -26,7 +26,6 @@ A reward may return None for a completion it does not apply to; it is then left 
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import inspect
 import json
 import math
@@ -177,9 +176,12 @@ def _import(spec: str) -> Callable[..., Any]:
 
 def identity(specs: Sequence[str]) -> list[Any]:
     """What the rewards `specs` compute, beyond their names, for cache keys: a user's reward function's
-    module source (its own file: editing the function retrains the stage), a reward model folder's
-    files. Built-ins are their name (gym's own code is in every key already)."""
-    from gym.hashing import hash_file, stamp
+    code as this process has it loaded (its compiled body, nested functions included: editing it
+    retrains the stage; helpers it calls elsewhere are not followed), a reward model folder's files.
+    Built-ins are their name (gym's own code is in every key already)."""
+    import marshal
+
+    from gym.hashing import hash_obj, stamp
 
     out: list[Any] = []
     for spec in specs:
@@ -190,13 +192,12 @@ def identity(specs: Sequence[str]) -> list[Any]:
         elif kind == "reward_model":
             out.append({"spec": spec, "files": stamp(Path(arg).expanduser())})
         else:
-            module_name = kind if sep else spec.rpartition(".")[0]
             try:
-                found = importlib.util.find_spec(module_name) if module_name else None
-            except (ImportError, ValueError):
-                found = None
-            origin = Path(found.origin) if found is not None and found.origin else None
-            out.append({"spec": spec, "source": hash_file(origin) if origin and origin.is_file() else None})
+                code = getattr(_import(spec), "__code__", None)
+                body = hash_obj(marshal.dumps(code).hex()) if code is not None else None
+            except Exception:  # not importable (training says so) or not marshalable
+                body = None
+            out.append({"spec": spec, "code": body})
     return out
 
 

@@ -102,8 +102,9 @@ def stage_digest(config: TrainConfig, model: ModelRef, train_data: Path, eval_da
         "train": Path(train_data).name,
         "eval": Path(eval_data).name if eval_data else None,
     }
-    if config.method in ONLINE_METHODS:  # what the reward functions compute, not only their names
-        inputs["rewards"] = reward_identity(config.rl.rewards)
+    rewards = reward_identity(config.rl.rewards) if config.method in ONLINE_METHODS else []
+    if any(not isinstance(r, str) for r in rewards):  # a user's reward code or a reward model's files
+        inputs["rewards"] = rewards
     return hash_obj(inputs)
 
 
@@ -158,12 +159,11 @@ def run(
     with FileLock(str(stage_dir) + ".lock"):
         if result_file.is_file():
             done = rebased(TrainResult.model_validate_json(result_file.read_text()), stage_dir)
-            if (Path(done.model_dir) / "config.json").is_file():
+            gone = [d for d in (done.model_dir, done.adapter_dir) if d and not _saved(Path(d))]
+            if not gone:
                 return done
-            # Its model was deleted: train again (from the last checkpoint left, if any).
-            print(
-                f"gym: {config.method}: {done.model_dir} is gone: training the stage again", file=sys.stderr
-            )
+            # What it trained was deleted: train again (from the last checkpoint left, if any).
+            print(f"gym: {config.method}: {gone[0]} is gone: training the stage again", file=sys.stderr)
             result_file.unlink()
         for what, choice in choices.items():
             print(f"gym: {config.method}: {what}: {choice}", file=sys.stderr, flush=True)
@@ -185,6 +185,11 @@ def run(
         result = result.model_copy(update={"choices": choices, "hyperparameters": hyperparameters(config)})
         workspace.atomic_write_text(result_file, result.model_dump_json(indent=2))
         return result
+
+
+def _saved(folder: Path) -> bool:
+    """Whether a stage's model or adapter folder is still there (its config written beside the weights)."""
+    return (folder / "config.json").is_file() or (folder / "adapter_config.json").is_file()
 
 
 def rebased(result: TrainResult, stage_dir: Path) -> TrainResult:
