@@ -20,6 +20,7 @@ from typing import Any, Protocol, cast
 
 from pydantic import BaseModel
 
+from gym import secrets
 from gym.errors import ConfigError, DataError
 
 # Uses of a dataset other than training, and the record kind each reads.
@@ -263,7 +264,8 @@ def check_endpoints(config: Any) -> None:
     for field, url in roles.items():
         if url and (problem := unreachable(str(url))):
             raise ConfigError(
-                f"{field}: {url}: {problem}; start the server, or point --{field} at one that runs"
+                f"{field}: {secrets.scrub(url)}: {problem}; start the server, or point --{field} at one that "
+                "runs"
             )
 
 

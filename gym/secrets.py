@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from typing import Annotated
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from pydantic import AfterValidator
 
@@ -32,30 +32,47 @@ def secret_name(name: object) -> bool:
     return bool(_SECRET_WORD.search(last)) or (bool(_TOKEN.search(last)) and not _TEXT_TOKEN.search(last))
 
 
+# A query or fragment parameter that may carry a credential: api_key, access_key, subscription-key, token,
+# auth, sig... (an OpenAI-compatible base URL needs none).
+_SECRET_PARAM = re.compile(r"(key|token|auth|secret|password|passwd|credential|sig)", re.IGNORECASE)
+
+
+def _params(text: str) -> list[tuple[str, str]]:
+    return [(unquote(k), v) for k, _, v in (p.partition("=") for p in re.split(r"[&;]", text) if p)]
+
+
 def url_credentials(url: str) -> bool:
-    """Whether `url` carries a credential: a user:password part, or a key-like query parameter."""
+    """Whether `url` may carry a credential: any user part (`key@host` or `user:key@host`), a key-like
+    query or fragment parameter, or a URL too malformed to tell (never shown, then)."""
     try:
         parts = urlsplit(url)
-        query = parse_qsl(parts.query, keep_blank_values=True)
+        parts.port  # noqa: B018 - raises on a malformed port, as a client would
     except ValueError:
-        return False
-    return parts.password is not None or any(secret_name(k) or k.lower() == "key" for k, _ in query)
+        return True
+    if parts.username is not None or "@" in parts.netloc:
+        return True
+    params = _params(parts.query) + _params(parts.fragment) + _params(parts.path.partition(";")[2])
+    return any(_SECRET_PARAM.search(k) for k, _ in params)
 
 
 def strip_url(url: str) -> str:
-    """`url` without its credentials: the password and key-like query values become `***`."""
+    """`url` without its credentials: the user part and key-like parameter values become `***` (a URL
+    too malformed to split, all of it)."""
     try:
         parts = urlsplit(url)
     except ValueError:
-        return url
+        return REDACTED
     netloc = parts.netloc
-    if parts.password is not None:
-        netloc = f"{parts.username}:{REDACTED}@{netloc.rpartition('@')[2]}"
-    query = "&".join(
-        f"{k}={REDACTED}" if secret_name(k) or k.lower() == "key" else f"{k}={v}"
-        for k, v in parse_qsl(parts.query, keep_blank_values=True)
-    )
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    if "@" in netloc:
+        netloc = f"{REDACTED}@{netloc.rpartition('@')[2]}"
+
+    def masked(text: str) -> str:
+        pairs = _params(text)
+        return "&".join(f"{k}={REDACTED if _SECRET_PARAM.search(k) else v}" for k, v in pairs)
+
+    path, semi, path_params = parts.path.partition(";")
+    path += semi + masked(path_params).replace("&", ";")
+    return urlunsplit((parts.scheme, netloc, path, masked(parts.query), masked(parts.fragment)))
 
 
 def scrub(text: str) -> str:
@@ -64,14 +81,19 @@ def scrub(text: str) -> str:
 
 
 def holds_secret(value: object) -> bool:
-    """Whether a value shown in a message would show a credential (a URL carrying one)."""
-    return isinstance(value, str) and scrub(value) != value
+    """Whether a value shown in a message could show a credential (a URL that may carry one)."""
+    return isinstance(value, str) and any(url_credentials(m.group(0)) for m in _URL.finditer(value))
+
+
+# What keys look like, typed where a variable's name goes: hub, OpenAI-style and GitHub prefixes, or a long
+# mix of lower-case letters and digits (variable names are upper case by convention).
+_KEY_LIKE = re.compile(r"(hf_|sk[-_]|gsk_|ghp_|github_pat_|xai-|AIza).*|(?=.*[a-z])(?=.*\d)\w{24,}")
 
 
 def env_name(value: str | None) -> str | None:
     """A setting naming the environment variable that holds a key (pydantic validator): the key itself,
     typed there by mistake, would be stored in Prefect's parameters and shown in messages."""
-    if value is not None and not ENV_NAME.fullmatch(value):
+    if value is not None and (not ENV_NAME.fullmatch(value) or _KEY_LIKE.fullmatch(value)):
         raise ValueError(
             "the name of the environment variable holding the API key (letters, digits and _, e.g. "
             "OPENAI_API_KEY), never the key itself (the value is not shown)"

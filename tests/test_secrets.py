@@ -42,7 +42,7 @@ def test_redact_strips_url_credentials_and_keeps_token_counts():
         }
     )
     assert KEY not in json.dumps(flat)
-    assert flat["endpoint"] == "http://alice:***@127.0.0.1:8000/v1"
+    assert flat["endpoint"] == "http://***@127.0.0.1:8000/v1"  # the user too: it may be the key
     assert flat["judge.endpoint"] == "https://api.example.com/v1?api_key=***&region=eu"
     assert flat["judge.max_tokens"] == "8" and flat["budget_tokens"] == "1000"  # were ***
 
@@ -62,7 +62,7 @@ def test_a_key_in_the_endpoint_url_is_refused_without_showing_it(capsys, gym_hom
     code, said = _gym(
         capsys, "train", "--method", "tf_grpo", "--model", "gym-tiny", "--endpoint", f"http://u:{KEY}@h:1/v1"
     )
-    assert code == 2 and "the URL holds a credential" in said and "api_key_env" in said
+    assert code == 2 and "the URL may hold a credential" in said and "api_key_env" in said
     assert KEY not in said
 
 
@@ -76,11 +76,46 @@ def test_a_key_typed_as_a_flag_is_never_echoed_nor_taken_for_the_variable_name(c
     assert code == 2 and KEY not in said
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"http://{KEY}@127.0.0.1:9/v1",  # a key alone before @
+        f"http://u%3A{KEY}@127.0.0.1:9/v1",
+        f"http://127.0.0.1:9/v1?access_key={KEY}",
+        f"http://127.0.0.1:9/v1?subscription-key={KEY}",
+        f"http://127.0.0.1:9/v1#api_key={KEY}",
+        f"http://127.0.0.1:9/v1;api_key={KEY}",
+        f"http://[::1/v1?api_key={KEY}",  # too malformed to split: never shown
+    ],
+)
+def test_every_form_of_a_key_in_an_endpoint_is_refused_unshown(capsys, gym_home, url):
+    code, said = _gym(capsys, "train", "--method", "tf_grpo", "--model", "gym-tiny", "--policy.endpoint", url)
+    assert code == 2 and KEY not in said
+    assert secrets.url_credentials(url) and KEY not in secrets.scrub(f"error: {url} failed")
+
+
+def test_plain_endpoints_and_variable_names_pass():
+    for url in (
+        "http://127.0.0.1:8000/v1",
+        "https://api.openai.com/v1",
+        "http://h/v1?api-version=2024-06-01",
+    ):
+        assert not secrets.url_credentials(url) and secrets.scrub(url) == url
+    for name in ("OPENAI_API_KEY", "MY_KEY", "DEEPSEEK_API_KEY"):
+        assert secrets.env_name(name) == name
+    for key in ("hf_abcDEF123", "sk_live_x", "abcdefghij0123456789abcd"):  # keys that look like names
+        with pytest.raises(ValueError, match="never the key itself"):
+            secrets.env_name(key)
+
+
 def test_openai_client_refuses_a_url_carrying_a_key():
     from gym.tfgrpo.clients import OpenAIClient
 
-    with pytest.raises(ConfigError, match="holds a credential") as caught:
+    with pytest.raises(ConfigError, match="may hold a credential") as caught:
         OpenAIClient(f"http://127.0.0.1:1/v1?key={KEY}", "m")
+    assert KEY not in str(caught.value)
+    with pytest.raises(ConfigError, match="api_key_env: the name of the environment variable") as caught:
+        OpenAIClient("https://api.openai.com/v1", "m", api_key_env=KEY)  # the Python API
     assert KEY not in str(caught.value)
 
 

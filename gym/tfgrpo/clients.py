@@ -102,10 +102,14 @@ class OpenAIClient:
             import openai
         except ImportError as exc:  # pragma: no cover - the api extra is part of every install we test
             raise MissingExtraError("the OpenAI-compatible client needs `pip install 'gym[api]'`") from exc
+        try:
+            secrets.env_name(api_key_env)
+        except ValueError as exc:
+            raise ConfigError(f"api_key_env: {exc}") from None
         if secrets.url_credentials(base_url):  # it would be in cache keys, messages and manifests
             raise ConfigError(
-                "the endpoint URL holds a credential (not shown): give the URL without it and the key in "
-                f"${api_key_env}"
+                "the endpoint URL may hold a credential (not shown): give the URL without it and the key "
+                f"in ${api_key_env}"
             )
         self.base_url, self.model, self.max_n = base_url.rstrip("/"), model, max_n
         self.identity = f"openai:{self.base_url}#{model}"

@@ -29,7 +29,7 @@ def _http_url(value: str | None) -> str | None:
             raise ValueError("an http(s) URL of an OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1")
         if secrets.url_credentials(value):
             raise ValueError(
-                "the URL holds a credential (a user:password part or a key parameter; not shown): the "
+                "the URL may hold a credential (a user part, or a key-like parameter; not shown): the "
                 "endpoint is kept in Prefect's parameters and MLflow, so give it without one and put the "
                 "key in the environment variable api_key_env names (OPENAI_API_KEY unless set)"
             )
