@@ -85,6 +85,28 @@ def test_prompt_is_masked_by_default(tok):
     )
 
 
+def test_ids_are_stored_as_int32_and_read_back_exactly(tok):
+    """Token ids take half of int64's disk; every kind's id columns are int32 and read back as the
+    tokenizer's own ids (-100 included)."""
+    sources = {
+        "sft": chat_dataset(),
+        "preference": ingest(resolve_dataset(DATA / "preference_lf.json")).path,
+        "kto": ingest(resolve_dataset(DATA / "kto.jsonl")).path,
+        "prompt": ingest(resolve_dataset("demo_prompts")).path,
+    }
+    for kind, source in sources.items():
+        result = tokenize(source, TINY, "chatml")
+        table = datasets.load_from_disk(str(result.path))
+        id_columns = [c for c in table.column_names if c.endswith("_ids") or c == "labels"]
+        assert id_columns and result.kind == kind, (kind, table.column_names)
+        for column in id_columns:
+            assert table.features[column].feature.dtype == "int32", (kind, column)
+    row = rows(tokenize(chat_dataset(), TINY, "chatml"))[0]
+    messages = datasets.load_from_disk(str(chat_dataset()))[0]["messages"]
+    enc = templates.encode(tok, messages, "chatml")
+    assert row["input_ids"] == enc.input_ids and IGNORE_INDEX in row["labels"]
+
+
 def test_train_on_prompt(tok):
     row = rows(tokenize(chat_dataset(), TINY, "chatml", TokenizeSettings(train_on_prompt=True)))[0]
     assert row["labels"] == row["input_ids"]

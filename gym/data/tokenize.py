@@ -62,7 +62,9 @@ def features(kind: str) -> datasets.Features:
     """The columns of a tokenized dataset of record kind `kind`."""
     from datasets import Features, List, Value  # lazy: a fully cached run never needs datasets
 
-    ids = List(Value("int64"))
+    # int32 holds any vocabulary and -100, at half int64's disk and page cache; the collators build
+    # int64 tensors from the rows as before.
+    ids = List(Value("int32"))
     return {
         # truncated, record: what tokenize counts and names (cut, left out); not kept in the artifact
         "sft": Features(
@@ -355,9 +357,9 @@ def text_blocks(
         raise ConfigError("cutoff_len must be at least 2 for a tokenizer that starts every block with bos")
     stream = pc.list_flatten(texts.data.column("input_ids")).to_numpy()
     count = len(stream) // size
-    body = stream[: count * size].astype(np.int64).reshape(count, size)
+    body = stream[: count * size].astype(np.int32).reshape(count, size)
     if bos is not None:
-        body = np.concatenate([np.full((count, 1), bos, dtype=np.int64), body], axis=1)
+        body = np.concatenate([np.full((count, 1), bos, dtype=np.int32), body], axis=1)
     offsets = pa.array(np.arange(0, count * cutoff_len + 1, cutoff_len, dtype=np.int32))
     blocks = pa.ListArray.from_arrays(offsets, pa.array(body.reshape(-1)))
     table = pa.table({"input_ids": blocks, "labels": blocks}).cast(features("text").arrow_schema)
