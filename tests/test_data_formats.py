@@ -257,3 +257,10 @@ def test_an_error_in_a_guessed_format_says_so_and_how_to_name_another():
     with pytest.raises(DataError) as e:
         normalize(rec, "kto", W)
     assert "guessed" not in str(e.value)
+    guessed = Where("data.jsonl", 7, guessed="alpaca")
+    with pytest.raises(DataError) as e:  # a missing field: perhaps the guess was wrong
+        normalize({"instruction": "a"}, "alpaca", guessed)
+    assert "was guessed" in str(e.value)
+    with pytest.raises(DataError) as e:  # the right fields with an empty answer: the guess is not why
+        normalize({"instruction": "a", "output": " "}, "alpaca", guessed)
+    assert "is empty" in str(e.value) and "guessed" not in str(e.value)

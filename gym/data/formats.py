@@ -120,11 +120,15 @@ class Where:
     guessed: str | None = None
     """The format, when it was guessed from the first record's fields (errors then say how to name it)."""
 
-    def error(self, message: str, name: str | None = None, hint: str | None = None) -> DataError:
+    def error(
+        self, message: str, name: str | None = None, hint: str | None = None, *, shape: bool = False
+    ) -> DataError:
+        """`shape`: the record lacks a field or holds one of the wrong type, which a wrongly guessed
+        format explains (only then do errors in a guessed format say how to name another)."""
         source = self.columns.get(name, name) if name else None
         if source and source != name:
             message = f"{message} (read as {name!r} through `columns`)"
-        if self.guessed:
+        if self.guessed and (shape or hint == MAPPING_HINT):
             hint = "; ".join(filter(None, [hint, GUESS_HINT.format(fmt=self.guessed)]))
         return DataError(message, file=self.file, record=self.record, field=source, hint=hint)
 
@@ -194,7 +198,7 @@ def _text(rec: dict[str, Any], name: str, w: Where, need: str, *, required: bool
             raise w.error(f"missing; {need}", name, MAPPING_HINT)
         return ""
     if not isinstance(value, str):
-        raise w.error(f"must be a string, got {type(value).__name__} {value!r:.60}", name, need)
+        raise w.error(f"must be a string, got {type(value).__name__} {value!r:.60}", name, need, shape=True)
     if required and not value.strip():
         raise w.error("is empty", name, "remove the record or fill in the text")
     return value
@@ -212,7 +216,7 @@ def _history(rec: dict[str, Any], w: Where) -> list[dict[str, str]]:
             break
         msgs += [{"role": "user", "content": pair[0]}, {"role": "assistant", "content": pair[1]}]
     if not ok:
-        raise w.error("must be a list of [query, answer] string pairs", "history")
+        raise w.error("must be a list of [query, answer] string pairs", "history", shape=True)
     return msgs
 
 
@@ -231,7 +235,7 @@ def alpaca_prompt(rec: dict[str, Any], w: Where, need: str) -> list[dict[str, st
 def parse_message(msg: Any, name: str, i: int, w: Where) -> dict[str, str]:
     """One `{"from", "value"}` or `{"role", "content"}` message, roles mapped to system/user/assistant."""
     if not isinstance(msg, dict):
-        raise w.error(f"message {i} must be an object with role/content or from/value", name)
+        raise w.error(f"message {i} must be an object with role/content or from/value", name, shape=True)
     role = msg.get("role", msg.get("from"))
     content = msg.get("content", msg.get("value"))
     if role in TOOL_ROLES:
@@ -273,7 +277,7 @@ def _text_parts(parts: list[Any], what: str, name: str, w: Where) -> str:
 
 def parse_messages(value: Any, name: str, w: Where) -> list[dict[str, str]]:
     if not isinstance(value, list) or not value:
-        raise w.error(f"must be a non-empty list of messages, got {value!r:.60}", name)
+        raise w.error(f"must be a non-empty list of messages, got {value!r:.60}", name, shape=True)
     return [parse_message(m, name, i, w) for i, m in enumerate(value, 1)]
 
 
@@ -393,6 +397,7 @@ def parse_label(value: Any, w: Where) -> bool:
         f"must be a boolean, got {type(value).__name__} {value!r:.60}",
         "label",
         "use true/false (or 1/0); true marks a desirable completion",
+        shape=True,
     )
 
 
@@ -416,10 +421,14 @@ def to_prompt(rec: dict[str, Any], w: Where) -> dict[str, Any]:
     msgs = prompt_of(rec, w, need)
     answer = rec.get("answer")
     if isinstance(answer, bool) or not (answer is None or isinstance(answer, str | int | float)):
-        raise w.error(f"must be text or a number, got {type(answer).__name__} {answer!r:.60}", "answer")
+        raise w.error(
+            f"must be text or a number, got {type(answer).__name__} {answer!r:.60}", "answer", shape=True
+        )
     metadata = rec.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
-        raise w.error(f"must be an object of extra fields, got {type(metadata).__name__}", "metadata")
+        raise w.error(
+            f"must be an object of extra fields, got {type(metadata).__name__}", "metadata", shape=True
+        )
     return {
         "prompt": msgs,
         "answer": None if answer is None else str(answer),
