@@ -5,14 +5,19 @@
 
 The HTTP client is the official `openai` package (retries with exponential backoff on 408/409/429/5xx
 and connection errors, honouring Retry-After; a timeout per request); the API key is read from an
-environment variable, never passed around or logged. Calls to one endpoint share a semaphore, so
-the concurrency limit holds per endpoint across every role and thread of the process. The local
-client runs gym serve's engine in-process: calls made at the same time are generated in one batch,
-each with its own seed.
+environment variable, never passed around or logged. An answer no retry can change (401, 403: the
+key refused; 404, 405, 501: no such model or route, or no API there at all, as from a static file
+server) is not retried: it
+raises EndpointError, and every later call of the client raises it too, sending nothing, so a run
+stops at its first call instead of failing every call it would make. Calls to one endpoint share a
+semaphore, so the concurrency limit holds per endpoint across every role and thread of the process.
+The local client runs gym serve's engine in-process: calls made at the same time are generated in
+one batch, each with its own seed.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import threading
@@ -57,6 +62,57 @@ def http_refusal(error: str) -> tuple[int, str] | None:
     if match is None:
         return None
     return int(match.group(1)), (match.group(2) or "").strip()
+
+
+# Answers every call to the endpoint would get, whatever its retries: the key refused (401) or not
+# allowed the model (403), no such route or model (404), no POST there (405; 501 from
+# `python -m http.server` and other static file servers).
+PERMANENT_STATUS = (401, 403, 404, 405, 501)
+REFUSAL_CHARS = 300  # of the server's message, quoted in an error
+
+
+class EndpointError(ConfigError):
+    """The endpoint answered with a PERMANENT_STATUS: no call to it can succeed, so the run stops."""
+
+
+def refusal(
+    endpoint: str, model: str, status: int, reason: str, message: str, api_key_env: str = "OPENAI_API_KEY"
+) -> str:
+    """The one-line error of a call answered with a PERMANENT_STATUS (`reason`: the HTTP status line's,
+    `message`: the server's own, if any), the endpoint shown without credentials: a key refused, a
+    server that knows the route but not the model, else one that is no OpenAI-compatible API at that
+    URL."""
+    where = secrets.strip_url(endpoint)
+    said = " ".join(f"HTTP {status} {message or reason}".split())[:REFUSAL_CHARS]
+    if status in (401, 403):
+        return (
+            f"{where} refused the API key in ${api_key_env} for the model {model!r} ({said}): export a key "
+            f"it accepts as {api_key_env}, or name the variable holding one with --api_key_env (or the "
+            "role's --policy.api_key_env, --optimizer.api_key_env, --judge.api_key_env)"
+        )
+    if status == 404 and "model" in message.lower():
+        return (
+            f"{where} does not serve the model {model!r} ({said}): give a model it serves (--model, or the "
+            "role's --policy.model, --optimizer.model, --judge.model)"
+        )
+    return (
+        f"{where} is not an OpenAI-compatible API: POST {where}/chat/completions answered {said}; point "
+        "--endpoint (or the role's --policy.endpoint, --optimizer.endpoint, --judge.endpoint) at the base "
+        "URL, ending in /v1, of an OpenAI-compatible server (vLLM, SGLang, Ollama, gym serve, a hosted API)"
+    )
+
+
+@functools.cache
+def _openai_class() -> Any:
+    """openai.OpenAI, retrying none of the PERMANENT_STATUS answers (it retries every 5xx, 501 included:
+    5 attempts with backoff per call, against a server that will never answer otherwise)."""
+    import openai
+
+    class Client(openai.OpenAI):
+        def _should_retry(self, response: Any) -> bool:
+            return response.status_code not in PERMANENT_STATUS and super()._should_retry(response)
+
+    return Client
 
 
 class LLMClient(Protocol):
@@ -112,6 +168,7 @@ class OpenAIClient:
                 f"in ${api_key_env}"
             )
         self.base_url, self.model, self.max_n = base_url.rstrip("/"), model, max_n
+        self.api_key_env = api_key_env
         self.identity = f"openai:{self.base_url}#{model}"
         # Servers that need no key (vLLM, Ollama, gym serve) still want the header to be there; the
         # hosted APIs refuse every call without one: said now, not as a run of failed calls.
@@ -121,16 +178,19 @@ class OpenAIClient:
                 f"{self.base_url} needs an API key and ${api_key_env} is not set: export {api_key_env}=... "
                 "(gym reads it from the environment only, never from settings)"
             )
-        self._client = openai.OpenAI(
+        self._client = _openai_class()(
             base_url=self.base_url, api_key=key, timeout=timeout_s, max_retries=max_retries
         )
         self._limit = endpoint_semaphore(self.base_url, concurrency)
         self._errors = (openai.OpenAIError,)
+        self._refused: str | None = None  # the first permanent refusal, raised again by every later call
 
     def complete(
         self, messages: Messages, *, temperature: float, max_tokens: int, seed: int, n: int = 1
     ) -> Completion:
         with self._limit:
+            if self._refused is not None:  # calls waiting here while the first was refused send nothing
+                raise EndpointError(self._refused)
             try:
                 response = self._client.chat.completions.create(
                     model=self.model,
@@ -141,7 +201,7 @@ class OpenAIClient:
                     n=n,
                 )
             except self._errors as exc:
-                raise LLMError(f"{self.identity}: {type(exc).__name__}: {exc}") from exc
+                raise self._failure(exc) from exc
         texts = [choice.message.content or "" for choice in response.choices]
         if len(texts) != n:
             raise LLMError(f"{self.identity}: asked for {n} completions, got {len(texts)}")
@@ -153,6 +213,17 @@ class OpenAIClient:
                 completion_tokens=usage.completion_tokens if usage else 0,
             ),
         )
+
+    def _failure(self, exc: Exception) -> GymError:
+        """A failed call's error: EndpointError (remembered) for a PERMANENT_STATUS, else LLMError."""
+        status = getattr(exc, "status_code", None)
+        if status not in PERMANENT_STATUS:
+            return LLMError(f"{self.identity}: {type(exc).__name__}: {exc}")
+        refused = http_refusal(str(exc))
+        reason = getattr(getattr(exc, "response", None), "reason_phrase", "") or ""
+        said = refused[1] if refused else ""
+        self._refused = refusal(self.base_url, self.model, status, reason, said, self.api_key_env)
+        return EndpointError(self._refused)
 
 
 class LocalClient:

@@ -63,7 +63,7 @@ class RoleSettings(BaseModel):
     )
     timeout_s: float | None = Field(None, gt=0, description="Seconds before one HTTP request times out.")
     max_retries: int | None = Field(
-        None, ge=0, description="Retries (with backoff) on 429, 5xx and timeouts."
+        None, ge=0, description="Retries (with backoff) on 429, 5xx but 501, and timeouts."
     )
     price_prompt: float | None = Field(None, ge=0, description="USD per million prompt tokens (cost ledger).")
     price_completion: float | None = Field(

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from gym import workspace
 from gym.errors import ConfigError
 from gym.tfgrpo import stages
-from gym.tfgrpo.clients import http_refusal
+from gym.tfgrpo.clients import REFUSAL_CHARS, http_refusal
 from gym.tfgrpo.config import ResolvedRole
 from gym.tfgrpo.data import Question, StepPlan, derive_seed, plan_steps, steps_per_epoch
 from gym.tfgrpo.library import Library
@@ -224,7 +224,6 @@ def eval_tag(plan: list[StepPlan], index: int, n_questions: int, batch_size: int
     return f"epoch{step.epoch + 1}" if epoch_done else f"step{index + 1}"
 
 
-REFUSAL_CHARS = 300  # of the server's message, quoted in the error
 REACHABILITY = "check that the endpoint is up and reachable and its API key is set"
 
 

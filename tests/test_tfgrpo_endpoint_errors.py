@@ -1,0 +1,169 @@
+"""An endpoint that answers, but is no OpenAI-compatible API: `python -m http.server` answers every POST
+with 501, other web servers a POST to a route they lack with 404 or 405. Each call was retried with
+backoff (501 is a 5xx), then the run went on through its held-out evaluations, every call failing the
+same way: a one-step run took minutes to say "check that the endpoint is up and reachable". Now the
+first answer stops it, in one line naming the endpoint (without credentials) and what to point it at,
+and no call is sent after it."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gym.tfgrpo.clients import EndpointError, OpenAIClient, refusal
+from gym.tfgrpo.config import TfGrpoSettings
+from gym.tfgrpo.data import Question
+from gym.tfgrpo.engine import train
+from gym.tfgrpo.runtime import Runtime
+from tests.tfgrpo_fakes import FakeEndpoint
+
+MSG = [{"role": "user", "content": "2+2?"}]
+NOT_AN_API = "is not an OpenAI-compatible API: POST "
+
+
+class FileServer:
+    """The standard library's static file server (what `python -m http.server` runs) on loopback, counting
+    the POSTs it got; `post_status` answers them instead of the stdlib's 501 (a server without the route)."""
+
+    def __init__(self, root: Path, post_status: int | None = None) -> None:
+        self.root, self.post_status, self.posts = root, post_status, 0
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> str:
+        server = self
+
+        class Handler(SimpleHTTPRequestHandler):
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, directory=str(server.root), **kwargs)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def handle_one_request(self) -> None:
+                super().handle_one_request()
+                if getattr(self, "command", None) == "POST":
+                    with server._lock:
+                        server.posts += 1
+
+        class Refusing(Handler):
+            def do_POST(self) -> None:
+                self.send_error(server.post_status or 501)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler if self.post_status is None else Refusing)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def file_server(tmp_path: Path) -> Iterator[tuple[FileServer, str]]:
+    (tmp_path / "index.html").write_text("<h1>files</h1>")
+    server = FileServer(tmp_path)
+    with server as url:
+        yield server, url
+
+
+def ask(client: OpenAIClient) -> None:
+    client.complete(MSG, temperature=0.5, max_tokens=8, seed=0)
+
+
+@pytest.mark.parametrize("status", [None, 404, 405])
+def test_a_web_server_without_the_api_is_asked_once_and_named_in_one_line(tmp_path, status):
+    server = FileServer(tmp_path, post_status=status)
+    with server as url:
+        client = OpenAIClient(url, "gym-tiny", max_retries=4)
+        with pytest.raises(EndpointError) as first:
+            ask(client)
+        with pytest.raises(EndpointError) as again:  # sends nothing: no answer could differ
+            ask(client)
+    message = str(first.value)
+    assert message == str(again.value) and "\n" not in message
+    assert message.startswith(f"{url} {NOT_AN_API}{url}/chat/completions answered HTTP {status or 501} ")
+    assert "--endpoint" in message and "/v1" in message
+    assert server.posts == 1
+
+
+def test_no_retry_and_no_second_request_on_a_permanent_answer(file_server):
+    server, url = file_server
+    client = OpenAIClient(url, "gym-tiny", max_retries=4)
+    for _ in range(3):
+        with pytest.raises(EndpointError, match="HTTP 501 Unsupported method"):
+            ask(client)
+    assert server.posts == 1  # it was 5 per call: the openai package retries every 5xx
+
+
+def test_a_model_the_endpoint_does_not_serve_is_named():
+    """An OpenAI-compatible server's 404 for an unknown model is as permanent, and says what to change."""
+    error = {"error": {"message": "The model `gpt-x` does not exist", "code": "model_not_found"}}
+    endpoint = FakeEndpoint(lambda body: (404, {}, error))
+    with endpoint as url:
+        client = OpenAIClient(url, "gpt-x", max_retries=4)
+        for _ in range(2):
+            with pytest.raises(EndpointError, match=r"does not serve the model 'gpt-x' \(HTTP 404 The model"):
+                ask(client)
+    assert len(endpoint.requests) == 1
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_a_refused_key_stops_at_the_first_call(monkeypatch, status):
+    """A key the server refuses fails every call the same way: said once, naming the variable, never
+    the key."""
+    monkeypatch.setenv("MY_LLM_KEY", "sk-not-accepted-42")
+    error = {"error": {"message": "Incorrect API key provided", "code": "invalid_api_key"}}
+    endpoint = FakeEndpoint(lambda body: (status, {}, error))
+    with endpoint as url:
+        client = OpenAIClient(url, "m", api_key_env="MY_LLM_KEY", max_retries=4)
+        for _ in range(3):
+            with pytest.raises(EndpointError) as e:
+                ask(client)
+    message = str(e.value)
+    assert f"refused the API key in $MY_LLM_KEY for the model 'm' (HTTP {status} Incorrect" in message
+    assert "sk-not-accepted-42" not in message and "--api_key_env" in message
+    assert len(endpoint.requests) == 1
+
+
+def test_the_endpoint_is_named_without_credentials():
+    url = "https://user:sk-secret-123@llm.example.com/v1?api_key=abc123"
+    message = refusal(url, "m", 501, "Not Implemented", "")
+    assert "sk-secret-123" not in message and "abc123" not in message
+    assert message.startswith("https://***@llm.example.com/v1") and NOT_AN_API in message
+
+
+def test_a_run_stops_at_its_first_call_with_the_error(file_server, tmp_path):
+    """The engine (gym.train / GRPOTrainer) with held-out questions: nothing after the first refusal."""
+    server, url = file_server
+    questions = [
+        Question(id=str(i), prompt=[{"role": "user", "content": f"q{i}"}], answer="7") for i in range(6)
+    ]
+    settings = TfGrpoSettings(endpoint=url, group_size=3, epochs=2, batch_size=3, reward="numeric")
+    rt = Runtime(settings, model="gym-tiny", run_dir=tmp_path / "run", cache_dir=tmp_path / "calls")
+    with pytest.raises(EndpointError, match=NOT_AN_API):
+        train(rt, questions, eval_questions=questions)
+    # the calls in flight when the first answer came (at most the endpoint's concurrency, 8) and no other:
+    # it was 5 attempts for each of the run's ~70 calls
+    assert 1 <= server.posts <= 8
+    assert not (rt.run_dir / "steps").exists() and not (rt.run_dir / "result.json").exists()
+
+
+@pytest.mark.slow
+def test_gym_train_fails_in_one_line_and_returns(prefect_server, file_server, tmp_path, capsys):
+    """The flow, with held-out evaluations running beside the steps: exit 2 and the one-line error."""
+    from flows.cli import main
+
+    server, url = file_server
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(f'{{"question": "{i}+{i}?", "answer": "{2 * i}"}}\n' for i in range(8)))
+    argv = f"train --method tf_grpo --endpoint {url} --model gym-tiny --dataset {data} --eval_dataset {data}"
+    assert main([*argv.split(), "--json"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"error: {url} {NOT_AN_API}") and "HTTP 501" in last
+    assert 1 <= server.posts <= 8
