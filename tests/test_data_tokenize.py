@@ -159,6 +159,34 @@ def test_sft_labels_helper():
     assert sft_labels(ids, mask, train_on_prompt=True, mask_history=False) == ids
 
 
+def test_a_tokenize_killed_mid_write_leaves_nothing_after_the_next_one():
+    """kill -9 after the map wrote its cache file: the next tokenize of the same data removes what the
+    killed one left (its scratch files lived beside the artifact and piled up with every kill)."""
+    import subprocess
+    import sys
+
+    dataset = chat_dataset()
+    killed_run = (
+        "import sys, time, datasets; from pathlib import Path\n"
+        "from gym.data.tokenize import tokenize\n"
+        "def stop(self, path, **kw):\n"
+        "    print(path, flush=True); time.sleep(60)\n"
+        "datasets.Dataset.save_to_disk = stop\n"
+        "tokenize(Path(sys.argv[1]), Path(sys.argv[2]), 'chatml')\n"
+    )
+    killed = subprocess.Popen(
+        [sys.executable, "-c", killed_run, str(dataset), str(TINY)], stdout=subprocess.PIPE, cwd=ROOT
+    )
+    killed.stdout.readline()  # type: ignore[union-attr]
+    killed.kill()
+    killed.wait()
+    area = workspace.path("tokenized")
+    assert list(area.rglob("*.arrow")), "the killed run had written its map cache"
+    result = tokenize(dataset, TINY, "chatml")
+    assert tokenized_area() == {result.path.name}  # no temp dir, lock or scratch file left
+    assert not list(result.path.rglob("scratch")) and rows(result)
+
+
 def test_cutoff_truncates_and_drops_untrainable_records(tok):
     dataset = ingest(resolve_dataset(DATA / "alpaca.jsonl")).path
     source = datasets.load_from_disk(str(dataset)).to_list()

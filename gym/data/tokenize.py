@@ -35,7 +35,7 @@ revision), the settings and this code.
 from __future__ import annotations
 
 import functools
-import tempfile
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -428,15 +428,18 @@ def tokenize(
         fn = _prompt_batch(tokenizer, template, settings.default_system)
     else:
         fn = _pair_batch(tokenizer, template, kind, str(dataset_dir), settings.default_system)
-    # Map cache files go to a scratch dir beside the artifact: never into the dataset artifact.
-    with tempfile.TemporaryDirectory(prefix=".work-", dir=final.parent) as work:
+    # Map cache files go to a scratch dir inside the artifact's temp dir, never into the dataset artifact:
+    # removed with it on any failure, and by the next write of the artifact after a `kill -9`.
+    with workspace.atomic_dir(final) as tmp:
+        work = tmp / "scratch"
+        work.mkdir()
         out = ds.map(
             fn,
             batched=True,
             with_indices=True,
             remove_columns=ds.column_names,
             features=features("text_ids" if kind == "text" else kind),
-            cache_file_name=str(Path(work) / "map.arrow"),
+            cache_file_name=str(work / "map.arrow"),
             desc=f"tokenize {kind}",
         )
         num_truncated = num_dropped = 0
@@ -479,7 +482,7 @@ def tokenize(
             "revision": revision,
             "settings": settings.model_dump(),
         }
-        with workspace.atomic_dir(final) as tmp:
-            out.save_to_disk(str(tmp))
-            workspace.atomic_write_json(tmp / "meta.json", meta_out)
+        out.save_to_disk(str(tmp))
+        shutil.rmtree(work)
+        workspace.atomic_write_json(tmp / "meta.json", meta_out)
     return result
