@@ -44,8 +44,17 @@ def register(
 ) -> Registered:
     """Register `model_dir` (full, merged weights) as a version of `name` and point `alias` at it."""
     digest = hash_dir(Path(model_dir))
+    with tracking.registering(name, uri):
+        return _register(Path(model_dir), name, lineage, run_id, alias, uri, digest)
+
+
+def _register(
+    model_dir: Path, name: str, lineage: Lineage, run_id: str, alias: str, uri: str | None, digest: str
+) -> Registered:
     existing = tracking.find_version_by_tag(name, CONTENT_TAG, digest, uri)
     if existing is not None:
+        if not tracking.version_description(name, existing, uri):  # a registration killed before its card
+            tracking.set_version_description(name, existing, render(name, lineage), uri)
         tracking.set_alias(name, alias, existing, uri)
         if lineage.flow_run_id:
             tracking.set_version_tags(name, existing, {"gym.last_registered_by": lineage.flow_run_id}, uri)
@@ -54,7 +63,7 @@ def register(
         _update_scores(name, existing, lineage.scores, lineage.score_setups, uri, replace=False)
         return Registered(name=name, version=existing, alias=alias, reused=True, content_digest=digest)
     tags = {**lineage.tags(), CONTENT_TAG: digest}
-    version = tracking.register_model(run_id, Path(model_dir), name, tags, alias=alias, uri=uri)
+    version = tracking.register_model(run_id, model_dir, name, tags, alias=alias, uri=uri)
     tracking.set_version_description(name, version, render(name, lineage), uri)
     return Registered(name=name, version=version, alias=alias, reused=False, content_digest=digest)
 

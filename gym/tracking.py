@@ -10,6 +10,7 @@ secrets never reach MLflow.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
@@ -359,7 +360,9 @@ def register_model(
 ) -> str:
     """Log a merged model directory (transformers flavor) and register it as a new version of `name`.
 
-    The version gets `tags` (lineage) and `alias`. Only full (merged) weights are logged:
+    The version gets `tags` (lineage) and `alias`. The tags are written with the version, in one
+    transaction, so a process killed while registering leaves no version without them: the next
+    registration finds it by its content tag. Only full (merged) weights are logged:
     MLflow reloads a PEFT adapter over a local base model with wrong weights. A reward model (a
     sequence-classification model, method rm) is logged as the text-classification task it is.
     """
@@ -376,13 +379,11 @@ def register_model(
             name="model",
             task=task,
             pip_requirements=MODEL_REQUIREMENTS,
-            registered_model_name=name,
         )
-    version = str(info.registered_model_version)
-    client = _client(uri)
-    for k, v in tags.items():
-        client.set_model_version_tag(name, version, k, str(v))
-    client.set_registered_model_alias(name, alias, version)
+        version = str(
+            mlflow.register_model(info.model_uri, name, tags={k: str(v) for k, v in tags.items()}).version
+        )
+    _client(uri).set_registered_model_alias(name, alias, version)
     return version
 
 
@@ -482,6 +483,26 @@ def set_version_tags(name: str, version: str, tags: Mapping[str, Any], uri: str 
     client = _client(uri)
     for k, v in tags.items():
         client.set_model_version_tag(name, version, k, str(v))
+
+
+def version_description(name: str, version: str, uri: str | None = None) -> str:
+    return _client(uri).get_model_version(name, version).description or ""
+
+
+@contextlib.contextmanager
+def registering(name: str, uri: str | None = None) -> Iterator[None]:
+    """One process at a time looks model `name`'s content up and registers it, in a SQLite store: two
+    runs registering the same model at once each found no version and both added one. Other models
+    register meanwhile. (A tracking server shared across machines is not locked here.)"""
+    from filelock import FileLock
+
+    db = _sqlite_file(tracking_uri(uri))
+    if db is None:
+        yield
+        return
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{db}.register-{hashlib.sha256(name.encode()).hexdigest()[:16]}.lock"):
+        yield
 
 
 def set_version_description(name: str, version: str, text: str, uri: str | None = None) -> None:

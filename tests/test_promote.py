@@ -134,6 +134,54 @@ def test_gym_promote_command_prints_the_decision(gym_home, capsys):
     assert json.loads(capsys.readouterr().out)["reason"] == "v1 is already the champion"
 
 
+def test_a_registration_interrupted_after_its_version_is_completed_by_the_next(
+    gym_home, variants, monkeypatch
+):
+    """Ctrl-C (or a kill) once the version exists: the next registration of the same content reuses it,
+    with its content tag (written with the version), and adds the card and alias it lacked."""
+    lineage = facts(0.5)
+    first_alias = MlflowClient.set_registered_model_alias
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(MlflowClient, "set_registered_model_alias", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        register_dir(variants[0], "tiny-int", lineage)
+    client = MlflowClient(tracking.tracking_uri())
+    left = client.get_model_version("tiny-int", "1")
+    assert left.tags["content_digest"] and not left.description and not left.aliases
+    monkeypatch.setattr(MlflowClient, "set_registered_model_alias", first_alias)
+    again = register(variants[0], "tiny-int", lineage, tracking.start_run("register"))
+    assert (again.version, again.reused) == ("1", True)
+    mv = client.get_model_version("tiny-int", "1")
+    assert mv.description.startswith("---\n") and mv.aliases == ["challenger"]
+    assert len(client.search_model_versions("name = 'tiny-int'")) == 1
+
+
+def test_two_processes_registering_the_same_content_at_once_make_one_version(gym_home, variants):
+    """Two runs of one flow side by side: each looked the content up, found nothing, and added a version."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; from pathlib import Path; from gym import tracking; from gym.lineage import Lineage\n"
+        "from gym.registration import register\n"
+        "facts = Lineage(base_model='gym-tiny', template='chatml', method='sft')\n"
+        "r = register(Path(sys.argv[1]), 'tiny-two', facts, tracking.start_run('register'))\n"
+        "print(r.version, r.reused)\n"
+    )
+    model = variants[0]
+    tracking.start_run("create the store first")  # as a flow does before it registers
+    runs = [
+        subprocess.Popen([sys.executable, "-c", script, str(model)], stdout=subprocess.PIPE) for _ in "ab"
+    ]
+    outs = sorted(p.communicate(timeout=300)[0].decode().split() for p in runs)
+    assert all(p.returncode == 0 for p in runs)
+    assert outs == [["1", "False"], ["1", "True"]]
+    assert len(MlflowClient(tracking.tracking_uri()).search_model_versions("name = 'tiny-two'")) == 1
+
+
 @pytest.mark.slow
 def test_a_training_flow_registers_promotes_and_reuses_its_version_on_rerun(prefect_server, gym_home):
     from prefect.client.orchestration import get_client
