@@ -7,12 +7,11 @@ The HTTP client is the official `openai` package (retries with exponential backo
 and connection errors, honouring Retry-After; a timeout per request); the API key is read from an
 environment variable, never passed around or logged. An answer no retry can change (401, 403: the
 key refused; 404, 405, 501: no such model or route, or no API there at all, as from a static file
-server) is not retried: it
-raises EndpointError, and every later call of the client raises it too, sending nothing, so a run
-stops at its first call instead of failing every call it would make. Calls to one endpoint share a
-semaphore, so the concurrency limit holds per endpoint across every role and thread of the process.
-The local client runs gym serve's engine in-process: calls made at the same time are generated in
-one batch, each with its own seed.
+server) is not retried: it raises EndpointError, and every later call of the client raises it too,
+sending nothing, so a run stops at its first call instead of failing every call it would make. Calls
+to one endpoint share a semaphore, so the concurrency limit holds per endpoint across every role and
+thread of the process. The local client runs gym serve's engine in-process: calls made at the same
+time are generated in one batch, each with its own seed.
 """
 
 from __future__ import annotations
