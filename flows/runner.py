@@ -37,7 +37,7 @@ from gym.cli_options import (
     read_config_file,
     split_config_file,
 )
-from gym.errors import GymError
+from gym.errors import GymError, interrupted
 from gym.train import METHODS
 from gym.train.config import FINETUNING_TYPES
 
@@ -253,6 +253,11 @@ def main(
     except GymError as exc:
         return user_error(str(exc))
     except KeyboardInterrupt:
+        print(INTERRUPTED, file=sys.stderr)
+        return 128 + signal.SIGINT
+    except Exception as exc:
+        if not interrupted(exc):  # a library's error raised while handling Ctrl-C is the interrupt
+            raise
         print(INTERRUPTED, file=sys.stderr)
         return 128 + signal.SIGINT
     print_summary(summary)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 
 class GymError(Exception):
     """Base class for every error gym raises on purpose."""
@@ -47,3 +49,19 @@ REFRESH_HINT = "deleted from the workspace after its task was cached? re-run wit
 
 class MissingExtraError(GymError, RuntimeError):
     """An optional feature was asked for where its extra (or hardware) is missing."""
+
+
+def chain(exc: BaseException) -> Iterator[BaseException]:
+    """`exc`, then the exception it was raised from or while handling, and so on."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def interrupted(exc: BaseException) -> bool:
+    """Whether `exc` is a Ctrl-C (KeyboardInterrupt), or was raised from one or while handling one (a
+    library that turned the interrupt into its own error, as MLflow does inside a database write)."""
+    return any(isinstance(e, KeyboardInterrupt) for e in chain(exc))

@@ -13,12 +13,14 @@ import contextlib
 import hashlib
 import os
 import re
+import traceback
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 from gym import secrets, workspace
+from gym.errors import chain, interrupted
 
 # MLflow sends usage telemetry to its maintainers from a background thread unless told not to; gym runs
 # offline-first and already turns Prefect's analytics off. Set before mlflow is first imported (only this
@@ -269,13 +271,24 @@ def span(
     run_id = start_run(run_name, params=params, tags=tags, parent_run_id=parent_run_id, uri=uri)
     try:
         yield run_id
-    except KeyboardInterrupt:
+    except BaseException as exc:
+        if not interrupted(exc):
+            end_run(run_id, "FAILED", uri=uri)
+            raise
+        release_interrupted(exc)
         end_run(run_id, "KILLED", uri=uri)
         raise
-    except BaseException:
-        end_run(run_id, "FAILED", uri=uri)
-        raise
     end_run(run_id, uri=uri)
+
+
+def release_interrupted(exc: BaseException) -> None:
+    """Ctrl-C inside one of MLflow's writes to a SQLite store stops a statement that keeps its lock for as
+    long as the frames the interrupt passed through are alive, which is as long as the exception: every
+    later write of the process (ending the runs as KILLED, the flow's failure hook) waited out SQLite's
+    20 s busy timeout and failed with "database is locked". Clearing those frames' locals (the
+    traceback's lines stay) closes the statement."""
+    for link in chain(exc):
+        traceback.clear_frames(link.__traceback__)
 
 
 def end_open_runs(tag: str, value: str, status: str = "FAILED", uri: str | None = None) -> list[str]:

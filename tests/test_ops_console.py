@@ -120,6 +120,28 @@ def test_a_span_is_open_during_the_work_and_failed_if_it_raises(gym_home):
     assert client.get_run(failed).info.status == "FAILED"
 
 
+def test_ctrl_c_inside_an_mlflow_write_ends_the_span_killed_without_waiting(gym_home, monkeypatch):
+    """The interrupt lands right after SQLite ran a statement of MLflow's (as a real Ctrl-C can): that
+    statement kept the store locked while the exception lived, so ending the run waited 20 s and failed
+    with "database is locked" (then the flow's failure hook did the same)."""
+    from sqlalchemy.engine import default
+
+    client = MlflowClient(tracking.tracking_uri())
+    real, armed = default.DefaultDialect.do_execute, [True]
+
+    def interrupted(self, cursor, statement, parameters, context=None):
+        real(self, cursor, statement, parameters, context)
+        if armed and statement.lstrip().upper().startswith("SELECT") and "runs" in statement:
+            armed.clear()
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt), tracking.span("stage") as run_id:
+        monkeypatch.setattr(default.DefaultDialect, "do_execute", interrupted)
+        client.set_tag(run_id, "step", "1")
+    assert not armed  # the interrupt came from inside MLflow's write
+    assert client.get_run(run_id).info.status == "KILLED"
+
+
 def test_open_runs_of_a_failed_flow_run_are_ended(gym_home):
     client = MlflowClient(tracking.tracking_uri())
     parent = tracking.start_run("flow", tags={"prefect_flow_run_id": "abc"})

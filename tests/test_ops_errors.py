@@ -156,6 +156,29 @@ def test_prefect_run_logs_carry_the_message_not_a_traceback(gym_home, tmp_path, 
     assert parent.info.status == "FAILED"
 
 
+def test_ctrl_c_a_library_turned_into_its_own_error_is_an_interrupt(gym_home, monkeypatch, capsys):
+    """MLflow answers an interrupt inside its database write with its own exception: that is still the
+    user's Ctrl-C, so the run ends with status 130 and the one line, not a traceback and status 1."""
+    import flows.runner as runner
+
+    def interrupted_in_a_write(*args, **kwargs):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise RuntimeError("(sqlite3.OperationalError) database is locked")  # noqa: B904
+
+    monkeypatch.setattr(runner, "run_flow", interrupted_in_a_write)
+    assert main(train, TrainFlowConfig, ["--max-steps", "1"]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == runner.INTERRUPTED
+
+    def failed(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(runner, "run_flow", failed)
+    with pytest.raises(RuntimeError, match="a bug"):  # any other error keeps its traceback
+        main(train, TrainFlowConfig, ["--max-steps", "1"])
+
+
 def test_only_user_errors_lose_their_traceback():
     def record(exc: BaseException) -> logging.LogRecord:
         try:
