@@ -105,6 +105,12 @@ class HeldBack:
             self.held.clear()
             self.passing = True
 
+    def hold(self) -> bool:
+        """Hold the server's lines back from now on; whether they were being passed through."""
+        with self.lock:
+            passing, self.passing = self.passing, False
+        return passing
+
     def drop(self) -> str:
         """Forget what the server said (it is being started again); returns its last line."""
         self.thread.join(timeout=5)  # the server has exited: its stream ends
@@ -227,6 +233,7 @@ class TemporaryApi:
         Prefect prints follows the run's own last lines)."""
         if self.process is None:
             return
+        stopped_while_serving = False
         if self.process.poll() is None:
             from prefect.events.worker import EventsWorker
             from prefect.logging.handlers import APILogWorker
@@ -234,6 +241,9 @@ class TemporaryApi:
             with self.in_use():
                 APILogWorker.drain_all(timeout=5)
                 EventsWorker.drain_all(timeout=5)
+            # What a serving API says as it is stopped is its services cancelled mid-work ("Error
+            # flushing 1 events ... CancelledError" tracebacks after a run that failed fast): not shown.
+            stopped_while_serving = self.stderr is not None and self.stderr.hold()
             self.process.terminate()
             try:
                 self.process.wait(timeout=5)
@@ -241,5 +251,8 @@ class TemporaryApi:
                 self.process.kill()
                 self.process.wait()
         if self.stderr is not None:
-            self.stderr.finish()
+            if stopped_while_serving:
+                self.stderr.drop()
+            else:  # it exited by itself, or never served: what it said may be why
+                self.stderr.finish()
         self.process = self.stderr = None

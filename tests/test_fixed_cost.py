@@ -291,6 +291,39 @@ def test_a_temporary_api_start_that_is_retried_prints_nothing(tmp_path):
     assert "address already in use" not in proc.stderr and "ERROR" not in proc.stderr, proc.stderr[-3000:]
 
 
+SERVER_STUB = """
+import signal, sys, time
+def stopped(*args):
+    sys.stderr.write("Error flushing 1 events (1 to retry, 0 dropped)\\n")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stopped)
+sys.stderr.write(sys.argv[1] + "\\n")
+sys.stderr.flush()
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("serving", [True, False])
+def test_what_a_serving_api_says_as_it_is_stopped_is_not_shown(serving, capsys):
+    """A run that failed fast stopped the API while its services were still recording the failures: two
+    "Error flushing events ... CancelledError" tracebacks followed the run's error line. An API stopped
+    before it served (it never answered) still shows everything it said: that is why it failed."""
+    from flows.temporary_api import HeldBack, TemporaryApi
+
+    api = TemporaryApi()
+    said = "serving" if serving else "still starting"
+    api.process = subprocess.Popen([sys.executable, "-c", SERVER_STUB, said], stderr=subprocess.PIPE)
+    api.stderr = held = HeldBack(api.process.stderr)  # type: ignore[arg-type]
+    while not held.held:
+        time.sleep(0.01)
+    if serving:
+        held.pass_through()
+    api.stop()
+    err = capsys.readouterr().err
+    assert said in err
+    assert ("Error flushing" in err) is not serving
+
+
 TEARDOWN = """
 import sys
 {tune}
