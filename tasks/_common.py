@@ -1,5 +1,5 @@
 """Shared task settings: the cache policy, result persistence, operational policies (retries, timeouts,
-GPU concurrency) and how a user's mistake shows in the logs.
+GPU concurrency) and how a user's mistake shows in the logs (tasks/_logs.py).
 
 Policies, by kind of task:
 - I/O that can fail for a moment (hub downloads, HTTP endpoints, a remote tracking server): `IO_RETRIES`,
@@ -19,7 +19,6 @@ Policies, by kind of task:
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from gym import workspace
 from gym.errors import GymError
 from gym.hashing import hash_obj, library_digest
 from tasks import _heartbeats
+from tasks._logs import quiet_run_logs
 
 _heartbeats.install()  # a finished flow returns at once, not when its heartbeat thread next wakes
 
@@ -211,31 +211,8 @@ def _has_gpu_limit() -> bool:
     return True
 
 
-class UserErrorFilter(logging.Filter):
-    """Log a user's mistake (a GymError) as its one-line message, without the traceback.
-
-    Prefect logs a failed task or flow run with its traceback (on the console and in the run's logs
-    in the UI). For a GymError the message already says what and where; the traceback would only
-    bury it. Bugs (any other exception) keep their traceback.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and isinstance(record.exc_info[1], GymError):
-            record.exc_info = None
-            record.exc_text = None
-        return True
-
-
-def quiet_user_errors() -> None:
-    """Install `UserErrorFilter` on Prefect's run loggers (idempotent; filters run before handlers)."""
-    for name in ("prefect.task_runs", "prefect.flow_runs"):
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, UserErrorFilter) for f in logger.filters):
-            logger.addFilter(UserErrorFilter())
-
-
 # Every process that runs gym tasks (a CLI run, a worker's flow run, `flow.serve`) imports this module.
-quiet_user_errors()
+quiet_run_logs()
 
 
 @contextlib.contextmanager

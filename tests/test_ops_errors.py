@@ -20,7 +20,7 @@ from gym import preflight
 from gym.errors import ConfigError, DataError, GymError
 from gym.pipeline import SftThenDpoConfig, TrainFlowConfig
 from gym.train.config import TrainConfig
-from tasks._common import UserErrorFilter
+from tasks._logs import UserErrorFilter
 
 REPO = Path(__file__).resolve().parents[1]
 GYM = str(Path(sys.executable).parent / "gym")
@@ -195,6 +195,63 @@ def test_only_user_errors_lose_their_traceback():
     assert any(isinstance(f, UserErrorFilter) for f in logging.getLogger("prefect.task_runs").filters)
     assert any(isinstance(f, UserErrorFilter) for f in logging.getLogger("prefect.flow_runs").filters)
     assert issubclass(DataError, GymError)
+
+
+def test_a_user_error_many_tasks_share_is_printed_once_and_the_ui_keeps_every_record(
+    prefect_server, monkeypatch
+):
+    """A TF-GRPO step's rollouts all refused by one endpoint printed the same error twice per rollout, then
+    a line per task left NotReady (57 lines). The console shows the first failure and one line counting
+    the rest; the run's logs in the API (what the UI shows) keep every record; a bug is always printed."""
+    import io
+
+    from prefect import flow, task
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogWorker, PrefectConsoleHandler
+
+    from tasks._logs import ConsoleDigest, quiet_run_logs
+
+    @task
+    def ask(i: int) -> int:
+        if i == 3:
+            raise KeyError("a bug")
+        raise ConfigError("the endpoint refused the call")
+
+    @task
+    def score(answer: int) -> int:
+        return answer
+
+    @flow
+    def rollouts() -> list[int]:
+        answers = ask.map(range(5))
+        score.map(answers).wait()
+        return [a.result() for a in answers]
+
+    monkeypatch.delenv("GYM_VERBOSE", raising=False)  # --verbose prints every record
+    quiet_run_logs()
+    console = [h for h in logging.getLogger().handlers if isinstance(h, PrefectConsoleHandler)]
+    assert console and all(any(isinstance(f, ConsoleDigest) for f in h.filters) for h in console)
+    out = io.StringIO()
+    monkeypatch.setattr(console[0].console, "file", out)  # the handler prints through its rich Console
+    state = rollouts(return_state=True)
+    assert state.is_failed()
+    lines = out.getvalue().splitlines()
+    failed = [line for line in lines if "Task run failed with exception: ConfigError" in line]
+    assert len(failed) == 1, lines
+    assert sum("KeyError" in line and "Task run 'ask" in line for line in lines) == 2, lines  # the bug
+    assert not any("NotReady" in line for line in lines), lines
+    (summary,) = [line for line in lines if "not printed here" in line]
+    assert "3 more task runs failed" in summary and "5 task runs did not start" in summary
+    assert lines.index(summary) < max(i for i, line in enumerate(lines) if "Finished in state Failed" in line)
+
+    APILogWorker.drain_all(timeout=10)
+    with get_client(sync_client=True) as client:
+        flow_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[state.state_details.flow_run_id]))
+        logs = [log.message for log in client.read_logs(log_filter=flow_filter)]
+    assert sum("Task run failed with exception: ConfigError" in m for m in logs) == 4
+    assert sum(m.startswith("Finished in state NotReady(") for m in logs) == 5
+    assert not any("not printed here" in m for m in logs)
 
 
 def test_an_mlflow_store_that_cannot_be_created_is_caught_before_the_run(gym_home, tmp_path):
