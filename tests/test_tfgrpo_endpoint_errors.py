@@ -7,6 +7,7 @@ and no call is sent after it."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -15,11 +16,12 @@ from typing import Any
 
 import pytest
 
-from gym.tfgrpo.clients import EndpointError, OpenAIClient, refusal
+from gym.tfgrpo.clients import EndpointDown, EndpointError, LLMError, OpenAIClient, refusal
 from gym.tfgrpo.config import TfGrpoSettings
 from gym.tfgrpo.data import Question
 from gym.tfgrpo.engine import train
 from gym.tfgrpo.runtime import Runtime
+from gym.tfgrpo.sim import SimEnv, SimOptimizer, SimPolicy, default_settings
 from tests.tfgrpo_fakes import FakeEndpoint
 
 MSG = [{"role": "user", "content": "2+2?"}]
@@ -129,6 +131,84 @@ def test_a_refused_key_stops_at_the_first_call(monkeypatch, status):
     assert f"refused the API key in $MY_LLM_KEY for the model 'm' (HTTP {status} Incorrect" in message
     assert "sk-not-accepted-42" not in message and "--api_key_env" in message
     assert len(endpoint.requests) == 1
+
+
+def test_an_endpoint_that_stops_answering_stops_the_calls_after_as_many_as_can_be_in_flight():
+    """No answer (a gateway's 503 here; no connection or a timeout alike) after the client's retries: one
+    such call may be a blip, but as many in a row as can be in flight at once, none answered between,
+    is a server that is gone: later calls send nothing. An answer in between starts the count again."""
+    script = iter([200, 503, 503, 200, 503, 503, 503])
+
+    def answer(body: dict[str, Any]) -> Any:
+        status = next(script)
+        return (status, {}, {"error": {"message": "no backend"}}) if status != 200 else "4"
+
+    endpoint = FakeEndpoint(answer)
+    with endpoint as url:
+        client = OpenAIClient(url, "m", max_retries=0, concurrency=3)
+        outcomes = []
+        for _ in range(8):
+            try:
+                ask(client)
+                outcomes.append("ok")
+            except EndpointDown:
+                outcomes.append("down")
+            except LLMError:
+                outcomes.append("failed")
+    assert outcomes == ["ok", "failed", "failed", "ok", "failed", "failed", "down", "down"]
+    assert len(endpoint.requests) == 7  # the last call sent nothing
+    with pytest.raises(EndpointDown) as e:
+        ask(client)
+    message = str(e.value)
+    assert message.startswith(f"{url} stopped answering: the last 3 calls in a row got no answer")
+    assert "HTTP" in message or "503" in message
+    assert "run the same command again" in message and "\n" not in message
+
+
+def test_a_run_whose_endpoint_dies_stops_at_once_and_resumes_when_it_is_back(tmp_path):
+    """The endpoint answers 40 calls, then nothing listens at its URL. Every remaining call of the run was
+    retried with backoff and failed (69 s for a 20-question run, ~20 min for the papers' default), then
+    the run ended saying none of its step calls was answered. Now it stops within the calls in flight;
+    run again with the server back at the URL, it asks nothing it had an answer to and ends with the
+    library of a run that never lost its server."""
+    env = SimEnv(seed=3, families=4, train_per_family=3, eval_per_family=2)
+    policy, optimizer = SimPolicy(env), SimOptimizer()
+    settings = default_settings(seed=3).model_copy(update={"epochs": 2, "batch_size": 4, "group_size": 3})
+    train_q, eval_q = env.questions()
+
+    def answer(body: dict[str, Any]) -> list[str]:
+        client = policy if body["model"] == "policy" else optimizer
+        reply = client.complete(body["messages"], temperature=0, max_tokens=1, seed=body["seed"], n=body["n"])
+        return reply.texts
+
+    def run(url: str, name: str) -> Any:
+        clients = {
+            role: OpenAIClient(url, role, max_retries=1, concurrency=4) for role in ("policy", "optimizer")
+        }
+        home = tmp_path / name
+        rt = Runtime(settings, model=None, run_dir=home, clients=clients, cache_dir=home / "calls")
+        return train(rt, train_q, eval_q)
+
+    with FakeEndpoint(answer) as url:
+        reference = run(url, "reference")
+
+    def dies(body: dict[str, Any]) -> list[str]:
+        if len(first.requests) == 40:
+            threading.Thread(target=first.__exit__, args=(None, None, None)).start()
+        return answer(body)
+
+    first = FakeEndpoint(dies)
+    url = first.__enter__()
+    with pytest.raises(EndpointDown, match="stopped answering"):
+        run(url, "run")
+    assert len(first.requests) <= 40 + 4  # nothing sent after the death but the calls then in flight
+    back = FakeEndpoint(answer, port=int(url.split(":")[-1].split("/")[0]))
+    with back as again:
+        assert again == url
+        resumed = run(url, "run")
+    answered = {json.dumps(r, sort_keys=True) for r in first.completed[:40]}
+    assert len(answered) >= 30 and not answered & {json.dumps(r, sort_keys=True) for r in back.requests}
+    assert resumed.library_hash == reference.library_hash and resumed.mean_at_k == reference.mean_at_k
 
 
 def test_the_endpoint_is_named_without_credentials():

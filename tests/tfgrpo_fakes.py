@@ -32,8 +32,8 @@ class _Server(ThreadingHTTPServer):
 class FakeEndpoint:
     """A real HTTP server (`/v1/chat/completions`) on 127.0.0.1 and a free port."""
 
-    def __init__(self, answer: Answer, latency_s: float = 0.0, jitter_s: float = 0.0) -> None:
-        self.answer, self.latency_s, self.jitter_s = answer, latency_s, jitter_s
+    def __init__(self, answer: Answer, latency_s: float = 0.0, jitter_s: float = 0.0, port: int = 0) -> None:
+        self.answer, self.latency_s, self.jitter_s, self.port = answer, latency_s, jitter_s, port
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self.completed: list[dict[str, Any]] = []  # in the order the answers went out
@@ -72,7 +72,7 @@ class FakeEndpoint:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self.server = _Server(("127.0.0.1", 0), Handler)
+        self.server = _Server(("127.0.0.1", self.port), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
