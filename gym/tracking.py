@@ -28,6 +28,7 @@ from gym.errors import chain, interrupted
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 EXPERIMENT = "gym"
+PROCESS_TAG = "gym.process"  # the process that made a run (gym.liveness): host|pid namespace|pid|start
 # Logged with every model so `mlflow models serve` / a fresh env can rebuild it without torchvision.
 MODEL_REQUIREMENTS = ["torch", "transformers==5.17.0", "accelerate==1.15.0", "safetensors"]
 
@@ -183,9 +184,13 @@ def start_run(
     parent_run_id: str | None = None,
     uri: str | None = None,
 ) -> str:
-    """Create a run (nested under `parent_run_id` if given) and return its id."""
+    """Create a run (nested under `parent_run_id` if given) and return its id. Its `gym.process` tag
+    names the process that made it, so that a run the process could not end (killed) is ended by the
+    next flow run on the machine (`end_orphaned_runs`)."""
+    from gym import liveness
+
     client = _client(uri)
-    all_tags = {"mlflow.runName": run_name, **(tags or {})}
+    all_tags = {"mlflow.runName": run_name, PROCESS_TAG: liveness.this_process(), **(tags or {})}
     if parent_run_id:
         all_tags["mlflow.parentRunId"] = parent_run_id
     run = client.create_run(experiment_id(uri=uri), tags=all_tags, run_name=run_name)
@@ -308,6 +313,25 @@ def end_open_runs(tag: str, value: str, status: str = "FAILED", uri: str | None 
         for child in [*children, run]:
             client.set_terminated(child.info.run_id, status)
             ended.append(child.info.run_id)
+    return ended
+
+
+def end_orphaned_runs(uri: str | None = None) -> list[str]:
+    """End as KILLED every RUNNING run of gym's experiment whose process is certainly gone (killed with
+    SIGKILL, out of memory, the machine's power: nothing ended its runs, so MLflow showed them running
+    for good). Only runs made on this machine are judged (gym.liveness); others are left as they are."""
+    from gym import liveness
+
+    client = _client(uri)
+    running = client.search_runs(
+        [experiment_id(uri=uri)], filter_string="attributes.status = 'RUNNING'", max_results=1000
+    )
+    ended = []
+    for run in running:
+        owner = run.data.tags.get(PROCESS_TAG)
+        if owner and liveness.gone(owner):
+            client.set_terminated(run.info.run_id, "KILLED")
+            ended.append(run.info.run_id)
     return ended
 
 

@@ -107,7 +107,10 @@ def run_logs(name: str = "gym") -> Iterator[None]:
 def start_tracking(
     flow_name: str, config: dict[str, Any], flow_run_id: str | None, tracking_uri: str | None
 ) -> str:
-    """Create the parent run of this flow run (params = the flow's config, secrets redacted)."""
+    """Create the parent run of this flow run (params = the flow's config, secrets redacted), after
+    ending the runs a killed process left RUNNING on this machine (best effort)."""
+    with contextlib.suppress(Exception):
+        tracking.end_orphaned_runs(uri=tracking_uri)
     tags = {"gym.flow": flow_name}
     if flow_run_id:
         tags[FLOW_RUN_TAG] = flow_run_id

@@ -152,6 +152,36 @@ def test_open_runs_of_a_failed_flow_run_are_ended(gym_home):
     assert client.get_run(other).info.status == "RUNNING"
 
 
+def test_runs_a_killed_process_left_running_are_ended_by_the_next_flow_run(gym_home):
+    """SIGKILL (or the OOM killer) leaves the runs of the process RUNNING in MLflow for good: nothing ends
+    them. The next flow run on the machine ends them as KILLED; live runs, and runs made on another
+    machine, are left as they are."""
+    import signal
+    import subprocess
+    import sys
+
+    from tasks.tracking import start_tracking
+
+    client = MlflowClient(tracking.tracking_uri())
+    script = (
+        "import time; from gym import tracking; parent = tracking.start_run('flow'); "
+        "print(parent, tracking.start_run('sft', parent_run_id=parent), flush=True); time.sleep(120)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    killed = proc.stdout.readline().split()
+    alive = tracking.start_run("alive")  # this process's
+    elsewhere = tracking.start_run("elsewhere", tags={tracking.PROCESS_TAG: "another-host|1|42|1.00"})
+    assert len(killed) == 2 and tracking.end_orphaned_runs() == []  # its process still runs
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert {client.get_run(r).info.status for r in killed} == {"RUNNING"}
+    new = start_tracking.fn("train", {}, None, None)
+    assert [client.get_run(r).info.status for r in killed] == ["KILLED", "KILLED"]
+    for run_id in (alive, elsewhere, new):
+        assert client.get_run(run_id).info.status == "RUNNING"
+
+
 def test_a_stages_warning_reaches_the_console_of_a_flow_run(gym_home, tmp_path, capfd):
     """gym's logger goes to the Prefect run's logs during a stage; its warnings were lost to the console."""
     import json
