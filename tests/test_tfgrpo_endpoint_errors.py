@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -46,11 +47,11 @@ class FileServer:
             def log_message(self, *args: Any) -> None:
                 pass
 
-            def handle_one_request(self) -> None:
-                super().handle_one_request()
-                if getattr(self, "command", None) == "POST":
+            def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+                if getattr(self, "command", None) == "POST":  # counted before the client reads the answer
                     with server._lock:
                         server.posts += 1
+                super().send_error(code, message, explain)
 
         class Refusing(Handler):
             def do_POST(self) -> None:
@@ -133,11 +134,23 @@ def test_a_refused_key_stops_at_the_first_call(monkeypatch, status):
     assert len(endpoint.requests) == 1
 
 
-def test_an_endpoint_that_stops_answering_stops_the_calls_after_as_many_as_can_be_in_flight():
-    """No answer (a gateway's 503 here; no connection or a timeout alike) after the client's retries: one
-    such call may be a blip, but as many in a row as can be in flight at once, none answered between,
-    is a server that is gone: later calls send nothing. An answer in between starts the count again."""
-    script = iter([200, 503, 503, 200, 503, 503, 503])
+def outcomes(client: OpenAIClient, calls: int) -> list[str]:
+    seen = []
+    for _ in range(calls):
+        try:
+            ask(client)
+            seen.append("ok")
+        except EndpointDown:
+            seen.append("down")
+        except LLMError:
+            seen.append("failed")
+    return seen
+
+
+def test_a_call_no_server_answered_stops_the_calls_after_it():
+    """No answer after the client's retries (a gateway's 503 here; no connection alike): the server is
+    gone, so later calls send nothing and say so."""
+    script = iter([200, 500, 503])
 
     def answer(body: dict[str, Any]) -> Any:
         status = next(script)
@@ -145,24 +158,33 @@ def test_an_endpoint_that_stops_answering_stops_the_calls_after_as_many_as_can_b
 
     endpoint = FakeEndpoint(answer)
     with endpoint as url:
-        client = OpenAIClient(url, "m", max_retries=0, concurrency=3)
-        outcomes = []
-        for _ in range(8):
-            try:
-                ask(client)
-                outcomes.append("ok")
-            except EndpointDown:
-                outcomes.append("down")
-            except LLMError:
-                outcomes.append("failed")
-    assert outcomes == ["ok", "failed", "failed", "ok", "failed", "failed", "down", "down"]
-    assert len(endpoint.requests) == 7  # the last call sent nothing
+        client = OpenAIClient(url, "m", max_retries=0)
+        assert outcomes(client, 5) == ["ok", "failed", "down", "down", "down"]  # a 500 is one request's
+    assert len(endpoint.requests) == 3
     with pytest.raises(EndpointDown) as e:
         ask(client)
     message = str(e.value)
-    assert message.startswith(f"{url} stopped answering: the last 3 calls in a row got no answer")
-    assert "HTTP" in message or "503" in message
-    assert "run the same command again" in message and "\n" not in message
+    assert message.startswith(f"{url} stopped answering: a call got no answer after its retries (")
+    assert "503" in message and "run the same command again" in message and "\n" not in message
+
+
+def test_timeouts_stop_the_calls_after_as_many_in_a_row_as_can_be_in_flight():
+    """A server can be slow for one request: a timeout fails that call only, but as many in a row as can be
+    in flight at once, none answered between, is a server that no longer answers."""
+    slow = iter([True, True, False, True, True, True])
+
+    def answer(body: dict[str, Any]) -> str:
+        if next(slow):
+            time.sleep(2.0)
+        return "4"
+
+    endpoint = FakeEndpoint(answer)
+    with endpoint as url:
+        client = OpenAIClient(url, "m", max_retries=0, concurrency=3, timeout_s=0.6)
+        assert outcomes(client, 7) == ["failed", "failed", "ok", "failed", "failed", "down", "down"]
+    assert len(endpoint.requests) == 6
+    with pytest.raises(EndpointDown, match="the last 3 calls in a row timed out, each after its retries"):
+        ask(client)
 
 
 def test_a_run_whose_endpoint_dies_stops_at_once_and_resumes_when_it_is_back(tmp_path):
@@ -192,8 +214,10 @@ def test_a_run_whose_endpoint_dies_stops_at_once_and_resumes_when_it_is_back(tmp
     with FakeEndpoint(answer) as url:
         reference = run(url, "reference")
 
+    once = threading.Lock()
+
     def dies(body: dict[str, Any]) -> list[str]:
-        if len(first.requests) == 40:
+        if len(first.requests) >= 40 and once.acquire(blocking=False):
             threading.Thread(target=first.__exit__, args=(None, None, None)).start()
         return answer(body)
 

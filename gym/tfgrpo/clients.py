@@ -9,12 +9,11 @@ environment variable, never passed around or logged. An answer no retry can chan
 key refused; 404, 405, 501: no such model or route, or no API there at all, as from a static file
 server) is not retried: it raises EndpointError, and every later call of the client raises it too,
 sending nothing, so a run stops at its first call instead of failing every call it would make. An
-endpoint that stops answering (a dead server: as many calls in a row as can be in flight at once got no
-connection, a timeout or a gateway's 502/503/504, each after its retries) raises EndpointDown, likewise
-remembered. Calls
-to one endpoint share a semaphore, so the concurrency limit holds per endpoint across every role and
-thread of the process. The local client runs gym serve's engine in-process: calls made at the same
-time are generated in one batch, each with its own seed.
+endpoint that stops answering (a call got no connection or a gateway's 502/503/504 after its retries,
+or as many calls in a row as can be in flight at once timed out) raises EndpointDown, likewise
+remembered. Calls to one endpoint share a semaphore, so the concurrency limit holds per endpoint across
+every role and thread of the process. The local client runs gym serve's engine in-process: calls made
+at the same time are generated in one batch, each with its own seed.
 """
 
 from __future__ import annotations
@@ -77,25 +76,26 @@ class EndpointError(ConfigError):
     """The endpoint answered with a PERMANENT_STATUS: no call to it can succeed, so the run stops."""
 
 
-# A call that got no answer from the server behind the URL, after the client's retries: no connection,
-# a timeout, or a gateway's 502/503/504 (what a proxy says while the model server behind it is down).
+# A call the server behind the URL was not there to answer, after the client's retries (with backoff,
+# ~8 s at the default 4): no connection, or a gateway's 502/503/504 (what a proxy says while the model
+# server behind it is down). A timeout is not one: a server can be slow for one request only.
 UNANSWERED_STATUS = (502, 503, 504)
 
 
 class EndpointDown(GymError, RuntimeError):
-    """The endpoint stopped answering: the client's last calls all went unanswered after their retries,
-    none answered in between. Every later call raises it, sending nothing: the run stops (resumably)
-    instead of failing each of its remaining calls, retries and backoff included, one by one."""
+    """The endpoint stopped answering: a call got no connection (or a gateway's 502/503/504) after its
+    retries, or as many calls in a row as can be in flight at once timed out. Every later call raises it,
+    sending nothing: the run stops (resumably) instead of failing each of its remaining calls, retries
+    and backoff included, one by one, and ending steps as degraded for want of a server."""
 
 
-def down(endpoint: str, calls: int, error: str) -> str:
-    """EndpointDown's one line: the endpoint without credentials, how many calls in a row, the last error."""
+def down(endpoint: str, what: str, error: str) -> str:
+    """EndpointDown's one line: the endpoint without credentials, what went unanswered, the error."""
     where = secrets.strip_url(endpoint)
     return (
-        f"{where} stopped answering: the last {calls} calls in a row got no answer, each after its retries "
-        f"(the last error: {error[:REFUSAL_CHARS]}); check that the server is up and reachable, then run "
-        "the same command again: the calls already answered are reused and the run goes on from its "
-        "last finished step"
+        f"{where} stopped answering: {what} ({error[:REFUSAL_CHARS]}); check that the server is up and "
+        "reachable, then run the same command again: the calls already answered are reused and the run "
+        "goes on from its last finished step"
     )
 
 
@@ -208,12 +208,12 @@ class OpenAIClient:
         self._limit = endpoint_semaphore(self.base_url, concurrency)
         self._errors = (openai.OpenAIError,)
         self._refused: str | None = None  # the first permanent refusal, raised again by every later call
-        # Calls in a row that got no answer; at `_down_after` (every call that can be in flight at once,
-        # and at least 3) the endpoint is taken as down, and `_down` is raised by every later call.
-        self._unanswered, self._down_after = 0, max(3, concurrency)
+        # Calls in a row that timed out; at `_down_after` (every call that can be in flight at once, and
+        # at least 3) the endpoint is taken as down. `_down` is raised by every later call.
+        self._timeouts, self._down_after = 0, max(3, concurrency)
         self._down: str | None = None
         self._count = threading.Lock()
-        self._unanswered_errors = (openai.APIConnectionError,)  # a timeout is one too
+        self._timeout_error, self._connection_error = openai.APITimeoutError, openai.APIConnectionError
 
     def complete(
         self, messages: Messages, *, temperature: float, max_tokens: int, seed: int, n: int = 1
@@ -235,7 +235,7 @@ class OpenAIClient:
             except self._errors as exc:
                 raise self._failure(exc) from exc
             with self._count:
-                self._unanswered = 0
+                self._timeouts = 0
         texts = [choice.message.content or "" for choice in response.choices]
         if len(texts) != n:
             raise LLMError(f"{self.identity}: asked for {n} completions, got {len(texts)}")
@@ -250,16 +250,21 @@ class OpenAIClient:
 
     def _failure(self, exc: Exception) -> GymError:
         """A failed call's error: EndpointError (remembered) for a PERMANENT_STATUS, EndpointDown
-        (remembered) for the call that makes `_down_after` unanswered in a row, else LLMError."""
+        (remembered) for no answer (no connection, UNANSWERED_STATUS, `_down_after` timeouts in a row),
+        else LLMError."""
         status = getattr(exc, "status_code", None)
         error = f"{type(exc).__name__}: {exc}"
-        if isinstance(exc, self._unanswered_errors) or status in UNANSWERED_STATUS:
-            with self._count:
-                self._unanswered += 1
-                if self._down is None and self._unanswered >= self._down_after:
-                    self._down = down(self.base_url, self._unanswered, error)
-                if self._down is not None:
-                    return EndpointDown(self._down)
+        what = None
+        with self._count:
+            if isinstance(exc, self._timeout_error):
+                self._timeouts += 1
+                if self._timeouts >= self._down_after:
+                    what = f"the last {self._timeouts} calls in a row timed out, each after its retries"
+            elif isinstance(exc, self._connection_error) or status in UNANSWERED_STATUS:
+                what = "a call got no answer after its retries"
+            if what is not None:
+                self._down = self._down or down(self.base_url, what, error)
+                return EndpointDown(self._down)
         if status not in PERMANENT_STATUS:
             return LLMError(f"{self.identity}: {error}")
         refused = http_refusal(str(exc))
