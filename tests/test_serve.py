@@ -198,6 +198,14 @@ BAD_BODIES = [
     ({"model": NAME, "messages": SAY_X, "max_tokens": 65}, 400, "max_tokens"),
     ({"model": NAME, "messages": SAY_X, "stop": ["a"] * 5}, 400, "stop"),
     ({"model": NAME, "messages": SAY_X, "tools": [{"type": "x"}]}, 400, "tools"),
+    # vLLM's extensions change what is generated: accepted and dropped, they changed nothing (a 200)
+    ({"model": NAME, "messages": SAY_X, "top_k": 1}, 400, "top_k"),
+    ({"model": NAME, "messages": SAY_X, "min_p": 0.5}, 400, "min_p"),
+    ({"model": NAME, "messages": SAY_X, "repetition_penalty": 2.0}, 400, "repetition_penalty"),
+    ({"model": NAME, "messages": SAY_X, "guided_choice": ["yes", "no"]}, 400, "guided_choice"),
+    ({"model": NAME, "messages": SAY_X, "continue_final_message": True}, 400, "continue_final_message"),
+    ({"model": NAME, "messages": SAY_X, "echo": True}, 400, "echo"),
+    ({"model": NAME, "messages": SAY_X, "best_of": 0}, 400, "best_of"),  # 0 == False let it through
     ({"model": NAME, "messages": SAY_X, "logprobs": True, "stream": True}, 400, "logprobs"),
     ({"model": NAME, "messages": SAY_X, "top_logprobs": 2}, 400, "top_logprobs"),
     ({"model": NAME, "messages": SAY_X, "presence_penalty": 2.5}, 400, "presence_penalty"),
@@ -250,6 +258,27 @@ def test_bad_requests_get_4xx_in_openai_shape(url, body, status, param):
     error = r.json()["error"]
     assert error["message"] and error["param"] == param
     assert "Value error" not in error["message"] and not error["message"].startswith("body:")
+
+
+def test_fields_at_the_values_that_ask_for_nothing_are_accepted(client):
+    """What clients send by default for the fields gym serve does not implement is no request for them."""
+    neutral = {
+        "tool_choice": "none",
+        "suffix": "",
+        "best_of": 1,
+        "top_k": -1,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "skip_special_tokens": True,
+        "add_generation_prompt": True,
+        "response_format": {"type": "text"},
+    }
+    chat = client.chat.completions.create(model=NAME, messages=SAY_X, max_tokens=2, extra_body=neutral)
+    assert chat.choices[0].finish_reason in ("stop", "length")
+    text = client.completions.create(
+        model=NAME, prompt="x", max_tokens=2, extra_body={"top_k": 0, "suffix": ""}
+    )
+    assert text.choices[0].finish_reason in ("stop", "length")
 
 
 def test_bad_completion_prompts_get_400(url):

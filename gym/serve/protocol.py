@@ -2,10 +2,10 @@
 the endpoints answer with (the shapes the official `openai` client parses).
 
 Unknown fields are ignored as OpenAI's own API does (clients send `user`, `metadata`...); fields
-gym cannot honour (tools, response_format...) are refused with a 400 naming them rather
-than silently dropped. `ignore_eos` is vLLM's extension, for benchmarks. Log-probabilities are
-served (`logprobs`/`echo` on completions, `logprobs`/`top_logprobs` on chat: gym/serve/logprobs.py),
-except while streaming.
+gym cannot honour (tools, response_format, vLLM's top_k, min_p, guided_json...: UNSUPPORTED) are
+refused with a 400 naming them rather than silently dropped. `ignore_eos` is vLLM's extension, for
+benchmarks. Log-probabilities are served (`logprobs`/`echo` on completions, `logprobs`/`top_logprobs`
+on chat: gym/serve/logprobs.py), except while streaming.
 """
 
 from __future__ import annotations
@@ -21,16 +21,47 @@ from gym.serve.params import Scoring
 
 MAX_STOPS = 4
 MAX_TOP_LOGPROBS = 20  # OpenAI's cap for chat's top_logprobs (vLLM's default for both endpoints)
-# Field -> the value that means "not asked for"; anything else is refused (not supported here).
-UNSUPPORTED: dict[str, Any] = {
-    "tools": None,
-    "tool_choice": None,
-    "functions": None,
-    "function_call": None,
-    "suffix": None,
-    "best_of": 1,
-    "response_format": None,
+# Fields gym serve does not implement -> the values that mean "not asked for" (besides null, always);
+# any other value is refused with a 400 naming the field, never silently dropped: OpenAI's tools and
+# structured output, and vLLM's extensions that change what is generated or how the prompt is built
+# (clients send them through `extra_body`). Compared by type too: `best_of: 0` is not `false`.
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "tools": ([],),
+    "tool_choice": ("none",),
+    "functions": ([],),
+    "function_call": ("none",),
+    "suffix": ("",),
+    "best_of": (1,),
+    "response_format": ({"type": "text"},),
+    "top_k": (-1, 0),
+    "min_p": (0, 0.0),
+    "repetition_penalty": (1, 1.0),
+    "length_penalty": (1, 1.0),
+    "min_tokens": (0,),
+    "stop_token_ids": ([],),
+    "bad_words": ([],),
+    "allowed_token_ids": (),
+    "include_stop_str_in_output": (False,),
+    "use_beam_search": (False,),
+    "skip_special_tokens": (True,),
+    "spaces_between_special_tokens": (True,),
+    "truncate_prompt_tokens": (),
+    "prompt_logprobs": (),
+    "guided_json": (),
+    "guided_regex": (),
+    "guided_choice": (),
+    "guided_grammar": (),
+    "structured_outputs": (),
+    "echo": (False,),  # chat's (vLLM); completions' own `echo` is served
+    "add_generation_prompt": (True,),
+    "continue_final_message": (False,),
+    "chat_template": (),
+    "chat_template_kwargs": ({},),
 }
+
+
+def unasked(value: Any, neutral: tuple[Any, ...]) -> bool:
+    return value is None or any(type(value) is type(v) and value == v for v in neutral)
 
 
 def unicode_text(value: str) -> str:
@@ -146,9 +177,7 @@ class GenerationRequest(BaseModel):
     @model_validator(mode="after")
     def _refuse_unsupported(self) -> GenerationRequest:
         for key, value in (self.model_extra or {}).items():
-            if key in UNSUPPORTED and value not in (UNSUPPORTED[key], None, False, [], {}):
-                if key == "response_format" and isinstance(value, dict) and value.get("type") == "text":
-                    continue
+            if key in UNSUPPORTED and not unasked(value, UNSUPPORTED[key]):
                 raise PydanticCustomError(  # its own type: the error names `key` as its param
                     "unsupported", "{param} is not supported by this server; leave it unset", {"param": key}
                 )
