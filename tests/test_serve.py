@@ -472,6 +472,40 @@ def test_requests_beyond_the_concurrency_cap_get_429(engine):
     assert first["status"] == 200
 
 
+def test_an_unstreamed_request_stops_generating_when_its_client_leaves(model_dir):
+    """A client that times out and closes its connection: the request generated on to its last token,
+    holding its rows of the batch and its concurrency slot (429s for others) for a reply nobody reads."""
+    import socket
+
+    steps = []
+
+    def step(*_: object) -> None:  # each forward: one generated token, made slow
+        steps.append(1)
+        time.sleep(0.01)
+
+    with Engine.load(str(model_dir), name=NAME) as slow:
+        slow.model.register_forward_pre_hook(step)
+        app = build_app(slow, Limits(max_tokens=512, max_concurrent=1))
+        with serve_in_thread(app) as base:
+            host, port = base.removeprefix("http://").split(":")
+            body = json.dumps({"model": NAME, "prompt": "x", "max_tokens": 400, "ignore_eos": True}).encode()
+            head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            sock = socket.create_connection((host, int(port)))
+            sock.sendall(head.encode() + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            deadline = time.monotonic() + 30
+            while len(steps) < 20 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            sock.close()  # the client leaves 20 tokens into 400
+            while app.state.gate.active and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert app.state.gate.active == 0
+            left = len(steps)
+            time.sleep(0.5)
+            assert len(steps) == left < 200  # it stopped, and stays stopped
+            after = httpx.post(f"{base}/v1/completions", json={"model": NAME, "prompt": "x", "max_tokens": 2})
+            assert after.status_code == 200  # the slot is free
+
+
 def reference_logprobs(model_dir: Path, ids: list[int]) -> torch.Tensor:
     """transformers' own forward, no server: row i is the distribution after ids[: i + 1]."""
     from transformers import AutoModelForCausalLM

@@ -15,6 +15,7 @@ Retry-After. The API key is compared in constant time and never logged.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import secrets
@@ -23,7 +24,7 @@ from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -121,14 +122,14 @@ def build_app(
         return _model_card(engine)
 
     @app.post("/v1/chat/completions")
-    async def chat(body: ChatCompletionRequest) -> Any:
+    async def chat(body: ChatCompletionRequest, request: Request) -> Any:
         _check_model(engine, body.model)
         prompt = engine.encode_chat([m.as_dict() for m in body.messages])
         params = _params(engine, limits, body, len(prompt), default_budget=None)
-        return await _respond(engine, gate, body, [prompt], [0], params, chat=True)
+        return await _respond(engine, gate, body, [prompt], [0], params, chat=True, request=request)
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest) -> Any:
+    async def completions(body: CompletionRequest, request: Request) -> Any:
         _check_model(engine, body.model)
         prefix = completion_experiences == "prefix"
         texts = body.prompts()
@@ -147,7 +148,7 @@ def build_app(
             raise APIError(400, "prompt is empty", "invalid_request_error", "prompt")
         prompts, starts = [ids for ids, _ in encoded], [start for _, start in encoded]
         params = _params(engine, limits, body, max(len(p) for p in prompts), default_budget=16)
-        return await _respond(engine, gate, body, prompts, starts, params, chat=False)
+        return await _respond(engine, gate, body, prompts, starts, params, chat=False, request=request)
 
     return app
 
@@ -220,6 +221,7 @@ async def _respond(
     starts: list[int],
     params: SamplingParams,
     chat: bool,
+    request: Request | None = None,
 ) -> Any:
     for prompt in prompts:
         try:
@@ -249,7 +251,10 @@ async def _respond(
             found = await score_next_token(engine, prompts, scoring.top)
             results, scored = [Result([s.choice], len(s.prompt)) for s in found], list(found)
         else:
-            results = list(await asyncio.gather(*(engine.agenerate(p, params) for p in prompts)))
+            generating = asyncio.gather(*(engine.agenerate(p, params) for p in prompts))
+            if request is not None and not await _finished_before_leaving(request, generating):
+                return Response(status_code=CLIENT_CLOSED)  # nobody reads it
+            results = list(await generating)
             pairs = [(prompts[i], c) for i, result in enumerate(results) for c in result.choices]
             if scoring.top is None:
                 scored = [None] * len(pairs)
@@ -277,6 +282,34 @@ async def _respond(
         choices,
         usage=usage(prompt_tokens, sum(r.completion_tokens for r in results)),
     )
+
+
+CLIENT_CLOSED = 499  # nginx's status for a request its client closed before the answer
+
+
+async def _finished_before_leaving(request: Request, work: asyncio.Future[Any]) -> bool:
+    """Wait for `work`; if the client disconnects first, cancel it and say False. A streamed request
+    stops when its client leaves; an unstreamed one generated on to its last token, holding its rows of
+    the batch and its concurrency slot for a reply nobody would read (vLLM aborts it too).
+
+    The disconnect is awaited as the ASGI message it is: Starlette's `request.is_disconnected()` never
+    sees it behind an HTTP middleware (the API key's), whose receive it polls with a cancelled scope."""
+
+    async def left() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(left())
+    try:
+        done, _ = await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if work in done:
+        return True
+    work.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await work
+    return False
 
 
 def _next_token_only(params: SamplingParams, scoring: Scoring, chat: bool) -> bool:
