@@ -281,6 +281,60 @@ def test_fields_at_the_values_that_ask_for_nothing_are_accepted(client):
     assert text.choices[0].finish_reason in ("stop", "length")
 
 
+def test_a_request_past_the_window_names_the_field_to_change_with_openais_code(model_dir, engine):
+    """The prompt alone too long: the prompt (a chat's messages), whatever max_tokens says; the budget too
+    large: the field the client sent it in; `context_length_exceeded` either way."""
+    window = engine.context_length
+    assert window is not None
+    limits = Limits(max_tokens=window, max_prompt_tokens=2 * window)
+    words = "word " * window
+    chat = {"model": NAME, "messages": [{"role": "user", "content": words}]}
+    cases = [
+        ("/v1/chat/completions", chat, "messages"),
+        ("/v1/chat/completions", {**chat, "max_tokens": 1}, "messages"),
+        ("/v1/completions", {"model": NAME, "prompt": words, "max_tokens": 1}, "prompt"),
+        (
+            "/v1/completions",
+            {"model": NAME, "prompt": "word " * (window // 2), "max_tokens": window},
+            "max_tokens",
+        ),
+        (
+            "/v1/chat/completions",
+            {**chat, "messages": SAY_X, "max_completion_tokens": window},
+            "max_completion_tokens",
+        ),
+    ]
+    with serve_in_thread(build_app(engine, limits)) as base:
+        for path, body, param in cases:
+            r = httpx.post(f"{base}{path}", json=body, timeout=60)
+            assert r.status_code == 400, r.text
+            error = r.json()["error"]
+            assert (error["param"], error["code"]) == (param, "context_length_exceeded"), (body, error)
+            if param in ("messages", "prompt"):
+                assert "lower max_tokens" not in error["message"]  # no budget makes room
+        over = {**chat, "messages": SAY_X, "max_completion_tokens": window + 1}
+        error = httpx.post(f"{base}/v1/chat/completions", json=over, timeout=60).json()["error"]
+        assert error["param"] == "max_completion_tokens" and error["message"].startswith(
+            "max_completion_tokens="
+        )
+        long = {"model": NAME, "prompt": "word " * (2 * window + 1)}
+        error = httpx.post(f"{base}/v1/completions", json=long, timeout=60).json()["error"]
+        assert (error["param"], error["code"]) == ("prompt", "context_length_exceeded")
+
+
+def test_a_json_body_sent_as_a_form_is_told_its_content_type(url):
+    """`curl -d '{...}'` sends the JSON as a form: "must be a JSON object" said nothing the sender saw."""
+    body = json.dumps({"model": NAME, "messages": SAY_X, "max_tokens": 2})
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/x-www-form-urlencoded"}
+    r = httpx.post(f"{url}/v1/chat/completions", content=body, headers=headers)
+    assert r.status_code == 400
+    message = r.json()["error"]["message"]
+    assert "Content-Type: application/json" in message and "application/x-www-form-urlencoded" in message
+    headers["Content-Type"] = "application/json"
+    r = httpx.post(f"{url}/v1/chat/completions", content=b"[1, 2]", headers=headers)
+    assert r.status_code == 400 and r.json()["error"]["message"] == "the request body must be a JSON object"
+
+
 def test_bad_completion_prompts_get_400(url):
     headers = {"Authorization": f"Bearer {KEY}"}
     for prompt in ([99999], [], [-1, 3], ""):

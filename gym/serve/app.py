@@ -47,6 +47,7 @@ from gym.serve.protocol import (
     new_id,
     usage,
 )
+from gym.serve.requests import CONTEXT_LENGTH_EXCEEDED
 from gym.serve.settings import Limits
 
 log = logging.getLogger("gym.serve")
@@ -185,16 +186,17 @@ def _params(
             400,
             f"the prompt has {prompt_len} tokens; this server accepts at most {limits.max_prompt_tokens}",
             "invalid_request_error",
-            "messages",
-            "context_length_exceeded",
+            _field("prompt", body),
+            CONTEXT_LENGTH_EXCEEDED,
         )
     budget = body.budget()
     if budget is not None and budget > limits.max_tokens:
+        field = _field("max_tokens", body)
         raise APIError(
             400,
-            f"max_tokens={budget} exceeds this server's cap of {limits.max_tokens}",
+            f"{field}={budget} exceeds this server's cap of {limits.max_tokens}",
             "invalid_request_error",
-            "max_tokens",
+            field,
         )
     if budget is None:  # chat: as much as fits; completions: OpenAI's 16
         room = (engine.context_length or limits.max_tokens + prompt_len) - prompt_len
@@ -213,6 +215,16 @@ def _params(
     )
 
 
+def _field(param: str | None, body: GenerationRequest) -> str | None:
+    """The request's own name for what the engine calls `param`: a chat's prompt is its `messages`, and
+    its token budget is `max_completion_tokens` when that is the field it sent."""
+    if param == "prompt" and isinstance(body, ChatCompletionRequest):
+        return "messages"
+    if param == "max_tokens" and getattr(body, "max_completion_tokens", None) is not None:
+        return "max_completion_tokens"
+    return param
+
+
 async def _respond(
     engine: Engine,
     gate: _Gate,
@@ -227,7 +239,7 @@ async def _respond(
         try:
             engine.check(prompt, params)
         except RequestError as exc:
-            raise APIError(400, str(exc), "invalid_request_error", exc.param) from exc
+            raise APIError(400, str(exc), "invalid_request_error", _field(exc.param, body), exc.code) from exc
     gate.enter()
     if body.stream:
         return EventSourceResponse(_stream(engine, gate, body, prompts, params, chat))
@@ -402,10 +414,10 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestError)
     async def bad_request(_: Request, exc: RequestError) -> JSONResponse:
-        return JSONResponse(error_body(str(exc), "invalid_request_error", exc.param), 400)
+        return JSONResponse(error_body(str(exc), "invalid_request_error", exc.param, exc.code), 400)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         first: dict[str, Any] = dict(exc.errors()[0]) if exc.errors() else {"loc": (), "msg": "invalid"}
         if first.get("type") == "json_invalid":
             detail = (first.get("ctx") or {}).get("error", "")
@@ -414,9 +426,12 @@ def _install_error_handlers(app: FastAPI) -> None:
             )
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
         if not where and first.get("type") == "model_attributes_type":  # not JSON, or not an object
-            return JSONResponse(
-                error_body("the request body must be a JSON object", "invalid_request_error"), 400
-            )
+            sent = request.headers.get("content-type", "")
+            message = "the request body must be a JSON object"
+            if sent.split(";")[0].strip().lower() != "application/json":  # `curl -d` sends a form
+                came = sent or "no type"
+                message += f", sent with Content-Type: application/json (this one came as {came!r})"
+            return JSONResponse(error_body(message, "invalid_request_error"), 400)
         if first.get("type") in ("unsupported", "param"):  # a check across fields, naming the one at fault
             message, where = str(first.get("msg")), str((first.get("ctx") or {}).get("param"))
         else:  # pydantic's "Value error, " says nothing to a client

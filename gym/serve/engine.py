@@ -36,7 +36,18 @@ from gym.errors import GymError
 from gym.models import context_window
 from gym.serve import scoring
 from gym.serve.params import SamplingParams
-from gym.serve.requests import Delta, Event, Failed, Finished, Request, RequestError, Result, Row, RowTracker
+from gym.serve.requests import (
+    CONTEXT_LENGTH_EXCEEDED,
+    Delta,
+    Event,
+    Failed,
+    Finished,
+    Request,
+    RequestError,
+    Result,
+    Row,
+    RowTracker,
+)
 from gym.serve.sampling import Penalties, RowSampler, row_generator
 from gym.serve.scoring import TokenLogprob
 from gym.templates import with_system
@@ -243,11 +254,13 @@ class Engine:
             raise RequestError(f"n={params.n} exceeds the server's batch size {self.max_batch_size}", "n")
         total = len(prompt_ids) + params.max_tokens
         if self.context_length is not None and total > self.context_length:
+            full = len(prompt_ids) >= self.context_length  # no max_tokens can make room
             raise RequestError(
                 f"this model's maximum context length is {self.context_length} tokens; the request needs "
                 f"{total} ({len(prompt_ids)} in the prompt, {params.max_tokens} to generate): shorten the "
-                "prompt or lower max_tokens",
-                "max_tokens",
+                f"prompt{'' if full else ' or lower max_tokens'}",
+                "prompt" if full else "max_tokens",
+                CONTEXT_LENGTH_EXCEEDED,
             )
 
     def submit(

@@ -20,13 +20,16 @@ from transformers import StoppingCriteria
 from gym.errors import GymError
 from gym.serve.params import SamplingParams
 
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # OpenAI's error code for a request past the window
+
 
 class RequestError(GymError, ValueError):
-    """A request the engine cannot serve as asked (a 400 over HTTP); `param` names the field."""
+    """A request the engine cannot serve as asked (a 400 over HTTP); `param` names the field (`prompt`
+    for the prompt, also a chat's messages) and `code` is OpenAI's error code, if it has one."""
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
-        self.param = param
+        self.param, self.code = param, code
 
 
 @dataclass(frozen=True)
