@@ -173,8 +173,10 @@ REFUSED: dict[str, str] = {
     "export_quantization_bit and quantize the exported folder with a quantization tool (for llama.cpp, "
     "`gym export --gguf` writes how)",
     "num_beams": "gym generates without beam search: remove num_beams",
-    "top_k": "gym samples with temperature and top_p only (no top-k cut): remove top_k",
-    "repetition_penalty": "gym samples with temperature and top_p only: remove repetition_penalty",
+    "top_k": "gym takes top_k per request (the `top_k` field of gym serve's API, as vLLM's), not as a "
+    "default for a chat or a server: remove top_k",
+    "repetition_penalty": "gym takes repetition_penalty per request (the `repetition_penalty` field of gym "
+    "serve's API, as vLLM's), not as a default for a chat or a server: remove repetition_penalty",
     "skip_special_tokens": "gym's replies never contain special tokens: remove skip_special_tokens",
 }
 QUANTIZED = {

@@ -287,7 +287,7 @@ def test_gym_serve_answers_the_openai_client_from_an_inference_yaml(adapter, tmp
         ("export", "quantization_bit: 4", "quantization_bit: merging an adapter into a quantized model"),
         ("export", "export_sise: 2", "unknown setting 'export_sise'; did you mean export_size"),
         ("chat", "quantization_bit: 4", "gym chat loads full-precision weights"),
-        ("chat", "top_k: 50", "top_k: gym samples with temperature and top_p only"),
+        ("chat", "top_k: 50", "top_k: gym takes top_k per request"),
         ("chat", "infer_backend: ktransformers", "gym has no ktransformers backend"),
         ("chat", "temprature: 0.5", "unknown setting 'temprature'; did you mean temperature"),
         ("serve", "infer_backend: vllm\nvllm_gpu_util: 0.5", "gym serve starts vllm with its own defaults"),

@@ -11,6 +11,7 @@ import json
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -198,11 +199,12 @@ BAD_BODIES = [
     ({"model": NAME, "messages": SAY_X, "max_tokens": 65}, 400, "max_tokens"),
     ({"model": NAME, "messages": SAY_X, "stop": ["a"] * 5}, 400, "stop"),
     ({"model": NAME, "messages": SAY_X, "tools": [{"type": "x"}]}, 400, "tools"),
-    # vLLM's extensions change what is generated: accepted and dropped, they changed nothing (a 200)
-    ({"model": NAME, "messages": SAY_X, "top_k": 1}, 400, "top_k"),
-    ({"model": NAME, "messages": SAY_X, "min_p": 0.5}, 400, "min_p"),
-    ({"model": NAME, "messages": SAY_X, "repetition_penalty": 2.0}, 400, "repetition_penalty"),
+    # vLLM's extensions gym serve lacks change what is generated: accepted and dropped, they did nothing
     ({"model": NAME, "messages": SAY_X, "guided_choice": ["yes", "no"]}, 400, "guided_choice"),
+    ({"model": NAME, "messages": SAY_X, "min_tokens": 4}, 400, "min_tokens"),
+    ({"model": NAME, "messages": SAY_X, "top_k": -2}, 400, "top_k"),
+    ({"model": NAME, "messages": SAY_X, "min_p": 1.5}, 400, "min_p"),
+    ({"model": NAME, "messages": SAY_X, "repetition_penalty": 0}, 400, "repetition_penalty"),
     ({"model": NAME, "messages": SAY_X, "continue_final_message": True}, 400, "continue_final_message"),
     ({"model": NAME, "messages": SAY_X, "echo": True}, 400, "echo"),
     ({"model": NAME, "messages": SAY_X, "best_of": 0}, 400, "best_of"),  # 0 == False let it through
@@ -484,6 +486,7 @@ FIELDS = {
     for name in (
         *("model", "temperature", "top_p", "n", "max_tokens", "stop", "seed", "stream", "logprobs", "echo"),
         *("top_logprobs", "presence_penalty", "frequency_penalty", "logit_bias"),
+        *("top_k", "min_p", "repetition_penalty"),
     )
 }
 FIELDS["messages"] = st.one_of(VALUES, st.lists(MESSAGE, max_size=3))
@@ -646,6 +649,27 @@ def penalized_greedy(
     return reply
 
 
+def side_by_side(url: str, questions: list[str], extra: dict[str, float]) -> list[str | None]:
+    """Greedy replies to each question with `extra` and without, all sent at once (batched together):
+    [q0 with, q0 without, q1 with, ...]."""
+
+    async def burst() -> list[Any]:
+        aclient = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+        calls = [
+            aclient.chat.completions.create(
+                model=NAME, messages=ask(q), max_tokens=16, temperature=0, extra_body=extra if given else {}
+            )
+            for q in questions
+            for given in (True, False)
+        ]
+        try:
+            return await asyncio.gather(*calls)
+        finally:
+            await aclient.close()
+
+    return [r.choices[0].message.content for r in asyncio.run(burst())]
+
+
 def test_presence_and_frequency_penalties_follow_openais_formula_row_by_row(url, engine, model_dir):
     questions = ["name a river", "name a mountain", "count to ten", "say hello"]
     plain = [engine.chat(ask(q), max_tokens=16, temperature=0).choices[0].text for q in questions]
@@ -656,24 +680,83 @@ def test_presence_and_frequency_penalties_follow_openais_formula_row_by_row(url,
     assert sum(p != e for p, e in zip(plain, expected, strict=True)) >= 2  # the penalties change answers
     batches_before = engine.stats["batches"]
 
-    async def burst():  # penalized and plain requests side by side: each row keeps its own
-        aclient = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
-        penalty = {"presence_penalty": 0.5, "frequency_penalty": 1.5}
-        calls = [
-            aclient.chat.completions.create(
-                model=NAME, messages=ask(q), max_tokens=16, temperature=0, **(penalty if with_penalty else {})
-            )
-            for q in questions
-            for with_penalty in (True, False)
-        ]
-        try:
-            return await asyncio.gather(*calls)
-        finally:
-            await aclient.close()
-
-    replies = [r.choices[0].message.content for r in asyncio.run(burst())]
+    replies = side_by_side(url, questions, {"presence_penalty": 0.5, "frequency_penalty": 1.5})
     assert replies[0::2] == expected and replies[1::2] == plain
     assert engine.stats["batches"] - batches_before < len(replies)
+
+
+def test_repetition_penalty_is_transformers_own_row_by_row_beside_other_lengths(url, engine, model_dir):
+    """vLLM's `repetition_penalty` (accepted and ignored before): each row's as transformers' generate
+    applies it to that prompt alone, whatever padding a batch with longer prompts gives the row."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    questions = ["name a river", "count to ten, slowly and one by one", "say hello", "name a mountain"]
+
+    def reference(question: str) -> str:
+        prompt = engine.encode_chat(ask(question))
+        with torch.no_grad():
+            out = model.generate(
+                torch.tensor([prompt]), max_new_tokens=16, do_sample=False, repetition_penalty=1.8
+            )
+        ids = out[0, len(prompt) :].tolist()
+        return engine.decode(ids[: ids.index(2)] if 2 in ids else ids)
+
+    expected = [reference(q) for q in questions]
+    plain = [engine.chat(ask(q), max_tokens=16, temperature=0).choices[0].text for q in questions]
+    assert sum(p != e for p, e in zip(plain, expected, strict=True)) >= 2  # the penalty changes answers
+    batches_before = engine.stats["batches"]
+
+    replies = side_by_side(url, questions, {"repetition_penalty": 1.8})
+    assert replies[0::2] == expected and replies[1::2] == plain
+    assert engine.stats["batches"] - batches_before < len(replies)
+
+
+def test_top_k_and_min_p_cut_what_is_sampled(client):
+    """top_k 1, or min_p 1, leaves only the most likely token: sampling at temperature 1 is then greedy;
+    a cut that keeps more leaves sampled text that differs between seeds."""
+    greedy = client.completions.create(model=NAME, prompt="Once upon", max_tokens=12, temperature=0)
+    for cut in ({"top_k": 1}, {"min_p": 1.0}):
+        for seed in (1, 2):
+            sampled = client.completions.create(
+                model=NAME, prompt="Once upon", max_tokens=12, temperature=1.0, seed=seed, extra_body=cut
+            )
+            assert sampled.choices[0].text == greedy.choices[0].text, cut
+    wide = {
+        client.completions.create(
+            model=NAME, prompt="Once upon", max_tokens=12, temperature=1.0, seed=seed, extra_body={"top_k": 9}
+        )
+        .choices[0]
+        .text
+        for seed in range(4)
+    }
+    assert len(wide) > 1
+
+
+def test_repetition_penalty_skips_the_padding_before_a_rows_prompt():
+    """A left-padded row's pad id is no token of its prompt (gym-tiny's pad is never generated, so the
+    served test above cannot see this; a model padding with its eos would stop later than it should)."""
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    from gym.serve.sampling import Penalties
+
+    params = [SamplingParams(repetition_penalty=2.0)] * 2
+    ids = torch.tensor([[5, 6, 7, 8, 9], [5, 5, 7, 8, 9]])  # prompts of 4 and 2 tokens (pad: 5), then a reply
+    scores = torch.linspace(-2.0, 2.0, 10).repeat(2, 1)
+    out = Penalties(params, prompt_width=4, vocab_size=10, prompt_lengths=[4, 2])(ids, scores.clone())
+    assert torch.equal(out[0], RepetitionPenaltyLogitsProcessor(2.0)(ids[:1], scores[:1].clone())[0])
+    unpadded = RepetitionPenaltyLogitsProcessor(2.0)(ids[1:, 2:], scores[1:].clone())[0]
+    assert torch.equal(out[1], unpadded) and out[1, 5] == scores[1, 5]
+
+
+def test_top_k_and_min_p_keep_exactly_the_tokens_they_name():
+    from gym.serve.sampling import min_p_cut, top_k_cut
+
+    probs = torch.tensor([[0.1, 0.4, 0.2, 0.3], [0.25, 0.25, 0.3, 0.2]])
+    kept = top_k_cut(probs, torch.tensor([2, 0]))
+    assert torch.equal(kept[0], torch.tensor([0.0, 0.4, 0.0, 0.3])) and torch.equal(kept[1], probs[1])
+    kept = min_p_cut(probs, torch.tensor([0.7, 0.0]))  # 0.7 x 0.4 = 0.28: the 0.3 stays, the 0.2 goes
+    assert torch.equal(kept[0], torch.tensor([0.0, 0.4, 0.0, 0.3])) and torch.equal(kept[1], probs[1])
 
 
 def test_logit_bias_bans_and_forces_tokens(client, engine, model_dir):

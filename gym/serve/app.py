@@ -212,6 +212,9 @@ def _params(
         presence_penalty=body.presence_penalty or 0.0,
         frequency_penalty=body.frequency_penalty or 0.0,
         logit_bias=body.bias_pairs(),
+        top_k=max(0, body.top_k or 0),
+        min_p=body.min_p or 0.0,
+        repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
     )
 
 

@@ -383,7 +383,8 @@ class Engine:
         mask = [[0] * (width - len(r.request.prompt_ids)) + [1] * len(r.request.prompt_ids) for r in rows]
         processors = LogitsProcessorList()
         if any(p.penalized for p in params):
-            processors.append(Penalties(params, width, self.vocab_size))
+            lengths = [len(r.request.prompt_ids) for r in rows]
+            processors.append(Penalties(params, width, self.vocab_size, lengths))
         if not all(p.greedy for p in params):
             gens = [
                 None if p.greedy else row_generator(p.seed, row.index, self.model.device)

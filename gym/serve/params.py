@@ -34,6 +34,17 @@ class SamplingParams(BaseModel):
     logit_bias: tuple[tuple[int, float], ...] = Field(
         (), description="(token id, bias) pairs: each bias (-100 to 100) is added to that token's logit."
     )
+    top_k: int = Field(0, ge=0, description="Sample from the k most likely tokens only (0: all; vLLM's).")
+    min_p: float = Field(
+        0.0, ge=0.0, le=1.0, description="Drop tokens less likely than min_p times the most likely (vLLM's)."
+    )
+    repetition_penalty: float = Field(
+        1.0,
+        gt=0.0,
+        le=2.0,
+        description="Divides the positive logits (multiplies the negative) of every token the prompt or the "
+        "reply holds (vLLM's and transformers'; 1: off).",
+    )
 
     @property
     def greedy(self) -> bool:
@@ -42,7 +53,8 @@ class SamplingParams(BaseModel):
     @property
     def penalized(self) -> bool:
         """Whether the logits need adjusting before the token is picked (penalties or a logit bias)."""
-        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias)
+        repeats = self.repetition_penalty != 1.0
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias or repeats)
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,11 @@
 the endpoints answer with (the shapes the official `openai` client parses).
 
 Unknown fields are ignored as OpenAI's own API does (clients send `user`, `metadata`...); fields
-gym cannot honour (tools, response_format, vLLM's top_k, min_p, guided_json...: UNSUPPORTED) are
-refused with a 400 naming them rather than silently dropped. `ignore_eos` is vLLM's extension, for
-benchmarks. Log-probabilities are served (`logprobs`/`echo` on completions, `logprobs`/`top_logprobs`
-on chat: gym/serve/logprobs.py), except while streaming.
+gym cannot honour (tools, response_format, vLLM's guided_json, min_tokens...: UNSUPPORTED) are
+refused with a 400 naming them rather than silently dropped. vLLM's `top_k`, `min_p`,
+`repetition_penalty` and `ignore_eos` (for benchmarks) are served. Log-probabilities are served
+(`logprobs`/`echo` on completions, `logprobs`/`top_logprobs` on chat: gym/serve/logprobs.py), except
+while streaming.
 """
 
 from __future__ import annotations
@@ -33,9 +34,6 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "suffix": ("",),
     "best_of": (1,),
     "response_format": ({"type": "text"},),
-    "top_k": (-1, 0),
-    "min_p": (0, 0.0),
-    "repetition_penalty": (1, 1.0),
     "length_penalty": (1, 1.0),
     "min_tokens": (0,),
     "stop_token_ids": ([],),
@@ -148,6 +146,9 @@ class GenerationRequest(BaseModel):
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
+    top_k: int | None = Field(None, ge=-1)  # vLLM's: -1 and 0 mean no cut
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=2.0)
 
     @field_validator("logit_bias")
     @classmethod
