@@ -23,6 +23,18 @@ from gym.serve.protocol import unicode_text
 from gym.serve.requests import RequestError
 
 DEFAULTS = {"temperature": 0.7, "max_tokens": 256, "top_p": 1.0}
+# Sampling options with the API's meaning and neutral default (gym serve's per-request fields), fixed for
+# the whole chat: (flag, SamplingParams field, type, help).
+OPTIONS = (
+    ("--top-k", "top_k", int, "Sample from the k most likely tokens only (default 0: all)."),
+    ("--min-p", "min_p", float, "Drop tokens less likely than this fraction of the most likely (default 0)."),
+    (
+        "--repetition-penalty",
+        "repetition_penalty",
+        float,
+        "Penalize tokens the conversation already holds, as transformers does (default 1: off).",
+    ),
+)
 
 
 def conversation(history: Sequence[dict[str, Any]], message: str) -> list[dict[str, str]]:
@@ -155,9 +167,11 @@ def build_ui(
     temperature: float = DEFAULTS["temperature"],
     max_tokens: int = int(DEFAULTS["max_tokens"]),
     top_p: float = DEFAULTS["top_p"],
+    **options: Any,
 ) -> Any:
     """A Gradio chat page over `engine` (temperature and length adjustable under the input, starting
-    at the values given; every conversation opens with `system`, if given)."""
+    at the values given; every conversation opens with `system`, if given). `options` are more
+    SamplingParams fields (`OPTIONS`), the same for every reply."""
     try:
         import gradio as gr
     except ImportError as exc:
@@ -174,7 +188,7 @@ def build_ui(
             raise gr.Error(str(exc)) from exc
         for note in notes:
             gr.Info(note)
-        yield from reply(engine, messages, temperature=temperature, max_tokens=fitted, top_p=top_p)
+        yield from reply(engine, messages, temperature=temperature, max_tokens=fitted, top_p=top_p, **options)
 
     return gr.ChatInterface(
         respond,
@@ -207,6 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="Longest reply, in tokens.",
     )
     parser.add_argument("--top-p", type=float, default=DEFAULTS["top_p"], help="Nucleus sampling mass.")
+    for flag, field, kind, text in OPTIONS:
+        parser.add_argument(flag, dest=field, type=kind, default=None, help=text)
     parser.add_argument("--system", default=None, help="System message every conversation opens with.")
     parser.add_argument(
         "--trust-remote-code", action="store_true", help="Run Python code from the model repository."
@@ -249,6 +265,7 @@ def cmd_chat(argv: Sequence[str]) -> int:
     from gym.serve.engine import Engine
 
     params = {"temperature": args.temperature, "max_tokens": args.max_tokens, "top_p": args.top_p}
+    params |= {field: getattr(args, field) for _, field, _, _ in OPTIONS if getattr(args, field) is not None}
     _check_sampling(params)
     with Engine.load(args.model, template=args.template, trust_remote_code=args.trust_remote_code) as engine:
         if args.ui:

@@ -98,10 +98,10 @@ INFERENCE: dict[str, Parse] = {  # gym chat and gym serve
     "top_p": float,  # chat --top-p
     "max_new_tokens": int,  # chat --max-tokens; serve --limits.max_tokens
     "default_system": str,  # chat and serve --system
-    "top_k": int,
+    "top_k": int,  # chat --top-k
     "num_beams": int,
     "max_length": int,
-    "repetition_penalty": float,
+    "repetition_penalty": float,  # chat --repetition-penalty
     "length_penalty": float,
     "skip_special_tokens": bool,
     "enable_thinking": bool,
@@ -117,7 +117,14 @@ INFERENCE: dict[str, Parse] = {  # gym chat and gym serve
     "sglang_lora_backend": str,
 }
 NAMES: dict[str, Parse] = {**MODEL, **EXPORT, **INFERENCE}  # export, chat and serve
-SAMPLING = ("temperature", "top_p", "do_sample")
+# Sampling gym serve takes per request, and what a request that names none gets.
+SAMPLING = {
+    "temperature": "OpenAI's API: temperature 1.0",
+    "top_p": "OpenAI's API: top_p 1.0",
+    "do_sample": "OpenAI's API: sampling at temperature 1.0",
+    "top_k": "vLLM's top_k field: no top-k cut",
+    "repetition_penalty": "vLLM's repetition_penalty field: no penalty",
+}
 # Engine settings gym serve would have to pass on to vLLM / SGLang, and what the engine does instead.
 ENGINE_SETTINGS = {
     "vllm_maxlen": "the model's context length",
@@ -173,10 +180,6 @@ REFUSED: dict[str, str] = {
     "export_quantization_bit and quantize the exported folder with a quantization tool (for llama.cpp, "
     "`gym export --gguf` writes how)",
     "num_beams": "gym generates without beam search: remove num_beams",
-    "top_k": "gym takes top_k per request (the `top_k` field of gym serve's API, as vLLM's), not as a "
-    "default for a chat or a server: remove top_k",
-    "repetition_penalty": "gym takes repetition_penalty per request (the `repetition_penalty` field of gym "
-    "serve's API, as vLLM's), not as a default for a chat or a server: remove repetition_penalty",
     "skip_special_tokens": "gym's replies never contain special tokens: remove skip_special_tokens",
 }
 QUANTIZED = {
@@ -304,8 +307,8 @@ def check(
             refuse(name, REFUSED[name])
         elif name in SAMPLING and command == "serve":
             notes.append(
-                f"{name}: each request to gym serve sets its own sampling (OpenAI's API: temperature "
-                "1.0 and top_p 1.0 when a request names none)"
+                f"{name}: each request to gym serve sets its own sampling ({SAMPLING[name]} when a request "
+                "names none)"
             )
         elif name.startswith(("vllm_", "sglang_")):
             engine = name.partition("_")[0]
@@ -400,6 +403,10 @@ def _inference(command: str, values: dict[str, Any], own: Sequence[str], where: 
         argv += ["--temperature", "0"]  # greedy, whatever the temperature
     if "top_p" in values:
         argv += ["--top-p", str(values["top_p"])]
+    if "top_k" in values:
+        argv += ["--top-k", str(values["top_k"])]
+    if "repetition_penalty" in values:
+        argv += ["--repetition-penalty", str(values["repetition_penalty"])]
     if "max_new_tokens" in values:
         argv += ["--max-tokens", str(values["max_new_tokens"])]
     if values.get("default_system") is not None:

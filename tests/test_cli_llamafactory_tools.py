@@ -157,7 +157,8 @@ def test_an_inference_yaml_gives_chat_and_serve_settings_with_the_adapter_merged
     yaml = write_yaml(
         tmp_path / "infer.yaml",
         INFERENCE.format(adapter=folder, backend="huggingface")
-        + "temperature: 0.3\ntop_p: 0.9\nmax_new_tokens: 64\nvllm_enforce_eager: true\n"
+        + "temperature: 0.3\ntop_p: 0.9\ntop_k: 40\nrepetition_penalty: 1.2\nmax_new_tokens: 64\n"
+        + "vllm_enforce_eager: true\n"
         + "default_system: Answer in one word.\n",
     )
     settings = parse_settings(translate("serve", [yaml, "--port", "0"], serve_parser(), out=notes))
@@ -170,6 +171,8 @@ def test_an_inference_yaml_gives_chat_and_serve_settings_with_the_adapter_merged
     text = notes.getvalue()
     assert "note: adapter_name_or_path: gym serve loads full weights: merging" in text
     assert "note: temperature: each request to gym serve sets its own sampling" in text
+    assert "note: top_k: each request to gym serve sets its own sampling (vLLM's top_k field" in text
+    assert "note: repetition_penalty: each request to gym serve sets its own sampling" in text
     assert "note: vllm_enforce_eager: only read with infer_backend vllm" in text
 
     # `llamafactory-cli webchat`: the file after --ui; the merge is reused; flags after the file win.
@@ -188,6 +191,7 @@ def test_an_inference_yaml_gives_chat_and_serve_settings_with_the_adapter_merged
     args = chat_parser().parse_args(translate("chat", argv, chat_parser(), out=notes))
     assert args.ui and args.port == 7001 and args.model == str(merged) and args.trust_remote_code
     assert (args.temperature, args.top_p, args.max_tokens, args.system) == (0.0, 0.9, 64, "Be brief.")
+    assert (args.top_k, args.repetition_penalty, args.min_p) == (40, 1.2, None)
     assert "using its merge for gym chat" in notes.getvalue()
 
     for backend in ("vllm", "sglang"):
@@ -287,7 +291,7 @@ def test_gym_serve_answers_the_openai_client_from_an_inference_yaml(adapter, tmp
         ("export", "quantization_bit: 4", "quantization_bit: merging an adapter into a quantized model"),
         ("export", "export_sise: 2", "unknown setting 'export_sise'; did you mean export_size"),
         ("chat", "quantization_bit: 4", "gym chat loads full-precision weights"),
-        ("chat", "top_k: 50", "top_k: gym takes top_k per request"),
+        ("chat", "num_beams: 4", "num_beams: gym generates without beam search"),
         ("chat", "infer_backend: ktransformers", "gym has no ktransformers backend"),
         ("chat", "temprature: 0.5", "unknown setting 'temprature'; did you mean temperature"),
         ("serve", "infer_backend: vllm\nvllm_gpu_util: 0.5", "gym serve starts vllm with its own defaults"),

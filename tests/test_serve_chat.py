@@ -115,6 +115,9 @@ def test_sampling_flags_out_of_range_are_refused_before_the_model_loads(capsys):
         ("--temperature", "-1", "greater than or equal to 0 (got -1.0)"),
         ("--top-p", "0", "greater than 0 (got 0.0)"),
         ("--temperature", "nan", "a finite number (got nan)"),
+        ("--top-k", "-1", "greater than or equal to 0 (got -1)"),
+        ("--min-p", "1.5", "less than or equal to 1 (got 1.5)"),
+        ("--repetition-penalty", "0", "greater than 0 (got 0.0)"),
     ):
         assert main(["chat", "--model", "no-such-model", flag, bad]) == 2
         err = capsys.readouterr().err
@@ -123,6 +126,41 @@ def test_sampling_flags_out_of_range_are_refused_before_the_model_loads(capsys):
     with pytest.raises(SystemExit):
         main(["chat", "--model", "no-such-model", "--system", b"be \xff".decode("utf-8", "surrogateescape")])
     assert "--system holds '\\udcff' at character 3, an unpaired surrogate" in capsys.readouterr().err
+
+
+def test_top_k_min_p_and_repetition_penalty_flags_reach_every_reply(gym_home, tmp_path, monkeypatch):
+    """`gym chat --top-k 1` (or --min-p 1) samples only the likeliest token: the reply at temperature 2 is
+    the greedy one; --repetition-penalty gives the penalized greedy reply (the engine's, which
+    tests/test_serve.py holds to transformers'). The flags were missing, and an inference YAML's top_k or
+    repetition_penalty was refused."""
+    import gym.chat
+    from flows.cli import main
+
+    model = str(noisy_tiny(tmp_path / "noisy"))
+    message = "Once upon a time"
+    real, seen = gym.chat.terminal, []
+
+    def terminal(engine, **params):
+        out, lines = io.StringIO(), iter([message, "/exit"])
+        code = real(engine, read=lambda _prompt: next(lines), out=out, **params)
+        seen.append(out.getvalue().splitlines()[1].removeprefix("assistant> "))
+        return code
+
+    monkeypatch.setattr(gym.chat, "terminal", terminal)
+
+    def chat(*flags: str) -> str:
+        assert main(["chat", "--model", model, "--max-tokens", "24", *flags]) == 0
+        return seen[-1]
+
+    greedy = chat("--temperature", "0")
+    assert chat("--temperature", "2", "--top-k", "1") == greedy
+    assert chat("--temperature", "2", "--min-p", "1") == greedy
+    assert chat("--temperature", "2") != greedy  # so the two above were cut, not lucky
+    penalized = chat("--temperature", "0", "--repetition-penalty", "1.8")
+    with Engine.load(model) as engine:
+        ask = [{"role": "user", "content": message}]
+        expected = engine.chat(ask, temperature=0, max_tokens=24, repetition_penalty=1.8).choices[0].text
+    assert penalized == expected != greedy
 
 
 class Spy:
