@@ -115,7 +115,15 @@ def flags(command: str, values: dict[str, Any], own: Sequence[str], where: str, 
         argv += ["--trust-remote-code"]
     lm_eval = has(own, "--lm-eval-task")
     benchmark = eval_task(str(values["task"])) if "task" in values else None
-    if benchmark is not None and not lm_eval and not has(own, "--benchmark"):
+    given = _value(own, "--benchmark")
+    if benchmark is not None and given is not None:
+        if given.partition("=")[0] != benchmark:
+            raise ConfigError(
+                f"{where}task {values['task']} and --benchmark {given} name two benchmarks: give one"
+            )
+        if "=" in given:
+            benchmark = None  # --benchmark NAME=DATA names its data: task_dir is not read
+    if benchmark is not None and not lm_eval and given is None:
         argv += ["--benchmark", benchmark]
     elif benchmark is None and not lm_eval and not has(own, "--benchmark"):
         raise ConfigError(f"{where}task is missing: the benchmark and split to score ({tasks()})")
@@ -138,9 +146,33 @@ def flags(command: str, values: dict[str, Any], own: Sequence[str], where: str, 
                 file=out or sys.stderr,
             )
     if "n_shot" in values:
+        if not 0 <= values["n_shot"] <= 5:
+            raise ConfigError(
+                f"{where}n_shot: give 0 to 5 (the few-shot examples come from each subject's dev split, "
+                f"which holds 5; got {values['n_shot']})"
+            )
         argv += ["--shots", str(values["n_shot"])]
     if "batch_size" in values:
+        if values["batch_size"] < 1:
+            raise ConfigError(f"{where}batch_size: give at least 1 (got {values['batch_size']})")
         argv += ["--batch-size", str(values["batch_size"])]
     if "save_dir" in values and not has(own, "--output"):
-        argv += ["--output", str(Path(values["save_dir"]) / "results.json")]
+        save_dir = Path(values["save_dir"]).expanduser()
+        if save_dir.exists() and (not save_dir.is_dir() or any(save_dir.iterdir())):
+            raise ConfigError(
+                f"{where}save_dir: {save_dir} already exists: give another one, or delete it (LLaMA-Factory "
+                "refuses it too, so that no earlier result is overwritten)"
+            )
+        argv += ["--output", str(save_dir / "results.json")]
     return argv
+
+
+def _value(flags: Sequence[str], option: str) -> str | None:
+    """The value given to `option` in `flags` (`--x V` or `--x=V`; the last one), else None."""
+    found = None
+    for i, flag in enumerate(flags):
+        if flag == option and i + 1 < len(flags):
+            found = flags[i + 1]
+        elif flag.startswith(f"{option}="):
+            found = flag.partition("=")[2]
+    return found

@@ -5,17 +5,19 @@ loaded through the same `from_pretrained` path, the embedded gym-tiny included.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
-from gym.errors import REFRESH_HINT, ConfigError
+from gym.errors import REFRESH_HINT, ConfigError, GymError
 from gym.hashing import hash_obj, stamp
-from gym.templates import canonical_template, load_template
+from gym.templates import canonical_template, load_template, template_hint
 
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 MODEL_META = "gym_model.json"  # in a folder gym wrote: template, base model (new token ids, default system)
@@ -131,7 +133,7 @@ def _resolve(name_or_path: str, template: str | None, dry_run: bool = False) -> 
         local_template = template or meta.get("template")
         if local_template is None:
             raise ConfigError(
-                f"model {local} is not in the registry: pass --template (one of registry/templates)"
+                f"model {local} is not in gym's registry and names no gym chat template: {template_hint()}"
             )
         load_template(local_template)
         return ModelRef(
@@ -219,7 +221,7 @@ def _resolve_mlflow(model_uri: str, template: str | None, dry_run: bool = False)
     name, version, run_id, tags = tracking.resolve_model_uri(model_uri)
     tmpl = template or tags.get("template")
     if tmpl is None:
-        raise ConfigError(f"{model_uri} has no `template` tag: pass --template (one of registry/templates)")
+        raise ConfigError(f"{model_uri} has no `template` tag: {template_hint()}")
     load_template(tmpl)
     if dry_run:
         return None
@@ -294,16 +296,38 @@ def _require_local(ref: ModelRef) -> None:
         raise ConfigError(f"model folder {ref.path} does not exist ({REFRESH_HINT})")
 
 
+@contextlib.contextmanager
+def _loading(ref: ModelRef, errors: tuple[type[Exception], ...] = (OSError,)) -> Iterator[None]:
+    """A model folder transformers can't load from (files missing or damaged: a copy cut short, a
+    config.json edited by hand) fails in one line naming the folder, not in transformers' traceback.
+    transformers reports a missing or unreadable file as OSError; a tokenizer with no usable files as
+    ValueError (`errors`: what to catch; loading the weights raises ValueError for other reasons)."""
+    try:
+        yield
+    except GymError:
+        raise
+    except errors as exc:
+        if not Path(ref.path).is_dir():
+            raise  # a hub id: the hub's own errors (gym checks reachability when resolving)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"model folder {ref.path} can't be loaded ({first}): copy the folder again from "
+            "where it came from, or give another model"
+        ) from None
+
+
 def load_tokenizer(ref: ModelRef) -> Any:
     """The tokenizer, with gym's chat template for this model set on it."""
     from transformers import AutoTokenizer
 
     _require_local(ref)
 
-    tok = AutoTokenizer.from_pretrained(
-        ref.path, revision=ref.revision, trust_remote_code=ref.trust_remote_code
-    )
-    tok.chat_template = load_template(ref.template)
+    with _loading(ref, (OSError, ValueError)):
+        tok = AutoTokenizer.from_pretrained(
+            ref.path, revision=ref.revision, trust_remote_code=ref.trust_remote_code
+        )
+    if ref.template:  # "": a model that names no gym template keeps its tokenizer's own (gym serve, eval)
+        tok.chat_template = load_template(ref.template)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -313,9 +337,10 @@ def load_config(ref: ModelRef) -> Any:
     """The model's transformers config (config.json at its path and revision; remote code only if allowed)."""
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(
-        ref.path, revision=ref.revision, trust_remote_code=ref.trust_remote_code
-    )
+    with _loading(ref):
+        return AutoConfig.from_pretrained(
+            ref.path, revision=ref.revision, trust_remote_code=ref.trust_remote_code
+        )
 
 
 def context_window(config: Any) -> int | None:
@@ -363,21 +388,23 @@ def load_model(
             f"text and does not generate; use it as a reward (--reward reward_model:{ref.path}), or give a "
             "causal language model"
         )
+    options = {
+        "revision": ref.revision,
+        "dtype": dtype,
+        "attn_implementation": attn_implementation,
+        "trust_remote_code": ref.trust_remote_code,
+        "use_safetensors": True,
+        **kwargs,
+    }
     if num_labels is not None:
         if unsloth:
             raise ConfigError("unsloth loads causal language models only: turn it off for a reward model")
         from transformers import AutoModelForSequenceClassification
 
-        return AutoModelForSequenceClassification.from_pretrained(
-            ref.path,
-            revision=ref.revision,
-            dtype=dtype,
-            attn_implementation=attn_implementation,
-            trust_remote_code=ref.trust_remote_code,
-            use_safetensors=True,
-            num_labels=num_labels,
-            **kwargs,
-        )
+        with _loading(ref):
+            return AutoModelForSequenceClassification.from_pretrained(
+                ref.path, num_labels=num_labels, **options
+            )
     if unsloth:
         from unsloth import FastLanguageModel
 
@@ -390,12 +417,5 @@ def load_model(
         return model
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(
-        ref.path,
-        revision=ref.revision,
-        dtype=dtype,
-        attn_implementation=attn_implementation,
-        trust_remote_code=ref.trust_remote_code,
-        use_safetensors=True,
-        **kwargs,
-    )
+    with _loading(ref):
+        return AutoModelForCausalLM.from_pretrained(ref.path, **options)

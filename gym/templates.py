@@ -62,6 +62,11 @@ def list_templates() -> list[str]:
     return sorted(p.stem for p in templates_dir().glob("*.jinja"))
 
 
+def template_hint() -> str:
+    """What to do about a model gym finds no chat template for."""
+    return f"pass --template (one of {', '.join(list_templates())})"
+
+
 def canonical_template(name: str) -> str:
     """gym's name for template `name`: the target of an alias (`ALIASES`), else `name` itself.
 
@@ -142,7 +147,7 @@ def render(
     """
     return tokenizer.apply_chat_template(
         messages,
-        chat_template=load_template(template),
+        chat_template=load_template(template) if template else None,  # "": the tokenizer's own
         tokenize=False,
         add_generation_prompt=add_generation_prompt,
         **template_kwargs,

@@ -116,8 +116,19 @@ def shareable(tree: Path) -> None:
 
 
 def atomic_write_bytes(target: Path, data: bytes) -> None:
-    """Write a file through a temp name and `os.replace`, so readers never see half of it."""
+    """Write a file through a temp name and `os.replace`, so readers never see half of it.
+
+    A symbolic link is written through (its target replaced, the link kept); a path that is not a
+    regular file (/dev/stdout, a named pipe) is written to as it is, since nothing can replace it
+    atomically (a rename would put a file where the device or pipe was).
+    """
     target = Path(target)
+    if target.is_symlink():
+        target = Path(os.path.realpath(target))
+    if target.exists() and not target.is_file() and not target.is_dir():
+        with target.open("wb") as f:
+            f.write(data)
+        return
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
     try:

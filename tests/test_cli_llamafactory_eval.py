@@ -163,19 +163,35 @@ def test_without_task_dir_llamafactory_default_folder_else_the_hub(tmp_path, mon
             "task_dir: no {tmp}/nowhere/mmlu (LLaMA-Factory's layout",
         ),
         ("n_shot: 5", "task is missing: the benchmark and split to score (mmlu_test, ceval_validation"),
-        (
-            "task: mmlu_test\nn_shot: 9",
-            "error: --shots: Input should be less than or equal to 5",
-        ),  # gym's check
+        # were gym's flag names (`--shots: Input should be ...`), without the file
+        ("task: mmlu_test\nn_shot: 9", "n_shot: give 0 to 5 (the few-shot examples come from each subject's"),
+        ("task: mmlu_test\nbatch_size: 0", "batch_size: give at least 1 (got 0)"),
+        # LLaMA-Factory refuses an existing save_dir: an earlier run's results.json was replaced
+        ("task: mmlu_test\nsave_dir: {tmp}/done", "save_dir: {tmp}/done already exists: give another one"),
     ],
 )
 def test_settings_gym_eval_cannot_honour_fail_with_what_to_do(text, message, tmp_path, capsys):
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "results.json").write_text("{}")
     yaml = write_yaml(tmp_path / "eval.yaml", f"model_name_or_path: gym-tiny\n{text.format(tmp=tmp_path)}\n")
     assert main(["eval", yaml]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert lines[-1].startswith("error: ") and message.format(tmp=tmp_path) in lines[-1], lines
-    if "shots" not in message:
-        assert lines[-1].startswith(f"error: {yaml}: "), lines
+    assert lines[-1].startswith(f"error: {yaml}: ") and message.format(tmp=tmp_path) in lines[-1], lines
+    assert (tmp_path / "done" / "results.json").read_text() == "{}"
+
+
+def test_task_and_benchmark_naming_two_benchmarks_is_refused_and_one_with_its_data_skips_task_dir(
+    tmp_path, capsys
+):
+    """`task: mmlu_test` with `--benchmark cmmlu=D` ran CMMLU silently from the command line, and from a
+    file blamed a --data-dir the user never typed; the same benchmark with its data now reads that data."""
+    yaml = write_yaml(tmp_path / "eval.yaml", "model_name_or_path: gym-tiny\ntask: mmlu_test\n")
+    cmmlu = write_benchmark("cmmlu", tmp_path / "cmmlu")
+    assert main(["eval", yaml, "--benchmark", f"cmmlu={cmmlu}"]) == 2
+    assert "task mmlu_test and --benchmark cmmlu=" in capsys.readouterr().err
+    mmlu = write_benchmark("mmlu", tmp_path / "mine")
+    args = build_parser().parse_args(translate("eval", [yaml, "--benchmark", f"mmlu={mmlu}"], build_parser()))
+    assert args.benchmark == f"mmlu={mmlu}" and args.data_dir is None
 
 
 def _run(yaml: str, capsys, *extra: str) -> dict:

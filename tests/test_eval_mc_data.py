@@ -92,7 +92,7 @@ def _append(path: Path, row: str) -> None:
 def test_missing_subject_file_is_named(tmp_path):
     root = write_benchmark("mmlu", tmp_path)
     (root / "data/dev/high_school_biology_dev.csv").unlink()
-    with pytest.raises(DataError, match=r"missing dev/high_school_biology_dev\.csv"):
+    with pytest.raises(DataError, match=r"missing data/dev/high_school_biology_dev\.csv"):
         load_benchmark("mmlu", root)
 
 

@@ -79,17 +79,30 @@ def cmd_eval(argv: Sequence[str]) -> int:
         run = _prepare(args)  # settings, data and task names checked before the model is resolved
     except ValidationError as exc:
         raise flag_error(exc) from None
-    from gym.models import resolve
-
-    result = run(resolve(args.model, args.template, args.trust_remote_code))
-    print(table(result))
-    if args.output:
+    result = run(_resolve_model(args))
+    if args.output:  # before the table: a reader that leaves early (`| head`) doesn't lose the file
         from gym.workspace import atomic_write_text
 
-        atomic_write_text(Path(args.output), result.model_dump_json(indent=1))
+        atomic_write_text(Path(args.output).expanduser(), result.model_dump_json(indent=1))
+    print(table(result))
     if args.json:
         print(json.dumps(result.summary(), ensure_ascii=False, sort_keys=True))
     return 0
+
+
+def _resolve_model(args: argparse.Namespace) -> ModelRef:
+    """The model to score. A folder or registered version that names no gym template is scored as
+    lm-eval scores it: plain prompts (--style lm-eval) need no chat template, and --style chat renders
+    with its tokenizer's own (as gym serve does); --template picks gym's instead."""
+    from gym.models import resolve
+    from gym.serve.loading import own_template_ref, tokenizer_template
+
+    ref = own_template_ref(args.model, args.template)
+    if ref is None:
+        return resolve(args.model, args.template, args.trust_remote_code)
+    if args.style == "chat":
+        tokenizer_template(Path(ref.path), args.model)  # none: the error says to pass --template
+    return ref.model_copy(update={"trust_remote_code": args.trust_remote_code})
 
 
 def _benchmark(text: str) -> str:
@@ -138,6 +151,27 @@ def _check_flags(args: argparse.Namespace) -> None:
             raise ConfigError(
                 f"--output {args.output}: name a JSON file to write (a folder or a path below a file)"
             )
+        _check_writable(args.output, out, above)
+
+
+def _check_writable(given: str, out: Path, above: Path | None) -> None:
+    """A file can be written at `out` (`above`: its nearest existing folder): tried now, with a file
+    made and removed there, rather than found out after the whole evaluation."""
+    import os
+    import tempfile
+
+    if out.exists() and not out.is_file():  # a device or a pipe (/dev/stdout): written through
+        if not os.access(out, os.W_OK):
+            raise ConfigError(f"--output {given}: not writable")
+        return
+    try:
+        with tempfile.NamedTemporaryFile(dir=above or Path.cwd(), prefix=".gym-eval-"):
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            f"--output {given}: can't write in {above} ({exc.strerror or exc}): name a file in a folder you "
+            "can write to"
+        ) from None
 
 
 def _prepare(args: argparse.Namespace) -> Callable[[ModelRef], EvalResult]:
@@ -155,6 +189,7 @@ def _prepare(args: argparse.Namespace) -> Callable[[ModelRef], EvalResult]:
             device=args.device,
         )
         manager = task_manager(settings)
+        resolve_device(settings.device)
         return lambda model: run_lm_eval(model, settings, manager=manager)
     from gym.eval.mc_data import load_benchmark
     from gym.eval.multiple_choice import MCSettings, evaluate_benchmark

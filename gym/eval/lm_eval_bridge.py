@@ -175,6 +175,7 @@ def to_result(
     categories = {g: float(results[g][metric]) for g in group_names if metric in results.get(g, {})}
     parent = {t: g for g, members in groups.items() for t in members}
     predictions = {t: _predictions(samples) for t, samples in out.get("samples", {}).items()}
+    answers = {t: _answers(samples) for t, samples in out.get("samples", {}).items()}
     total = sum(sizes[t] for t in subjects)
     top = [g for g in group_names if g not in parent]
     if len(top) == 1 and top[0] in categories:
@@ -195,6 +196,7 @@ def to_result(
         shots=shots,
         engine="lm-eval",
         predictions={t: p for t, p in predictions.items() if p is not None},
+        answers={t: a for t, a in answers.items() if a is not None and predictions.get(t) is not None},
     )
 
 
@@ -203,6 +205,15 @@ def _main_metric(task_results: dict[str, Any]) -> str:
         if key not in SKIP_KEYS and "_stderr" not in key and isinstance(value, (int, float)):
             return key
     raise ConfigError(f"lm-eval reported no metric: {sorted(task_results)}")
+
+
+def _answers(samples: list[dict[str, Any]]) -> list[int] | None:
+    """For multiple-choice tasks, the correct choice of each document (lm-eval's `target`), in the order
+    of `_predictions`; None when a target is not a choice index."""
+    targets = [sample.get("target") for sample in sorted(samples, key=lambda s: s["doc_id"])]
+    if not all(isinstance(t, int) or (isinstance(t, str) and t.isdigit()) for t in targets):
+        return None
+    return [int(t) for t in targets]  # type: ignore[arg-type]
 
 
 def _predictions(samples: list[dict[str, Any]]) -> list[int] | None:

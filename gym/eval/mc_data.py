@@ -17,6 +17,7 @@ import difflib
 import io
 import re
 import zipfile
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,7 +67,13 @@ class _Tree:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.zip = zipfile.ZipFile(root) if root.is_file() else None
+        try:
+            self.zip = zipfile.ZipFile(root) if root.is_file() else None
+        except (zipfile.BadZipFile, OSError) as exc:  # cut short, or not a zip at all
+            raise DataError(
+                f"not a readable zip file ({exc}): download it again, or give the folder it unpacks to",
+                file=str(root),
+            ) from None
         if self.zip is not None:
             self.files = [n for n in self.zip.namelist() if not n.endswith("/")]
         else:
@@ -74,7 +81,12 @@ class _Tree:
 
     def read(self, rel: str) -> bytes:
         if self.zip is not None:
-            return self.zip.read(rel)
+            try:
+                return self.zip.read(rel)
+            except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:  # a damaged member
+                raise DataError(
+                    f"damaged in the zip ({exc}): download the zip again", file=self.show(rel)
+                ) from None
         return (self.root / rel).read_bytes()
 
     def show(self, rel: str) -> str:
@@ -99,7 +111,7 @@ def load_benchmark(
         raise ConfigError(f"limit must be at least 1 question per subject, got {limit}")
     root = _local_root(spec, data_dir)
     tree = _Tree(root)
-    table = _mapping(spec, root, tree, mapping)
+    table, mapped = _mapping(spec, root, tree, mapping)
     zips = [f for f in tree.files if f.endswith(".zip")]
     if tree.zip is None and len(zips) == 1 and not any(f.endswith((".csv", ".parquet")) for f in tree.files):
         tree = _Tree(root / zips[0])  # a folder holding the zip and its mapping.json (shared/data/eval/mmlu)
@@ -108,17 +120,18 @@ def load_benchmark(
     if unknown:
         close = [m for s in unknown for m in difflib.get_close_matches(s, list(table), n=1)]
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        source = f" in mapping file {mapping}" if mapping is not None else ""
         raise ConfigError(
-            f"unknown {spec.name} subject(s) {', '.join(unknown)}{hint}; known: {', '.join(table)}"
+            f"unknown {spec.name} subject(s) {', '.join(unknown)}{source}{hint}; known: {', '.join(table)}"
         )
-    files = _layout(spec, tree, table)
+    files = _layout(spec, tree, table, every=not subjects)
     out = []
     for key in chosen:
         split_rows = {}
         for split in spec.splits:
             rel = files.get((key, split))
             if rel is None:
-                raise _missing(spec, tree, files, key, split)
+                raise _missing(spec, tree, files, key, split, mapped)
             split_rows[split] = _read_split(spec, tree, rel)
         few, scored = split_rows[spec.fewshot_split], split_rows[spec.scored_split]
         if len(few) < shots:
@@ -169,23 +182,28 @@ def _download(spec: BenchmarkSpec, repo_id: str) -> Path:
 
 def _mapping(
     spec: BenchmarkSpec, root: Path, tree: _Tree, explicit: str | Path | None
-) -> dict[str, SubjectInfo]:
-    """An explicit mapping file, else mapping.json beside the data or inside the zip, else gym's copy."""
+) -> tuple[dict[str, SubjectInfo], bool]:
+    """An explicit mapping file, else mapping.json beside the data or inside the zip, else gym's copy;
+    and whether it was one of the first three (False: gym's copy)."""
     if explicit is not None:
         path = Path(explicit)
         if not path.is_file():
             raise ConfigError(f"mapping file {path} does not exist")
-        return load_mapping(spec, path)
+        return load_mapping(spec, path), True
     beside = (root if root.is_dir() else root.parent) / "mapping.json"
     if beside.is_file():
-        return load_mapping(spec, beside)
+        return load_mapping(spec, beside), True
     if tree.zip is not None and "mapping.json" in tree.files:
-        return parse_mapping(tree.read("mapping.json").decode("utf-8"), tree.show("mapping.json"))
-    return load_mapping(spec)
+        return parse_mapping(tree.read("mapping.json").decode("utf-8"), tree.show("mapping.json")), True
+    return load_mapping(spec), False
 
 
-def _layout(spec: BenchmarkSpec, tree: _Tree, table: dict[str, SubjectInfo]) -> dict[tuple[str, str], str]:
-    """(subject, split) -> file, for the CSV layout or the hub's parquet layout, whichever is there."""
+def _layout(
+    spec: BenchmarkSpec, tree: _Tree, table: dict[str, SubjectInfo], every: bool = True
+) -> dict[tuple[str, str], str]:
+    """(subject, split) -> file, for the CSV layout or the hub's parquet layout, whichever is there.
+    `every`: all the mapping's subjects are scored, so files of a subject it lacks are an error (a
+    mapping that misses one); with chosen subjects they are left alone."""
     pattern = re.escape(spec.file_pattern).replace(r"\{split\}", "(?P<split>[a-z]+)", 1)
     pattern = pattern.replace(r"\{split\}", "(?P=split)").replace(r"\{subject\}", r"(?P<subject>[^/]+?)")
     csv_re = re.compile(rf"(?P<prefix>(?:.*/)?){pattern}")
@@ -202,7 +220,7 @@ def _layout(spec: BenchmarkSpec, tree: _Tree, table: dict[str, SubjectInfo]) -> 
             if not {s for s, _ in files} & set(table):
                 continue  # file names of another layout (e.g. C-Eval's given as CMMLU)
             stray = sorted({s for s, _ in files} - set(table) - {"all", "auxiliary_train"})
-            if stray:
+            if stray and every:
                 raise DataError(
                     f"subject {stray[0]!r} has no entry in the mapping (name and category): add it to "
                     "mapping.json or remove its files",
@@ -219,13 +237,24 @@ def _layout(spec: BenchmarkSpec, tree: _Tree, table: dict[str, SubjectInfo]) -> 
 
 
 def _missing(
-    spec: BenchmarkSpec, tree: _Tree, files: dict[tuple[str, str], str], key: str, split: str
+    spec: BenchmarkSpec,
+    tree: _Tree,
+    files: dict[tuple[str, str], str],
+    key: str,
+    split: str,
+    mapped: bool = False,
 ) -> DataError:
-    expected = spec.file_name(key, split)
+    names = ((spec.file_name(s, p), r) for (s, p), r in files.items())
+    prefix = next((r.removesuffix(name) for name, r in names if r.endswith(name)), "")
+    expected = prefix + spec.file_name(key, split)
     if not any(s == key for s, _ in files):
+        present = sorted({s for s, _ in files})
+        which = "the mapping" if mapped else f"gym's {spec.name} mapping (no mapping.json here)"
+        have = f" ({', '.join(present)})" if len(present) <= 5 else ""
         return DataError(
-            f"the mapping names subject {key!r} but there are no files for it (expected {expected}): "
-            "add its files or remove it from mapping.json",
+            f"{which} names subject {key!r} but there are no files for it (expected {expected}): add its "
+            f"files, score only the subjects there are with --subjects{have}, or give a mapping.json that "
+            "names only those",
             file=str(tree.root),
         )
     other = next(r for (s, _), r in files.items() if s == key)

@@ -79,6 +79,10 @@ def resolve_device(device: str) -> str:
 
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        torch.device(device)
+    except RuntimeError:
+        raise ConfigError(f"device {device!r}: not a torch device (auto, cpu, cuda, cuda:1...)") from None
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"device {device!r} asked for, but torch sees no CUDA GPU here")
     return device

@@ -186,6 +186,7 @@ def _result(
     correct: dict[str, int] = {}
     sizes: dict[str, int] = {}
     predictions: dict[str, list[int]] = {}
+    answers: dict[str, list[int]] = {}
     for subject in data.subjects:
         chosen = []
         for q in subject.questions:
@@ -194,6 +195,7 @@ def _result(
             key += 1
         name = subject.info.key
         predictions[name] = chosen
+        answers[name] = [q.answer for q in subject.questions]
         sizes[name] = len(chosen)
         correct[name] = sum(c == q.answer for c, q in zip(chosen, subject.questions, strict=True))
     categories = {s.info.key: s.info.category for s in data.subjects}
@@ -215,5 +217,6 @@ def _result(
         style=settings.style,
         notes=notes,
         predictions=predictions,
+        answers=answers,
         experiences=shipped.record() if shipped is not None else None,
     )

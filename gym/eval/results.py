@@ -37,6 +37,10 @@ class EvalResult(BaseModel):
     predictions: dict[str, list[int]] = Field(
         default_factory=dict, description="Per subject, the chosen answer (0-3) of each question, in order."
     )
+    answers: dict[str, list[int]] = Field(
+        default_factory=dict,
+        description="Per subject, the correct answer (0-3) of each question, in the order of predictions.",
+    )
     experiences: dict[str, Any] | None = Field(
         None,
         description="The TF-GRPO experience library the model ships, injected into every prompt: its "

@@ -18,8 +18,8 @@ from typing import Any
 
 from gym.errors import ConfigError
 from gym.hashing import hash_obj
-from gym.models import ModelRef, resolve
-from gym.templates import load_template, with_default_system
+from gym.models import ModelRef, require_safetensors, resolve
+from gym.templates import load_template, template_hint, with_default_system
 from gym.tfgrpo.injection import ShippedLibrary, shipped_library
 
 
@@ -47,12 +47,12 @@ def resolve_served(
 ) -> ServedModel:
     """Resolve `model` for serving (see the module docstring for where the template comes from); `system`
     replaces the default system message the model was trained with."""
-    ref = _own_template_ref(model, template)
+    ref = own_template_ref(model, template)
     if ref is None:
         ref = resolve(model, template, trust_remote_code)
         text, name = load_template(ref.template), ref.template
     else:
-        text, name = _tokenizer_template(Path(ref.path), model), None
+        text, name = tokenizer_template(Path(ref.path), model), None
     if system is not None:
         ref = ref.model_copy(update={"default_system": system})
     text = with_default_system(text, ref.default_system)
@@ -62,7 +62,7 @@ def resolve_served(
     return ServedModel(ref=ref, chat_template=text, template_name=name, library=library)
 
 
-def _own_template_ref(model: str, template: str | None) -> ModelRef | None:
+def own_template_ref(model: str, template: str | None) -> ModelRef | None:
     """A ModelRef for a directory (or registered version) that names no gym template, else None."""
     if template is not None:
         return None
@@ -81,6 +81,7 @@ def _own_template_ref(model: str, template: str | None) -> ModelRef | None:
     local = Path(model).expanduser()
     if not (local / "config.json").is_file() or _gym_template(local):
         return None
+    require_safetensors(local)
     return ModelRef(
         name=model,
         path=str(local.resolve()),
@@ -95,7 +96,7 @@ def _gym_template(directory: Path) -> str | None:
     return json.loads(meta.read_text()).get("template") if meta.is_file() else None
 
 
-def _tokenizer_template(directory: Path, model: str) -> str:
+def tokenizer_template(directory: Path, model: str) -> str:
     from transformers import AutoTokenizer
 
     tokenizer: Any = AutoTokenizer.from_pretrained(str(directory))
@@ -105,6 +106,6 @@ def _tokenizer_template(directory: Path, model: str) -> str:
     if not text:
         raise ConfigError(
             f"model {model} names no chat template (not in gym's registry, no gym metadata, and its "
-            "tokenizer has none): pass --template (one of registry/templates)"
+            f"tokenizer has none): {template_hint()}"
         )
     return str(text)
