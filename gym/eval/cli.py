@@ -224,7 +224,7 @@ def table(result: EvalResult) -> str:
     for name, value in result.categories.items():
         lines.append(f"  {name:36s} {value:.4f}")
     lines.append("")
-    for row in result.rows():
-        lines.append(f"  {row['subject']!s:44s} {row['questions']!s:>5s}  {row[result.metric]!s}")
+    for subject, score in result.subjects.items():
+        lines.append(f"  {subject:44s} {result.sizes.get(subject, 0):>5d}  {score:.4f}")
     lines.extend(f"note: {n}" for n in result.notes)
     return "\n".join(lines)
