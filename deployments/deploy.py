@@ -54,6 +54,8 @@ def argument_problem(cron: str, timezone: str, pool: str | None = None) -> str |
 
     if pool is not None and not pool.strip():
         return "--pool: give the work pool a name (default gym-process)"
+    if not timezone.strip():
+        return "--timezone: give a time zone name (default UTC), e.g. Europe/Paris"
     try:
         CronSchedule(cron=cron, timezone=timezone)
     except ValidationError as exc:

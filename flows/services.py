@@ -31,9 +31,15 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def prepare_server(api_url: str, pool: str = services.WORK_POOL) -> dict[str, int | str]:
+def prepare_server(api_url: str, pool: str = services.WORK_POOL, fresh: bool = False) -> dict[str, int | str]:
     """Create gym's work pool (a process pool) and the tag concurrency limit that keeps training tasks
-    one per GPU (as many slots as this machine has GPUs, at least one)."""
+    one per GPU (as many slots as this machine has GPUs, at least one).
+
+    `fresh`: the server was just started. Prefect keeps the leases on a limit's slots in memory, so a
+    server that stopped while a task held a slot (`gym down` during a run) comes back with that slot
+    taken and no lease to ever free it: every later training task would wait for it, silently. Right
+    after a start no task can hold a slot, so the limit's taken slots are set back to none.
+    """
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectAlreadyExists
@@ -54,7 +60,41 @@ def prepare_server(api_url: str, pool: str = services.WORK_POOL) -> dict[str, in
                 )
             )
         client.create_concurrency_limit(tag=GPU_TAG, concurrency_limit=slots)
+        if fresh:
+            from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
+
+            limit = client.read_global_concurrency_limit_by_name(f"tag:{GPU_TAG}")
+            if limit.active_slots:
+                reset = GlobalConcurrencyLimitUpdate(active_slots=0)
+                client.update_global_concurrency_limit(limit.name, reset)
     return {"work_pool": pool, "gpu_tag": GPU_TAG, "gpu_slots": slots}
+
+
+def crash_pool_runs(api_url: str, pool: str = services.WORK_POOL) -> int:
+    """Mark the flow runs of `pool` still running or starting as Crashed (`gym down` has just stopped
+    the worker, and the flow-run processes with it: none will report again); return how many."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+        WorkPoolFilter,
+        WorkPoolFilterName,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.states import Crashed
+
+    live = [StateType.RUNNING, StateType.PENDING, StateType.CANCELLING]
+    with temporary_settings({PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=live))),
+            work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[pool])),
+        )
+        for run in runs:
+            message = "stopped by `gym down` (the worker and its flow-run processes were stopped)"
+            client.set_flow_run_state(run.id, Crashed(message=message), force=True)
+    return len(runs)
 
 
 def _port(env: str) -> int | None:
@@ -87,9 +127,12 @@ def cmd_up(argv: Sequence[str]) -> int:
     parser.add_argument("--json", action="store_true", help="Print JSON.")
     args = parser.parse_args(argv)
     before = {name for name, s in services.read_state().items() if services.alive(s)}
-    state = services.up(args.prefect_port, args.mlflow_port)
+    notes: list[str] = []
+    state = services.up(args.prefect_port, args.mlflow_port, notes=notes)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     prefect_url, mlflow_url = str(state["prefect"].url), str(state["mlflow"].url)
-    prepared = prepare_server(f"{prefect_url}/api")
+    prepared = prepare_server(f"{prefect_url}/api", fresh="prefect" not in before)
     if args.worker:
         services.start_worker()
     worker_running = args.worker or "worker" in before
@@ -125,8 +168,19 @@ def cmd_up(argv: Sequence[str]) -> int:
 def cmd_down(argv: Sequence[str]) -> int:
     parser = ArgumentParser(prog="gym down", description="Stop the servers (and worker) `gym up` started.")
     parser.parse_args(argv)
-    stopped = services.down()
+    api = services.running("prefect")
+    crashed = 0
+
+    def crash_runs() -> None:
+        nonlocal crashed
+        if api is not None and "worker" in services.read_state():
+            with contextlib.suppress(Exception):  # best effort: stopping must not fail on it
+                crashed = crash_pool_runs(f"{api}/api")
+
+    stopped = services.down(after_worker=crash_runs)
     print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+    if crashed:
+        print(f"note: {crashed} flow run(s) of the {services.WORK_POOL} pool were running: marked Crashed")
     return 0
 
 

@@ -121,6 +121,8 @@ def promote(
         promoted=promoted,
         reason=reason,
     )
+    if champion == version:
+        return decision  # nothing decided: its tags keep why (and over which version) it was promoted
     tracking.set_version_tags(
         name,
         version,

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,20 @@ class Service(BaseModel):
 
 def state_file() -> Path:
     return workspace.path("services", "services.json")
+
+
+def ports_file() -> Path:
+    """The ports the servers last ran on (kept after `gym down`: links stored in Prefect and MLflow name
+    them, so the next `gym up` takes them again when they are free)."""
+    return workspace.path("services", "ports.json")
+
+
+def last_ports() -> dict[str, int]:
+    try:
+        raw = json.loads(ports_file().read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+    return {name: int(port) for name, port in raw.items() if isinstance(port, int)}
 
 
 def read_state() -> dict[str, Service]:
@@ -224,19 +239,46 @@ def tail(path: str, lines: int = 15) -> str:
     return "\n".join(latest.splitlines()[-lines:])
 
 
+def _port_of(url: str | None) -> int | None:
+    from urllib.parse import urlsplit
+
+    return urlsplit(url).port if url else None
+
+
 def up(
-    prefect_port: int | None = None, mlflow_port: int | None = None, deadline_s: float = 120.0
+    prefect_port: int | None = None,
+    mlflow_port: int | None = None,
+    deadline_s: float = 120.0,
+    notes: list[str] | None = None,
 ) -> dict[str, Service]:
-    """Start whichever of the two servers is not running yet; return both once they answer."""
-    state = {n: s for n, s in read_state().items() if alive(s)}
+    """Start whichever of the two servers is not running yet; return both once they answer.
+
+    A port asked for (not None, not 0: any free one) must be free: else GymError before anything starts.
+    Without one, a server takes the port it last ran on (a link stored in a run names it), else its
+    usual one, else any free port; a server that could not take its last port gets a line in `notes`.
+    """
+    recorded = read_state()
+    state = {n: s for n, s in recorded.items() if alive(s)}
+    asked = {"prefect": prefect_port, "mlflow": mlflow_port}
+    for name, port in asked.items():
+        if name not in state and port and free_port(port) != port:
+            raise GymError(
+                f"port {port} ({name}) is in use on {HOST}: choose another with --{name}-port (0: any free "
+                "port), or stop what listens there"
+            )
+    previous = last_ports()
     started = []
-    for name, build, port in (
-        ("prefect", prefect_command, prefect_port),
-        ("mlflow", mlflow_command, mlflow_port),
-    ):
+    for name, build in (("prefect", prefect_command), ("mlflow", mlflow_command)):
         if name in state:
             continue
-        chosen = port if port else free_port(PREFERRED_PORTS[name] if port is None else None)
+        port = asked[name]
+        last = _port_of(recorded[name].url) if name in recorded else previous.get(name)
+        chosen = port if port else free_port((last or PREFERRED_PORTS[name]) if port is None else None)
+        if port is None and last is not None and chosen != last and notes is not None:
+            notes.append(
+                f"{name} now runs on port {chosen}: its last port {last} is in use, so links to it stored "
+                f"in earlier runs no longer open (`gym down`, free port {last}, and `gym up` to go back)"
+            )
         command, env = build(chosen)
         url = f"http://{HOST}:{chosen}"
         state[name] = spawn(name, command, env, url)
@@ -249,6 +291,8 @@ def up(
             stop(s)
         write_state({n: s for n, s in state.items() if s not in started})
         raise
+    ports = {name: _port_of(state[name].url) for name in ("prefect", "mlflow")}
+    workspace.atomic_write_json(ports_file(), {n: p for n, p in ports.items() if p is not None})
     return state
 
 
@@ -280,12 +324,16 @@ def stop(service: Service, grace_s: float = 15.0) -> None:
             time.sleep(0.1)
 
 
-def down() -> list[str]:
-    """Stop every recorded service (worker first); return the names stopped."""
+def down(after_worker: Callable[[], None] | None = None) -> list[str]:
+    """Stop every recorded service (worker first, then `after_worker()` while the servers still run);
+    return the names stopped."""
     state = read_state()
     order = sorted(state, key=lambda n: n != "worker")
     stopped = []
     for name in order:
+        if name != "worker" and after_worker is not None:
+            after_worker()
+            after_worker = None
         if alive(state[name]):
             stop(state[name])
             stopped.append(name)

@@ -52,6 +52,7 @@ def test_a_bad_schedule_pool_or_dead_api_is_one_error_line_in_both_scripts(gym_h
     cases = [
         (["--cron", "not a cron"], '--cron: Invalid cron string: "not a cron"'),
         (["--timezone", "Mars/Olympus"], '--timezone: Invalid timezone: "Mars/Olympus"'),
+        (["--timezone", ""], "--timezone: give a time zone name (default UTC)"),  # was stored
         ([], f"PREFECT_API_URL={dead}: nothing answers at 127.0.0.1:"),
     ]
     with temporary_settings({PREFECT_API_URL: dead}):

@@ -136,3 +136,68 @@ def test_a_server_that_exits_while_starting_quotes_its_own_start_not_older_ones(
             services.wait_healthy([service], deadline_s=30)
     assert "Port 4200 is already in use" in str(err.value) and "database is locked" not in str(err.value)
     assert "database is locked" in Path(service.log).read_text(), "the log keeps every start"
+
+
+def test_gym_down_during_a_run_leaves_no_slot_taken_and_no_run_running(tmp_path: Path):
+    """`gym down` while a deployment run trained left its flow run Running for ever and its slot of the
+    gym-gpu limit taken (Prefect keeps the slots' leases in memory): every later training task waited,
+    silently. Now the run is marked Crashed and the next `gym up` frees the orphaned slot."""
+    from prefect.states import Running
+
+    from tasks._common import GPU_TAG
+
+    home = tmp_path / "gym_home"
+    with gym_up(home, "--worker") as stack:
+        stack.sh("python deployments/deploy.py")
+        with stack.client() as client:
+            deployment = client.read_deployment_by_name("train/train")
+            run = client.create_flow_run_from_deployment(deployment.id, state=Running())
+            client.increment_concurrency_slots_with_lease(
+                names=[f"tag:{GPU_TAG}"], slots=1, mode="concurrency", lease_duration=600
+            )  # what the run's training task holds
+            assert client.read_global_concurrency_limit_by_name(f"tag:{GPU_TAG}").active_slots == 1
+        down = stack.sh("gym down").stdout
+        assert "note: 1 flow run(s) of the gym-process pool were running: marked Crashed" in down
+        again = json.loads(stack.sh("gym up --json").stdout.strip().splitlines()[-1])
+        stack.prefect = again["prefect"]
+        with stack.client() as client:
+            assert client.read_global_concurrency_limit_by_name(f"tag:{GPU_TAG}").active_slots == 0
+            state = client.read_flow_run(run.id).state
+        assert state.is_crashed() and "gym down" in state.message
+
+
+def test_gym_up_takes_the_ports_it_last_ran_on_and_refuses_a_busy_one(gym_home):
+    """`gym down; gym up` moved the servers from the ports asked for before to 4200/5000 (or any), so the
+    links stored in Prefect artifacts and MLflow tags stopped opening; a port asked for that something
+    listens on was a dump of the server's log after it failed to start."""
+    import socket
+
+    from gym.errors import GymError
+
+    first = {"prefect": services.free_port(None), "mlflow": services.free_port(None)}
+    try:
+        state = services.up(first["prefect"], first["mlflow"])
+        assert {n: services._port_of(state[n].url) for n in first} == first
+        services.down()
+        notes: list[str] = []
+        state = services.up(notes=notes)
+        assert {n: services._port_of(state[n].url) for n in first} == first and not notes
+        services.down()
+
+        with socket.socket() as busy:
+            busy.bind(("127.0.0.1", first["mlflow"]))
+            busy.listen()
+            refused = f"port {first['mlflow']} \\(mlflow\\) is in use on 127.0.0.1: "
+            with pytest.raises(GymError, match=refused):
+                services.up(None, first["mlflow"])
+            assert not services.read_state(), "nothing started"
+            state = services.up(notes=notes)
+            moved = services._port_of(state["mlflow"].url)
+            assert services._port_of(state["prefect"].url) == first["prefect"] and moved != first["mlflow"]
+            last = first["mlflow"]
+            assert notes == [
+                f"mlflow now runs on port {moved}: its last port {last} is in use, so links to it stored in "
+                f"earlier runs no longer open (`gym down`, free port {last}, and `gym up` to go back)"
+            ]
+    finally:
+        services.down()

@@ -105,6 +105,8 @@ def test_champion_moves_only_when_the_challenger_wins_by_the_margin(gym_home, va
     best = promote(name, "exact_match_after", margin=0.05)
     assert best.promoted and best.champion == "3" and "## Promotion" in best.markdown()
     assert promote(name, "exact_match_after").reason == "v3 is already the champion"
+    tags = MlflowClient(tracking.tracking_uri()).get_model_version(name, "3").tags  # the record of why stays
+    assert tags["promotion.decision"] == "promoted" and tags["promotion.reason"] == best.reason
 
     # The champion is exactly the model that was evaluated: same logits after the registry round trip.
     champion = resolve(f"models:/{name}@champion")
