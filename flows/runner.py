@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import importlib
 import json
+import math
 import signal
 import sys
 import time
@@ -262,8 +263,20 @@ def main(
         return 128 + signal.SIGINT
     print_summary(summary)
     if any(ns.json for ns in sources):
-        print(json.dumps(summary, sort_keys=True, default=str))
+        print(json.dumps(strict_json(summary), sort_keys=True, default=str, allow_nan=False))
     return 0
+
+
+def strict_json(value: Any) -> Any:
+    """`value` with every NaN or infinite number as None: JSON has no NaN (Python writes it, and strict
+    parsers such as JavaScript's JSON.parse or jq refuse the line); a metric that is NaN was not measured."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict_json(v) for v in value]
+    return value
 
 
 INTERRUPTED = (

@@ -23,11 +23,12 @@ promotion compares two versions only on scores measured the same way.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 import gym
 from gym.hashing import hash_obj
@@ -64,6 +65,15 @@ class Lineage(BaseModel):
     gym_version: str = Field(gym.__version__, description="gym version that produced the model.")
     flow_run_id: str | None = Field(None, description="Prefect flow run that produced the model.")
     extra: dict[str, str] = Field(default_factory=dict, description="Other facts the flow recorded, as tags.")
+
+    @field_validator("scores", mode="before")
+    @classmethod
+    def _measured(cls, scores: Any) -> Any:
+        """A NaN or infinite score (every reward of a run NaN or None) was not measured: left out. JSON
+        wrote it as null, which a version registered so still holds and must read back."""
+        if not isinstance(scores, Mapping):
+            return scores
+        return {k: v for k, v in scores.items() if isinstance(v, int | float) and math.isfinite(v)}
 
     def tags(self) -> dict[str, str]:
         """Flat MLflow model-version tags (the names earlier gym versions used are kept)."""
@@ -108,7 +118,16 @@ class Lineage(BaseModel):
 
 
 def scores_of(tags: Mapping[str, str]) -> dict[str, float]:
-    return {k.removeprefix(SCORE_PREFIX): float(v) for k, v in tags.items() if k.startswith(SCORE_PREFIX)}
+    """The `score.*` tags as numbers (a NaN or infinite one, never measured, left out)."""
+    scores = {k.removeprefix(SCORE_PREFIX): _number(v) for k, v in tags.items() if k.startswith(SCORE_PREFIX)}
+    return {k: v for k, v in scores.items() if math.isfinite(v)}
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
 
 
 def setups_of(tags: Mapping[str, str]) -> dict[str, str]:

@@ -161,3 +161,27 @@ def test_a_flow_promoting_on_a_score_it_never_records_fails_in_preflight():
             check(flow(metric))
     with pytest.raises(ConfigError, match="it records exact_match_after, mmlu_after"):
         check(flow("mmlu", benchmarks=["mmlu"]))
+
+
+def test_a_score_that_is_nan_is_left_out_and_a_version_holding_one_still_reads_back(gym_home, tmp_path):
+    """A GRPO run whose rewards were all NaN registered `score.grpo_mean_reward` NaN: its lineage JSON held
+    null, which failed to read back, so every later run resolving that version (a cache hit, a run with
+    the same weights) failed on a pydantic error. The run's --json line held NaN, which is not JSON."""
+    import math
+
+    from flows.runner import strict_json
+    from gym.lineage import scores_of
+
+    lineage = Lineage(base_model="gym-tiny", scores={"grpo_mean_reward": math.nan, "grpo_loss_last": 0.5})
+    assert lineage.scores == {"grpo_loss_last": 0.5}
+    assert Lineage.from_tags(lineage.tags()).scores == {"grpo_loss_last": 0.5}
+    held = '{"base_model": "gym-tiny", "scores": {"grpo_mean_reward": null, "sft_loss_last": 0.25}}'
+    poisoned = {  # what such a version holds
+        "gym.lineage": held,
+        "score.grpo_mean_reward": "nan",
+    }
+    assert Lineage.from_tags(poisoned).scores == {"sft_loss_last": 0.25}
+    assert scores_of(poisoned) == {}
+
+    line = json.dumps(strict_json({"metric_first": math.nan, "runs": [math.inf, 1.0]}), allow_nan=False)
+    assert json.loads(line) == {"metric_first": None, "runs": [None, 1.0]}
