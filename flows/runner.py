@@ -101,7 +101,11 @@ def build_parser(config_cls: type[BaseModel], prog: str | None = None) -> argpar
         dest="alias_max_steps",
         metavar="STEPS",
         type=int,
-        help=shown(bool(stages), "Optimiser steps for every stage."),
+        help=shown(
+            bool(stages),
+            "Optimiser steps for every training stage (a demo's warm start keeps its own: "
+            "--warm_start.train.max_steps).",
+        ),
     )
     if "dataset" not in fields:
         comma_separated(
