@@ -75,6 +75,17 @@ def strip_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, path, masked(parts.query), masked(parts.fragment)))
 
 
+def link_url(url: str) -> str:
+    """`url` for a link someone follows (a Prefect artifact, a run's tag): `strip_url`'s, with no user
+    part at all (a browser asks for the login the server wants), so `http://user:key@host/` is
+    `http://host/`."""
+    stripped = strip_url(url)
+    parts = urlsplit(stripped)
+    if "@" not in parts.netloc:
+        return stripped
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
 def scrub(text: str) -> str:
     """`text` with the credentials of every URL in it replaced by `***` (for messages and logs)."""
     return _URL.sub(lambda m: strip_url(m.group(0)) if url_credentials(m.group(0)) else m.group(0), text)

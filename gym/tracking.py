@@ -4,12 +4,17 @@ Default store: SQLite in the workspace (`$GYM_HOME/mlflow/mlflow.db`, artifacts 
 `MLFLOW_TRACKING_URI` (or the `uri` argument) points anywhere else. Runs are addressed by id
 through `MlflowClient`, never through mlflow's thread-local "active run", so tasks running in
 other threads (or processes) log to the right place. Parameters pass through `redact` first:
-secrets never reach MLflow.
+secrets never reach MLflow, and links to the MLflow UI never carry a login (`ui_url`).
+
+A tracking server that stops answering is retried for about 30 s (`HTTP_RETRIES`), then every call
+through `_client` says so in one line (`TrackingServerDown`); a `models:/` URI is resolved only once
+the server answers.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import re
@@ -20,12 +25,19 @@ from typing import Any
 from urllib.parse import quote
 
 from gym import secrets, workspace
-from gym.errors import chain, interrupted
+from gym.errors import GymError, chain, interrupted
 
 # MLflow sends usage telemetry to its maintainers from a background thread unless told not to; gym runs
 # offline-first and already turns Prefect's analytics off. Set before mlflow is first imported (only this
 # module imports it); MLFLOW_DISABLE_TELEMETRY=false in the environment turns it back on.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+# MLflow retries a request to a tracking server 7 times, 2 s, 4 s ... 128 s apart: a server that stopped
+# was reported after about 4 minutes (and each later call waited as long again). gym's budget: 5 retries,
+# 0, 2, 4, 8 and 16 s apart (about 30 s, plus up to 1 s of jitter each): a server that restarts (`gym up`
+# takes ~6 s) is still waited for. MLflow's variables, set in the environment, win.
+HTTP_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "5", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+for _name, _value in HTTP_RETRIES.items():
+    os.environ.setdefault(_name, _value)
 
 EXPERIMENT = "gym"
 PROCESS_TAG = "gym.process"  # the process that made a run (gym.liveness): host|pid namespace|pid|start
@@ -47,9 +59,15 @@ def tracking_uri(uri: str | None = None, create: bool = True) -> str:
 def check_store(uri: str | None = None, field: str = "output.tracking_uri") -> None:
     """The tracking store a run will use is one it can use, checked before the run starts, without
     creating anything: a SQLite store somewhere this process can create it, no file store MLflow refuses,
-    a tracking server that answers. `field` names where `uri` came from (else the environment)."""
+    a tracking server that answers. `field` names where `uri` came from (else the environment).
+
+    A `uri` given as a setting carries no credentials: it is stored as the flow run's parameters in
+    Prefect, shown in its UI and in messages. MLflow reads them from its own variables instead (and
+    MLFLOW_TRACKING_URI, which stays in the environment, may hold them)."""
     from gym.errors import ConfigError
 
+    if uri and secrets.url_credentials(uri):
+        raise ConfigError(f"{field}: {credentials_advice(uri)}")
     u = tracking_uri(uri)
     where = field if uri else "MLFLOW_TRACKING_URI"
     if not uri and not os.environ.get("MLFLOW_TRACKING_URI"):
@@ -57,11 +75,40 @@ def check_store(uri: str | None = None, field: str = "output.tracking_uri") -> N
     db = _sqlite_file(u)
     problem = _sqlite_problem(db) if db is not None else _other_store_problem(u)
     if problem:
-        raise ConfigError(
-            f"{where}: the MLflow store {u} can't be used ({problem}); point it at a writable place "
-            "(sqlite:////abs/path/mlflow.db, gym's default kind) or at a tracking server that is running "
-            "(http://host:port)"
+        raise ConfigError(_store_message(where, u, problem))
+
+
+def credentials_advice(uri: str) -> str:
+    """What to do instead of giving tracking URI `uri`, which carries credentials, as a setting."""
+    said = (
+        "the tracking URI carries credentials, and a setting is stored and shown (a flow's in Prefect's "
+        "flow-run parameters and UI)"
+    )
+    if uri.startswith(("http://", "https://")):
+        return (
+            f"{said}: give it without them ({secrets.link_url(uri)}) and set MLFLOW_TRACKING_USERNAME and "
+            "MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN), MLflow's own variables, instead"
         )
+    # a database's login has no variable of MLflow's: the whole URI goes in the environment
+    return f"{said}: give the whole URI in MLFLOW_TRACKING_URI instead (the environment is not stored)"
+
+
+def _store_message(where: str, uri: str, problem: str) -> str:
+    return (
+        f"{where}: the MLflow store {secrets.link_url(uri)} can't be used ({problem}); point it at a "
+        "writable place (sqlite:////abs/path/mlflow.db, gym's default kind) or at a tracking server that "
+        "is running (http://host:port)"
+    )
+
+
+def check_server(uri: str | None = None, field: str = "output.tracking_uri") -> None:
+    """The tracking server (if the store is one) answers, checked in a moment before MLflow is asked
+    anything (a ConfigError naming where the URI came from, as `check_store`'s)."""
+    from gym.errors import ConfigError
+
+    u = tracking_uri(uri, create=False)
+    if problem := _unreachable(u):
+        raise ConfigError(_store_message(field if uri else "MLFLOW_TRACKING_URI", u, problem))
 
 
 def _sqlite_problem(db: Path) -> str | None:
@@ -88,16 +135,75 @@ def _sqlite_problem(db: Path) -> str | None:
 def _other_store_problem(uri: str, timeout: float = 5.0) -> str | None:
     """A file store MLflow refuses (in maintenance mode: the model registry needs MLFLOW_ALLOW_FILE_STORE),
     or a tracking server nothing answers at (MLflow would retry for minutes)."""
+    return _file_store_refused(uri) or _unreachable(uri, timeout)
+
+
+def _file_store_refused(uri: str) -> str | None:
     from urllib.parse import urlsplit
 
+    if urlsplit(uri).scheme not in ("", "file") or uri.startswith("databricks"):
+        return None
+    if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() in ("1", "true"):
+        return None
+    return "a file store, which MLflow refuses unless MLFLOW_ALLOW_FILE_STORE=true"
+
+
+def _unreachable(uri: str, timeout: float = 5.0) -> str | None:
+    """Why nothing answers at tracking server `uri` (None: it answers, or it is no server)."""
     from gym.services import unreachable
 
-    parts = urlsplit(uri)
-    if parts.scheme in ("", "file") and not uri.startswith("databricks"):
-        if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() in ("1", "true"):
-            return None
-        return "a file store, which MLflow refuses unless MLFLOW_ALLOW_FILE_STORE=true"
     return unreachable(uri, timeout)
+
+
+class TrackingServerDown(GymError):
+    """The MLflow tracking server stopped answering in the middle of a command or run."""
+
+
+def _server_down_message(uri: str, problem: str) -> str:
+    return (
+        f"the MLflow server at {secrets.link_url(uri)} stopped answering ({problem}): start it again "
+        "(`gym up` starts gym's own) and run the same command again; a flow run goes on from its cached "
+        "tasks, and training from its last checkpoint"
+    )
+
+
+@contextlib.contextmanager
+def answering(uri: str | None = None) -> Iterator[None]:
+    """MLflow's failure to reach a tracking server that stopped answering, in the block, as one line
+    (`TrackingServerDown`, a user's error: no traceback, no task retry) instead of MLflow's chain of
+    ConnectionRefusedError, MaxRetryError and MlflowException, with credentials kept out of it. Any
+    other failure (a server that answers with an error, a database store) is raised as it is."""
+    try:
+        yield
+    except GymError:
+        raise
+    except Exception as exc:
+        u = tracking_uri(uri, create=False)
+        if interrupted(exc) or not u.startswith(("http://", "https://")):
+            raise
+        problem = _unreachable(u)
+        if problem is None:
+            raise
+        raise TrackingServerDown(_server_down_message(u, problem)) from None
+
+
+class _Answering:
+    """An MlflowClient whose calls run inside `answering`."""
+
+    def __init__(self, client: Any, uri: str) -> None:
+        self._client, self._uri = client, uri
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+
+        @functools.wraps(attr)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with answering(self._uri):
+                return attr(*args, **kwargs)
+
+        return call
 
 
 def _sqlite_file(uri: str) -> Path | None:
@@ -115,11 +221,11 @@ def _client(uri: str | None = None) -> Any:
     u = tracking_uri(uri)
     db = _sqlite_file(u)
     if u in _OPENED or db is None:
-        return MlflowClient(tracking_uri=u, registry_uri=u)
+        return _Answering(MlflowClient(tracking_uri=u, registry_uri=u), u)
     with _creating(db):
         client = MlflowClient(tracking_uri=u, registry_uri=u)  # creates and migrates a new database
     _OPENED.add(u)
-    return client
+    return _Answering(client, u)
 
 
 @contextlib.contextmanager
@@ -272,16 +378,21 @@ def span(
     uri: str | None = None,
 ) -> Iterator[str]:
     """An MLflow run that spans a block of work: created before it (so MLflow's start time and duration
-    are the work's), FINISHED after it, FAILED if the block raises (KILLED if interrupted)."""
+    are the work's), FINISHED after it, FAILED if the block raises (KILLED if interrupted).
+
+    A tracking server that stopped answering in the block ends nothing (that would wait out MLflow's
+    retries again); one that stops while the run is ended after another failure leaves that failure
+    as the error."""
     run_id = start_run(run_name, params=params, tags=tags, parent_run_id=parent_run_id, uri=uri)
     try:
         yield run_id
+    except TrackingServerDown:
+        raise
     except BaseException as exc:
-        if not interrupted(exc):
-            end_run(run_id, "FAILED", uri=uri)
-            raise
-        release_interrupted(exc)
-        end_run(run_id, "KILLED", uri=uri)
+        if interrupted(exc):
+            release_interrupted(exc)
+        with contextlib.suppress(TrackingServerDown):
+            end_run(run_id, "KILLED" if interrupted(exc) else "FAILED", uri=uri)
         raise
     end_run(run_id, uri=uri)
 
@@ -300,7 +411,10 @@ def end_open_runs(tag: str, value: str, status: str = "FAILED", uri: str | None 
     """End every still-running run tagged `tag=value` (and their nested runs) with `status`: for a flow
     run that failed or crashed before it could close its MLflow runs."""
     client = _client(uri)
-    exp = experiment_id(uri=uri)
+    found = client.get_experiment_by_name(EXPERIMENT)
+    if found is None:  # nothing was ever tracked here
+        return []
+    exp = found.experiment_id
     open_runs = client.search_runs(
         [exp], filter_string=f"tags.`{tag}` = '{value}' and attributes.status = 'RUNNING'"
     )
@@ -314,6 +428,31 @@ def end_open_runs(tag: str, value: str, status: str = "FAILED", uri: str | None 
             client.set_terminated(child.info.run_id, status)
             ended.append(child.info.run_id)
     return ended
+
+
+def end_failed_runs(tag: str, value: str, status: str = "FAILED", uri: str | None = None) -> str | None:
+    """`end_open_runs` for a flow run that failed, where tracking may never have started: nothing is
+    opened or made when the flow's store could not be used (no SQLite database yet, a file store MLflow
+    refuses: the run's preflight said so) and nothing waits on a tracking server that doesn't answer.
+    Returns a line to log when runs may be left open, else None; never raises."""
+    u = tracking_uri(uri, create=False)
+    db = _sqlite_file(u)
+    if (db is not None and not db.is_file()) or (db is None and _file_store_refused(u)):
+        return None
+    why = "can't end this flow run's MLflow runs"
+    if problem := _unreachable(u, timeout=2.0):
+        return (
+            f"{why}: the MLflow server at {secrets.link_url(u)} doesn't answer ({problem}); the next gym "
+            "run on this machine ends them once it answers again"
+        )
+    try:
+        end_open_runs(tag, value, status, uri=uri)
+    except Exception as exc:  # best effort: the flow run's own error is the one to read
+        if interrupted(exc):
+            release_interrupted(exc)
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        return f"{why} in {secrets.link_url(u)}: {secrets.scrub(f'{type(exc).__name__}: {first}')}"
+    return None
 
 
 def end_orphaned_runs(uri: str | None = None) -> list[str]:
@@ -340,7 +479,7 @@ def ui_url(uri: str | None = None) -> str | None:
     server `gym up` runs over the workspace store; None when no server serves it."""
     u = tracking_uri(uri)
     if u.startswith(("http://", "https://")):
-        return u.rstrip("/")
+        return secrets.link_url(u).rstrip("/")  # a link in Prefect's UI: never the login
     from gym import services
 
     server = services.read_state().get("mlflow")
@@ -410,7 +549,7 @@ def register_model(
 
     share_distribution_index()  # mlflow's importlib_metadata: the index a gym process already built
     task = "text-classification" if is_reward_model(model_dir) else "text-generation"
-    with using_uri(tracking_uri(uri)), mlflow.start_run(run_id=run_id):
+    with answering(uri), using_uri(tracking_uri(uri)), mlflow.start_run(run_id=run_id):
         info = mlflow.transformers.log_model(
             transformers_model=str(model_dir),
             name="model",
@@ -446,7 +585,11 @@ def registered_uri_hint(name: str, uri: str | None = None) -> str | None:
 
 
 def resolve_model_uri(model_uri: str, uri: str | None = None) -> tuple[str, str, str, dict[str, str]]:
-    """`models:/name@alias` or `models:/name/version` -> (name, version, its run id, its tags)."""
+    """`models:/name@alias` or `models:/name/version` -> (name, version, its run id, its tags).
+
+    A tracking server nothing answers at is said at once (MLflow would retry for minutes, then the
+    model would be "not found")."""
+    check_server(uri)  # before mlflow is imported (a second)
     from mlflow.exceptions import MlflowException
 
     from gym.errors import ConfigError
@@ -467,7 +610,7 @@ def resolve_model_uri(model_uri: str, uri: str | None = None) -> tuple[str, str,
                 "(models:/NAME@ALIAS or models:/NAME/VERSION)"
             ) from None
         raise ConfigError(
-            f"MLflow model {model_uri!r} not found in {tracking_uri(uri)} "
+            f"MLflow model {model_uri!r} not found in {secrets.link_url(tracking_uri(uri))} "
             "(name@alias or name/version; `mlflow ui` lists the registered models)"
         ) from exc
     return str(mv.name), str(mv.version), str(mv.run_id), dict(mv.tags)
@@ -479,7 +622,7 @@ def download_model_version(model_uri: str, target: Path, uri: str | None = None)
     import mlflow
 
     if not (target / "model" / "config.json").is_file():
-        with workspace.atomic_dir(target) as tmp, using_uri(tracking_uri(uri)):
+        with answering(uri), workspace.atomic_dir(target) as tmp, using_uri(tracking_uri(uri)):
             mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(tmp))
     return target / "model"
 

@@ -21,7 +21,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.context import FlowRunContext, TaskRunContext
 from prefect.utilities.urls import url_for
 
-from gym import tracking
+from gym import secrets, tracking
 
 FLOW_RUN_TAG = "prefect_flow_run_id"
 FLOW_RUN_URL_TAG = "prefect_flow_run_url"
@@ -109,8 +109,12 @@ def start_tracking(
 ) -> str:
     """Create the parent run of this flow run (params = the flow's config, secrets redacted), after
     ending the runs a killed process left RUNNING on this machine (best effort)."""
-    with contextlib.suppress(Exception):
+    try:
         tracking.end_orphaned_runs(uri=tracking_uri)
+    except tracking.TrackingServerDown:
+        raise  # the run would wait on it again, at once
+    except Exception:  # best effort
+        pass
     tags = {"gym.flow": flow_name}
     if flow_run_id:
         tags[FLOW_RUN_TAG] = flow_run_id
@@ -145,7 +149,8 @@ def finish_tracking(run_id: str, summary: dict[str, Any], tracking_uri: str | No
         f"registered model: {link(version_url, f'{name} version {version}')}" if name else "",
     ]
     if tracking.ui_url(tracking_uri) is None:
-        links.append(f"(`gym up` serves the MLflow UI over `{tracking.tracking_uri(tracking_uri)}`)")
+        store = secrets.link_url(tracking.tracking_uri(tracking_uri))
+        links.append(f"(`gym up` serves the MLflow UI over `{store}`)")
     publish(
         "gym-summary",
         f"## gym run summary\n\n{table(dict(sorted(summary.items())))}\n"
@@ -155,8 +160,16 @@ def finish_tracking(run_id: str, summary: dict[str, Any], tracking_uri: str | No
 
 
 def end_failed_tracking(flow: Any, flow_run: Any, state: Any) -> None:
-    """Flow hook (on_failure, on_crashed): end this flow run's open MLflow runs as FAILED."""
+    """Flow hook (on_failure, on_crashed): end this flow run's open MLflow runs as FAILED.
+
+    Best effort, and never a traceback in the run's logs: where tracking never started (the store was
+    refused before the run's first task) it does nothing, and where the runs can't be ended (a tracking
+    server that stopped answering, checked first so as not to wait out MLflow's retries) it logs one
+    warning line."""
+    from prefect.logging.loggers import flow_run_logger
+
     config = (flow_run.parameters or {}).get("config") or {}
     output = config.get("output") if isinstance(config, dict) else getattr(config, "output", None)
     uri = output.get("tracking_uri") if isinstance(output, dict) else getattr(output, "tracking_uri", None)
-    tracking.end_open_runs(FLOW_RUN_TAG, str(flow_run.id), "FAILED", uri=uri)
+    if note := tracking.end_failed_runs(FLOW_RUN_TAG, str(flow_run.id), "FAILED", uri=uri):
+        flow_run_logger(flow_run, flow).warning(note)
