@@ -337,6 +337,7 @@ def load_config(ref: ModelRef) -> Any:
     """The model's transformers config (config.json at its path and revision; remote code only if allowed)."""
     from transformers import AutoConfig
 
+    _require_local(ref)
     with _loading(ref):
         return AutoConfig.from_pretrained(
             ref.path, revision=ref.revision, trust_remote_code=ref.trust_remote_code

@@ -79,6 +79,19 @@ def test_exact_and_numeric_match_through_the_trl_convention():
     assert call("numeric_match", [r"\boxed{1/2}", "0.5", "x"], ["0.5", "1/2", "1"]) == [1.0, 1.0, 0.0]
 
 
+def test_rewards_that_compare_with_the_answer_leave_out_records_without_one():
+    """A prompt without an `answer` crashed exact_match and numeric_match (normalize(None)) mid-run."""
+    for spec in ("exact_match", "numeric_match", "final_answer"):
+        assert call(spec, ["4", "Answer: 4"], [None, None]) == [None, None], spec  # TRL's "not applicable"
+    assert call("exact_match", ["4", "4"], ["4", None]) == [1.0, None]
+    assert call("numeric_match", ["4", "4"], [None, "4.0"]) == [None, 1.0]
+    assert call("final_answer", ["Answer: 4", "Answer: 4"], ["4", None]) == [1.0, None]
+    assert call("answer_format", ["Answer: 4"], [None]) == [1.0], "it needs no answer"
+    assert [r.spec for r in load_rewards(["exact_match", "answer_format"])[0] if r.needs_answer] == [
+        "exact_match"
+    ]
+
+
 def test_length_penalty_is_dapos_soft_overlong_penalty():
     # MAX 8, CACHE 4: 0 up to 4 tokens, then -1/4 per token, -1 beyond 8.
     ids = [[1] * n for n in (3, 4, 5, 6, 8, 9)]

@@ -19,8 +19,16 @@ A callable is either per completion, `fn(completion, answer=None, *, prompt, met
 `fn(prompts, completions, **kwargs) -> list[float]`, recognised by a parameter named `completions`
 (so TRL's own reward functions, e.g. `trl.rewards:think_format_reward`, work as they are). Batched
 functions get TRL's columns: conversational prompts and completions, `answer`, `metadata` (JSON text).
+A per-completion function gets the completion as its first positional argument and the answer as its
+second, if it has one (whatever its name; one named `prompt`, `metadata` or `completion_ids` gets that by
+name instead); `answer`, `prompt`, `metadata` and `completion_ids` go by name to the parameters so named
+(keyword-only or not), and all of them to a `**kwargs`. A function that cannot be called this way (a
+required parameter left over, no parameter for the completion) is refused when it loads.
 In multi-turn episodes per-completion rewards score the last assistant turn.
-A reward may return None for a completion it does not apply to; it is then left out, as in TRL.
+A reward may return None for a completion it does not apply to; it is then left out, as in TRL. The
+built-ins that compare with the answer (`NEEDS_ANSWER`) return None for a record without one.
+A user's function that raises fails the run with one line (a `RewardError` naming the reward, the
+exception and the completion; the exception itself is its cause).
 """
 
 from __future__ import annotations
@@ -30,16 +38,28 @@ import inspect
 import json
 import math
 import re
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gym.errors import ConfigError
+from gym.errors import ConfigError, GymError
 from gym.rewards import answer as answer_rewards
 from gym.rewards import match
 
 # Arguments a per-completion reward may name, besides the completion and the answer.
 CONTEXT = ("prompt", "metadata", "completion_ids")
+# What a per-completion reward is, for errors.
+CONVENTION = (
+    "a reward is fn(completion, answer=None, *, prompt, metadata, completion_ids) -> float, naming only "
+    "the arguments it uses, or TRL's fn(prompts, completions, **kwargs) -> list[float]"
+)
+# Built-ins that compare a completion with the record's answer: None (not applicable) without one.
+NEEDS_ANSWER = ("exact_match", "numeric_match", "final_answer")
+
+
+class RewardError(GymError, RuntimeError):
+    """A user's reward function raised: names the reward, the exception and the completion (its cause)."""
 
 
 def completion_text(completion: Any) -> str:
@@ -58,16 +78,24 @@ def metadata_of(value: Any) -> dict[str, Any]:
 class Reward:
     """A named reward function with TRL's batched calling convention."""
 
-    def __init__(self, name: str, fn: Callable[..., Any], *, batched: bool = False, spec: str | None = None):
+    def __init__(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *,
+        batched: bool = False,
+        spec: str | None = None,
+        needs_answer: bool = False,
+        user: bool = False,
+    ):
         self.name = self.__name__ = name  # TRL names the reward's metrics after __name__
         self.fn = fn
         self.batched = batched
         self.spec = spec or name
+        self.needs_answer = needs_answer  # None for a record without an answer; refused on data with none
+        self.user = user  # a user's function: what it raises is reported as a RewardError
         if not batched:
-            params = inspect.signature(fn).parameters
-            self._takes_answer = "answer" in params or len(params) >= 2
-            var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-            self._context = [k for k in CONTEXT if var_kw or k in params]
+            self._positional, self._by_name = calling(fn, self.spec)
 
     def __repr__(self) -> str:
         return f"Reward({self.spec!r})"
@@ -76,7 +104,8 @@ class Reward:
         self, prompts: Sequence[Any], completions: Sequence[Any], **columns: Any
     ) -> list[float | None]:
         if self.batched:
-            values = list(self.fn(prompts=prompts, completions=completions, **columns))
+            what = f"a batch of {len(completions)} completions"
+            values = list(self._call(what, prompts=prompts, completions=completions, **columns))
             if len(values) != len(completions):
                 raise ConfigError(
                     f"reward {self.spec}: returned {len(values)} values for {len(completions)} completions "
@@ -91,10 +120,25 @@ class Reward:
         texts = columns.get("last_turn") or [completion_text(c) for c in completions]
         out: list[float | None] = []
         for i in range(n):
-            context = {"prompt": prompts[i], "metadata": metadata_of(metadata[i]), "completion_ids": ids[i]}
-            args = (texts[i], answers[i]) if self._takes_answer else (texts[i],)
-            out.append(self._number(self.fn(*args, **{k: context[k] for k in self._context}), i))
+            if self.needs_answer and answers[i] is None:
+                out.append(None)  # nothing to compare with: not applicable, as TRL reads None
+                continue
+            given = {"answer": answers[i], "prompt": prompts[i], "completion_ids": ids[i]}
+            named = {k: metadata_of(metadata[i]) if k == "metadata" else given[k] for k in self._by_name}
+            args = (texts[i], answers[i])[: self._positional]
+            out.append(self._number(self._call(f"completion {i}", *args, **named), i))
         return out
+
+    def _call(self, what: str, *args: Any, **kwargs: Any) -> Any:
+        """The function's value; what a user's function raises becomes a RewardError naming it and `what`."""
+        if not self.user:
+            return self.fn(*args, **kwargs)
+        try:
+            return self.fn(*args, **kwargs)
+        except GymError:
+            raise
+        except Exception as e:
+            raise RewardError(f"reward {self.spec} raised {e!r:.300} on {what}") from e
 
     def _number(self, value: Any, i: int) -> float | None:
         """A reward as a float (None: it doesn't apply); anything else names the reward and the value."""
@@ -106,6 +150,44 @@ class Reward:
             f"reward {self.spec}: returned {type(value).__name__} {value!r:.60} for completion {i}; a reward "
             "is a number per completion (or None where it doesn't apply)"
         )
+
+
+def calling(fn: Callable[..., Any], spec: str) -> tuple[int, tuple[str, ...]]:
+    """How a per-completion reward `fn` is called: how many positional arguments (the completion, then
+    the answer) and which of `answer` and CONTEXT by name. A ConfigError when `fn` cannot be called so."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins have none to read: the positional convention
+        return 2, ()
+    kind = inspect.Parameter
+    params = list(signature.parameters.values())
+    positional = [p for p in params if p.kind in (kind.POSITIONAL_ONLY, kind.POSITIONAL_OR_KEYWORD)]
+    var_positional = any(p.kind is kind.VAR_POSITIONAL for p in params)
+    var_keyword = any(p.kind is kind.VAR_KEYWORD for p in params)
+    first = positional[0].name if positional else None  # the completion's, whatever its name
+    names = {p.name for p in params if p.kind in (kind.POSITIONAL_OR_KEYWORD, kind.KEYWORD_ONLY)} - {first}
+    second = positional[1] if len(positional) > 1 else None
+    # The answer goes second unless the function names it, or names a context argument second.
+    answer_second = "answer" not in names and (
+        (second is not None and (second.name not in CONTEXT or second.kind is kind.POSITIONAL_ONLY))
+        or (second is None and var_positional)
+    )
+    positional_count = 1 + answer_second
+    by_name = tuple(
+        k
+        for k in ("answer", *CONTEXT)
+        if (k in names or var_keyword) and not (k == "answer" and answer_second)
+    )
+    if not positional and not var_positional:
+        raise ConfigError(f"reward {spec!r}: {signature} takes no completion; {CONVENTION}")
+    try:
+        signature.bind(*[None] * positional_count, **dict.fromkeys(by_name))
+    except TypeError as e:  # it failed mid-run, at the first reward, with a TypeError traceback
+        given = ", ".join(["the completion", "the answer"][:positional_count] + [f"{k}=" for k in by_name])
+        raise ConfigError(
+            f"reward {spec!r}: {signature} cannot be called per completion (given {given}: {e}); {CONVENTION}"
+        ) from None
+    return positional_count, by_name
 
 
 def weighted_sum(scores: Sequence[Sequence[float | None]], weights: Sequence[float]) -> list[float]:
@@ -176,8 +258,10 @@ def _import(spec: str) -> Callable[..., Any]:
 
 def identity(specs: Sequence[str]) -> list[Any]:
     """What the rewards `specs` compute, beyond their names, for cache keys: a user's reward function's
-    code as this process has it loaded (its compiled body, nested functions included: editing it
-    retrains the stage; helpers it calls elsewhere are not followed), a reward model folder's files.
+    code as this process has it loaded (its compiled body, nested functions included) and the source
+    file of its module (and of the module the spec names, where that differs): any edit to that file, a
+    constant or helper the function reads there included, retrains the stage. What the function reads
+    elsewhere (other modules, files, the environment) is not followed. A reward model folder's files.
     Built-ins are their name (gym's own code is in every key already)."""
     import marshal
 
@@ -193,11 +277,36 @@ def identity(specs: Sequence[str]) -> list[Any]:
             out.append({"spec": spec, "files": stamp(Path(arg).expanduser())})
         else:
             try:
-                code = getattr(_import(spec), "__code__", None)
+                fn = _import(spec)
+            except Exception:  # not importable (training says so)
+                out.append({"spec": spec, "code": None})
+                continue
+            try:
+                code = getattr(fn, "__code__", None)
                 body = hash_obj(marshal.dumps(code).hex()) if code is not None else None
-            except Exception:  # not importable (training says so) or not marshalable
+            except Exception:  # not marshalable
                 body = None
-            out.append({"spec": spec, "code": body})
+            out.append({"spec": spec, "code": body, "sources": _module_sources(fn, spec)})
+    return out
+
+
+def _module_sources(fn: Callable[..., Any], spec: str) -> dict[str, str | None]:
+    """Content hashes of the source files of `fn`'s module and of the module `spec` names, by module name
+    (None for a module without a source file: a builtin, an extension, one made in memory)."""
+    from gym.hashing import hash_file
+
+    module_name, sep, _ = spec.partition(":")
+    if not sep:
+        module_name = spec.rpartition(".")[0]
+    names = dict.fromkeys([getattr(fn, "__module__", None), module_name])
+    out: dict[str, str | None] = {}
+    for name in filter(None, names):
+        module = sys.modules.get(name)
+        try:
+            source = inspect.getsourcefile(module) if module is not None else None
+            out[name] = hash_file(Path(source)) if source else None
+        except (TypeError, OSError):
+            out[name] = None
     return out
 
 
@@ -205,7 +314,7 @@ def load_reward(spec: str) -> Reward:
     """The reward a spec names (see the module docstring). Reward models load their weights on first use."""
     spec = spec.strip()
     if spec in BUILTINS:
-        return Reward(spec, BUILTINS[spec])
+        return Reward(spec, BUILTINS[spec], needs_answer=spec in NEEDS_ANSWER)
     kind, sep, arg = spec.partition(":")
     if sep and kind in FACTORIES:
         if not arg:
@@ -219,25 +328,8 @@ def load_reward(spec: str) -> Reward:
     except (TypeError, ValueError):  # some builtins have none to read
         signature = None
     batched = signature is not None and "completions" in signature.parameters
-    if signature is not None and not batched and not _binds(signature, ("completion",), ("completion", "")):
-        raise ConfigError(
-            f"reward {spec!r}: {signature} takes no completion; a reward is fn(completion, answer=None, "
-            "...) -> float, or TRL's fn(prompts, completions, **kwargs) -> list[float]"
-        )  # it failed mid-run, at the first reward, with a TypeError traceback
     name = re.sub(r"\W", "_", getattr(fn, "__name__", spec.rsplit(":", 1)[-1]))
-    return Reward(name, fn, batched=batched, spec=spec)
-
-
-def _binds(signature: inspect.Signature, *calls: tuple[Any, ...]) -> bool:
-    """Whether a function of `signature` takes any of these positional arguments (its keyword-only ones,
-    the context a reward names, are given by name)."""
-    for args in calls:
-        try:
-            signature.bind_partial(*args)
-        except TypeError:
-            continue
-        return True
-    return False
+    return Reward(name, fn, batched=batched, spec=spec, user=True)  # per completion: checked by `calling`
 
 
 def load_rewards(

@@ -152,6 +152,7 @@ def run(
     longest = meta["result"].get("stats", {}).get("max_len")
     unused = adapters.unused_settings(config)  # the user's settings: plan fills in the rest
     config, choices = plan(config, model, meta["result"]["num_records"], n_eval, cutoff, longest)
+    rl_common.check_prompt_data(config, model, train_data, eval_data, cutoff)  # before any model loads
     digest = stage_digest(config, model, train_data, eval_data)
     stage_dir = workspace.path("models", f"{config.method}-{digest}")
     stage_dir.mkdir(parents=True, exist_ok=True)

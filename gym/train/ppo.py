@@ -11,7 +11,8 @@ it touches nothing else. What gym builds around TRL's PPOTrainer:
 - GAE advantages (`rl.gamma`, `rl.lam`), the clipped objective (`rl.epsilon`), a KL penalty to the
   reference in the reward, fixed (`rl.kl_coef`) or adaptive (`rl.adaptive_kl_target`, Ziegler et
   al.'s proportional controller, `adaptive_kl_coef`);
-- the same `evaluate()` (held-out mean_reward) and sample log as GRPO;
+- the same prompts (gym.train.rl_common.prompt_data), `evaluate()` (held-out mean_reward) and sample
+  log as GRPO;
 - the trained value model is kept as `<stage>/value_model` (usable as `reward_model:<dir>`).
 
 TRL's PPO saves no resumable checkpoints: an interrupted PPO stage starts again. One update =
@@ -31,7 +32,7 @@ from gym.errors import ConfigError, DataError
 from gym.rewards import Reward, load_rewards, weighted_sum
 from gym.train.common import trl_args
 from gym.train.config import TrainConfig
-from gym.train.rl_common import RewardEval, SampleLog
+from gym.train.rl_common import RewardEval, SampleLog, prompt_data, prompt_window
 from gym.train.rl_config import RLSettings
 
 
@@ -79,6 +80,8 @@ def build_trainer(
         )
     rl = config.rl.resolved("ppo")
     rewards, weights = load_rewards(rl.rewards, rl.reward_weights)
+    window = prompt_window(config, max_length, model.config)
+    train_data, eval_data = prompt_data(config, rewards, train_data, eval_data, window)
     tokenizer.padding_side = "left"  # TRL's PPO generates from left-padded queries
     batch = int(config.per_device_train_batch_size or 8) * config.gradient_accumulation_steps
     args = PPOConfig(

@@ -1,5 +1,12 @@
 """What the online RL methods (ppo.py, grpo/online.py, gspo.py) share: checks made before any model
-loads, the held-out reward evaluation their trainers run as `evaluate()`, and the sample log.
+loads, the prompts a stage samples from (`prompt_data`), the held-out reward evaluation their trainers
+run as `evaluate()`, and the sample log.
+
+`prompt_data` (each trainer's build_trainer; `check_prompt_data` does the same from the tokenized
+folders before any model loads) refuses data without a single `answer` for rewards that compare with
+it (exact_match, numeric_match, final_answer), and leaves out prompts that leave no room for a whole
+completion (`rl.max_completion_length` tokens) within the window, the smaller of `cutoff_len` and
+the model's context, with one warning line naming the first few records; a DataError if none is left.
 
 Each logging step appends its metrics (reward mean/min/max/std, each reward's mean, KL, clip
 fraction, completion length...) to `<stage>/checkpoints/metrics.jsonl` and a few sampled
@@ -12,15 +19,17 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gym.errors import ConfigError, MissingExtraError
+from gym.errors import ConfigError, DataError, MissingExtraError
 from gym.rewards import Reward, load_rewards
 from gym.rewards.evaluate import reward_eval
 from gym.train.config import TrainConfig
-from gym.train.rl_config import ONLINE_METHODS, RLSettings
+from gym.train.rl_config import GROUP_ONLY, ONLINE_METHODS, PPO_ONLY, RLSettings
 
 METRIC = "mean_reward"
 SAMPLES_FILE = "samples.jsonl"
@@ -93,7 +102,9 @@ def check(config: TrainConfig) -> None:
                 f"group_size={rl.group_size}: PPO samples one completion per prompt and learns from a value "
                 "model, not from groups; drop it, or use grpo or gspo"
             )
+        _refuse_unread(rl, GROUP_ONLY, "ppo", "GRPO/GSPO", "grpo or gspo")
         return
+    _refuse_unread(rl, PPO_ONLY, config.method, "PPO", "ppo")
     batch = (config.per_device_train_batch_size or 0) * config.gradient_accumulation_steps
     if batch and batch % rl.group_size:
         raise ConfigError(
@@ -107,6 +118,18 @@ def check(config: TrainConfig) -> None:
         raise MissingExtraError(
             "use_vllm=True needs vLLM and a CUDA GPU: pip install 'gym[vllm]' on a GPU machine, "
             "or set use_vllm=False"
+        )
+
+
+def _refuse_unread(rl: RLSettings, names: tuple[str, ...], method: str, owner: str, instead: str) -> None:
+    """A ConfigError naming the settings of `names` given away from their defaults: `method` does not
+    read them (they were accepted, and had no effect)."""
+    fields = type(rl).model_fields
+    given = [f"rl.{n}={getattr(rl, n)!r}" for n in names if getattr(rl, n) != fields[n].get_default()]
+    if given:
+        raise ConfigError(
+            f"{method} does not read {', '.join(given)} ({owner} setting{'s' if len(given) > 1 else ''}); "
+            f"drop {'them' if len(given) > 1 else 'it'}, or use {instead}"
         )
 
 
@@ -130,6 +153,153 @@ def check_data(config: TrainConfig, n_train: int) -> None:
         f"(per_device_train_batch_size={per_device} x gradient_accumulation_steps={accumulation}{times}"
         f"{per_group} = {needed} prompt(s)), and an incomplete batch is never trained on: {advice}"
     )
+
+
+def data_name(data: Any, role: str) -> str:
+    """`role` ("the training data") with what the user called the tokenized dataset `data`, for messages:
+    its file, hub id or registry name (nothing more for records gym did not tokenize)."""
+    from gym import workspace
+    from gym.data.ingest import load_meta, origin
+
+    try:
+        folder = Path(data.cache_files[0]["filename"]).parent
+        return f"{role} ({origin(workspace.path('datasets', load_meta(folder)['dataset']))})"
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError):
+        return role
+
+
+def check_answers(rewards: list[Reward], data: Any, name: str, method: str, warn: bool = True) -> None:
+    """A DataError when a reward compares completions with the records' `answer` and `data` has none;
+    records that lack one are left out of that reward (it returns None for them), with a note if `warn`."""
+    needing = [r.spec for r in rewards if r.needs_answer]
+    if not needing or data is None or len(data) == 0:
+        return
+    which, one = " and ".join(needing), len(needing) == 1
+    missing = data.with_format("arrow")["answer"].null_count if "answer" in data.column_names else len(data)
+    if missing == len(data):
+        raise DataError(
+            f"reward {which} compare{'s' if one else ''} each completion with its record's `answer`, and "
+            f"{name} has none: add an `answer` field (the ground truth) to its records, or pick a reward "
+            "that needs none (reward_model:SOURCE, answer_format, regex:PATTERN, length_penalty:MAX, or your "
+            "own pkg.module:function)"
+        )
+    if missing and warn:
+        print(
+            f"gym: {method}: note: {missing} of {len(data)} record(s) of {name} have no `answer`: {which} "
+            f"leave{'s' if one else ''} their completions unscored (None, as TRL reads it)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+@dataclass(frozen=True)
+class Window:
+    """The tokens a prompt and its completion must fit in: the smaller of cutoff_len and the context."""
+
+    cutoff_len: int | None
+    context: int | None  # None with rope_scaling: the model's RoPE is stretched to cutoff_len
+
+    @property
+    def tokens(self) -> int | None:
+        known = [n for n in (self.cutoff_len, self.context) if n]
+        return min(known) if known else None
+
+    def words(self) -> str:
+        if self.context is None or (self.cutoff_len is not None and self.cutoff_len <= self.context):
+            return f"data.cutoff_len={self.cutoff_len}"
+        if self.cutoff_len is None:
+            return "the model's context"
+        return f"the model's context (data.cutoff_len={self.cutoff_len} is beyond it)"
+
+    def fix(self) -> str:
+        if self.cutoff_len is not None and (self.context is None or self.cutoff_len < self.context):
+            return f"raise data.cutoff_len{f' (up to the context, {self.context})' if self.context else ''}"
+        return "stretch the context with --train.rope_scaling linear and a larger data.cutoff_len"
+
+
+def prompt_window(config: TrainConfig, cutoff_len: int | None, model_config: Any) -> Window:
+    """The window of a stage's sequences: cutoff_len and the context of the model (its transformers
+    config), unless rope_scaling stretches that to cutoff_len."""
+    from gym.models import context_window
+
+    return Window(cutoff_len, None if config.rope_scaling else context_window(model_config))
+
+
+def fitting_prompts(
+    data: Any, window: Window, rl: RLSettings, method: str, name: str, warn: bool = True
+) -> Any:
+    """`data` without the prompts that leave no room for a whole completion (`rl.max_completion_length`
+    tokens) within `window`, with one warning line (if `warn`) counting them and naming the first few
+    records; a DataError when none is left. TRL's samplers take a prompt whole: a longer one ran past
+    the model's context, with nothing but transformers' warnings."""
+    if data is None or window.tokens is None or "prompt_ids" not in data.column_names:
+        return data
+    import numpy as np
+    import pyarrow.compute as pc
+
+    lengths = pc.list_value_length(data.with_format("arrow")["prompt_ids"]).to_numpy(zero_copy_only=False)
+    room = window.tokens - rl.max_completion_length
+    over = np.flatnonzero(lengths > room)
+    if len(over) == 0:
+        return data
+    records = ", ".join(str(i + 1) for i in over[:5]) + (", ..." if len(over) > 5 else "")
+    why = (
+        f"over {max(room, 0)} tokens, which leaves no room for rl.max_completion_length="
+        f"{rl.max_completion_length} sampled tokens within {window.tokens}, {window.words()}"
+    )
+    fix = f"shorten them, lower rl.max_completion_length, or {window.fix()}"
+    if len(over) == len(data):
+        raise DataError(
+            f"{method}: every prompt of {name} is {why} (the longest has {int(lengths.max())} tokens): {fix}"
+        )
+    if warn:
+        print(
+            f"gym: {method}: warning: {len(over)} of {len(data)} prompt(s) of {name} left out (record"
+            f"{'s' if len(over) > 1 else ''} {records}): {why}; {fix}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return data.select(np.flatnonzero(lengths <= room))
+
+
+def prompt_data(
+    config: TrainConfig,
+    rewards: list[Reward],
+    train_data: Any,
+    eval_data: Any | None,
+    window: Window,
+    warn: bool = True,
+) -> tuple[Any, Any | None]:
+    """The training and held-out prompts a stage samples from (`config` concrete): answers there for the
+    rewards that need them, prompts that fit `window` with their completions, and still one batch."""
+    rl, method = config.rl, config.method
+    train_name, eval_name = (
+        data_name(train_data, "the training data"),
+        data_name(eval_data, "the held-out data"),
+    )
+    check_answers(rewards, train_data, train_name, method, warn)
+    check_answers(rewards, eval_data, eval_name, method, warn)
+    train_data = fitting_prompts(train_data, window, rl, method, train_name, warn)
+    eval_data = fitting_prompts(eval_data, window, rl, method, eval_name, warn)
+    check_data(config, len(train_data))
+    return train_data, eval_data
+
+
+def check_prompt_data(
+    config: TrainConfig, model: Any, train_data: Path, eval_data: Path | None, cutoff_len: int | None
+) -> None:
+    """`prompt_data`'s errors from the tokenized folders and the model's config.json, before any model
+    loads (`config` concrete: gym.train.plan's)."""
+    if config.method not in ONLINE_METHODS:
+        return
+    from datasets import load_from_disk
+
+    from gym.models import load_config
+
+    rewards, _ = load_rewards(config.rl.rewards, config.rl.reward_weights)
+    held_out = load_from_disk(str(eval_data)) if eval_data else None
+    window = prompt_window(config, cutoff_len, load_config(model))
+    prompt_data(config, rewards, load_from_disk(str(train_data)), held_out, window, warn=False)
 
 
 class SampleLog:

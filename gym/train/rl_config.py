@@ -5,7 +5,8 @@ Defaults follow the papers and TRL where they exist: GRPO group size 8, advantag
 group's std, no KL (TRL's beta=0; DeepSeekMath used 0.04); GSPO sequence-level ratios with the GSPO
 paper's clip range 3e-4/4e-4 and a KL term as the Gym paper describes it (beta 0.04); PPO's TRL
 values (KL 0.05, clip 0.2, GAE gamma 1, lambda 0.95, value coefficient 0.1, 4 PPO epochs).
-Fields left None take the method's default from `METHOD_RL_DEFAULTS`.
+Fields left None take the method's default from `METHOD_RL_DEFAULTS`. Fields only GRPO/GSPO read
+(`GROUP_ONLY`) or only PPO reads (`PPO_ONLY`) are refused for the other methods, not ignored.
 """
 
 from __future__ import annotations
@@ -20,6 +21,28 @@ ONLINE_METHODS = ("ppo", "grpo", "gspo")
 # The demo's toy reward (gym/data/demo.py): the right final answer, half credit for the right form.
 DEMO_REWARDS = ["final_answer", "answer_format"]
 DEMO_REWARD_WEIGHTS = [1.0, 0.5]
+
+# Settings only one kind of online method reads; given to the other, they are refused (gym.train.rl_common).
+GROUP_ONLY = (
+    "group_size",
+    "advantage_normalization",
+    "filter_homogeneous_groups",
+    "epsilon_high",
+    "num_iterations",
+    "moe_aux_loss_coef",
+    "environment",
+    "max_turns",
+    "use_vllm",
+)  # GRPO/GSPO
+PPO_ONLY = (
+    "adaptive_kl_target",
+    "adaptive_kl_horizon",
+    "ppo_epochs",
+    "vf_coef",
+    "gamma",
+    "lam",
+    "whiten_rewards",
+)
 
 METHOD_RL_DEFAULTS: dict[str, dict[str, float]] = {
     "grpo": {"kl_coef": 0.0, "epsilon": 0.2, "epsilon_high": 0.2},
@@ -77,7 +100,9 @@ class RLSettings(BaseModel):
         None, gt=0, description="Clip range below 1 of the importance ratio; default grpo/ppo 0.2, gspo 3e-4."
     )
     epsilon_high: float | None = Field(
-        None, gt=0, description="Clip range above 1 (DAPO's clip-higher); default: as epsilon (gspo 4e-4)."
+        None,
+        gt=0,
+        description="GRPO/GSPO: clip range above 1 (DAPO's clip-higher); default: as epsilon (gspo 4e-4).",
     )
     num_iterations: int = Field(
         1, ge=1, description="GRPO/GSPO: optimisation passes over each batch of rollouts (mu)."
@@ -97,7 +122,9 @@ class RLSettings(BaseModel):
         description="GRPO/GSPO multi-turn rollouts: pkg.module:function(messages, record) returning the next "
         "user message, or None to end the episode.",
     )
-    max_turns: int = Field(1, ge=1, le=16, description="Assistant turns per episode with an environment.")
+    max_turns: int = Field(
+        1, ge=1, le=16, description="GRPO/GSPO: assistant turns per episode with an environment."
+    )
     use_vllm: bool = Field(False, description="GRPO/GSPO: sample rollouts with vLLM (extra `vllm`, CUDA).")
     eval_samples: int = Field(
         4, ge=1, le=64, description="Completions sampled per held-out prompt to measure mean_reward."

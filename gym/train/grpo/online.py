@@ -8,6 +8,10 @@ divided by the group's std (`rl.advantage_normalization`: group, batch or none).
 advantage is 0 (a reward minus its own mean): nothing but the KL term moves the policy, which is
 the degenerate case the Gym paper's group statistics imply; gym allows it to show exactly that.
 
+The prompts it samples from are gym.train.rl_common.prompt_data's: refused without any `answer` for
+rewards that compare with one, and without the prompts that leave no room for a whole completion
+within cutoff_len and the model's context (a warning names them).
+
 gym adds to TRL's trainer (a subclass, no patching):
 - `rl.filter_homogeneous_groups`: groups whose rewards are all equal leave the loss (their rows are
   masked out, so they neither dilute the token average nor pull through the KL term);
@@ -28,7 +32,7 @@ from gym.errors import DataError
 from gym.rewards import load_rewards, weighted_sum
 from gym.train.common import trl_args
 from gym.train.config import TrainConfig
-from gym.train.rl_common import RewardEval, SampleLog, load_environment
+from gym.train.rl_common import RewardEval, SampleLog, load_environment, prompt_data, prompt_window
 from gym.train.rl_config import RLSettings
 
 COLUMNS = ("prompt", "answer", "metadata")
@@ -94,6 +98,8 @@ def build_trainer(
             hint="use a prompt-format dataset (prompt, optional answer and metadata), e.g. demo_prompts",
         )
     rewards, weights = load_rewards(rl.rewards, rl.reward_weights)
+    window = prompt_window(config, max_length, model.config)
+    train_data, eval_data = prompt_data(config, rewards, train_data, eval_data, window)
     rollout = None
     if rl.environment:
         from gym.train.grpo.multiturn import multi_turn_rollout
