@@ -27,6 +27,7 @@ from gym import tracking
 from gym.cli_options import ArgumentParser
 from gym.errors import ConfigError
 from gym.lineage import scores_of, setups_of
+from gym.secrets import link_url
 
 Mode = Literal["max", "min"]
 
@@ -88,9 +89,8 @@ def promote(
     tracking.check_store(uri, field="--tracking-uri")
     challenger = tracking.version_by_alias(name, challenger_alias, uri)
     if challenger is None:
-        raise ConfigError(
-            f"{name}@{challenger_alias} does not exist in {tracking.tracking_uri(uri)}: register one first"
-        )
+        store = link_url(tracking.tracking_uri(uri))  # a login in MLFLOW_TRACKING_URI is not shown
+        raise ConfigError(f"{name}@{challenger_alias} does not exist in {store}: register one first")
     version, tags = challenger
     score = scores_of(tags).get(metric)
     current = tracking.version_by_alias(name, champion_alias, uri)
