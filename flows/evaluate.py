@@ -30,6 +30,7 @@ from gym.data.registry import AUTO
 from gym.eval.suite import BenchmarkOptions
 from gym.models import ModelRef
 from gym.pipeline import registry_choices
+from gym.secrets import NO_LOGIN_SCHEMA
 from tasks.data import ingest_dataset
 from tasks.evaluate import benchmark_eval, check_benchmarks_task, exact_match
 from tasks.model import resolve_model
@@ -43,7 +44,10 @@ class EvalOutput(BaseModel):
 
     experiment: str = Field("gym", description="MLflow experiment name.")
     tracking_uri: str | None = Field(
-        None, description="MLflow tracking URI; default: $MLFLOW_TRACKING_URI or SQLite in the workspace."
+        None,
+        description="MLflow tracking URI, without a login (MLFLOW_TRACKING_USERNAME / _PASSWORD hold it); "
+        "default: $MLFLOW_TRACKING_URI or SQLite in the workspace.",
+        json_schema_extra=NO_LOGIN_SCHEMA,
     )
 
 

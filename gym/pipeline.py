@@ -15,6 +15,7 @@ from gym.data.registry import AUTO, held_out
 from gym.data.tokenize import TokenizeSettings
 from gym.errors import ConfigError
 from gym.eval.suite import BenchmarkOptions
+from gym.secrets import NO_LOGIN_SCHEMA
 from gym.tfgrpo.config import TfGrpoSettings
 from gym.train.config import SCORING_METHODS, TrainConfig
 from gym.train.rl_config import ONLINE_METHODS
@@ -79,7 +80,10 @@ class OutputSettings(BaseModel):
     promote_mode: Literal["max", "min"] = Field("max", description="max: higher scores win; min: lower win.")
     experiment: str = Field("gym", description="MLflow experiment name.")
     tracking_uri: str | None = Field(
-        None, description="MLflow tracking URI; default: $MLFLOW_TRACKING_URI or SQLite in the workspace."
+        None,
+        description="MLflow tracking URI, without a login (MLFLOW_TRACKING_USERNAME / _PASSWORD hold it); "
+        "default: $MLFLOW_TRACKING_URI or SQLite in the workspace.",
+        json_schema_extra=NO_LOGIN_SCHEMA,
     )
 
 

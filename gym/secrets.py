@@ -12,6 +12,7 @@ from typing import Annotated
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from pydantic import AfterValidator
+from pydantic.json_schema import JsonDict
 
 REDACTED = "***"
 
@@ -53,6 +54,12 @@ def url_credentials(url: str) -> bool:
         return True
     params = _params(parts.query) + _params(parts.fragment) + _params(parts.path.partition(";")[2])
     return any(_SECRET_PARAM.search(k) for k, _ in params)
+
+
+# JSON Schema (ECMA regex) for a URI setting without a login (`scheme://user:password@host`): in a
+# deployment's parameter schema, Prefect's server refuses a run given one before it stores its parameters.
+# Only the schema carries it (pydantic's regex has no look-ahead); gym's own check is tracking.check_store.
+NO_LOGIN_SCHEMA: JsonDict = {"pattern": r"^(?![A-Za-z][A-Za-z0-9+.-]*://[^/?#]*@)"}
 
 
 def strip_url(url: str) -> str:

@@ -126,6 +126,35 @@ def test_deployments_run_from_the_repo_in_this_workspace_with_forms(deployed: St
     assert {"model", "benchmarks", "benchmark_options", "eval_dataset"} <= set(eval_form)
 
 
+def test_a_login_in_the_tracking_uri_is_refused_before_prefect_stores_the_run(deployed: Stack):
+    """A deployment run given `output.tracking_uri: http://user:password@host` was stored with it as a
+    parameter (shown in the UI) before gym's own check refused it in the run's first task; the deployments'
+    parameter schema now makes Prefect's server refuse the run."""
+    secret = "hf_fake123"
+    for deployment, config in (
+        ("train/train", {"output": {"tracking_uri": f"http://qa:{secret}@127.0.0.1:5300"}}),
+        (
+            "evaluate/evaluate",
+            {"model": "gym-tiny", "output": {"tracking_uri": f"postgresql://u:{secret}@h/db"}},
+        ),
+    ):
+        params = shlex.quote(json.dumps({"config": config}))
+        run = f'eval "$(gym status --env)" && prefect deployment run {deployment} --params {params}'
+        refused = deployed.sh(run, check=False)
+        assert refused.returncode != 0 and "does not match" in refused.stdout, refused
+    with deployed.client() as client:
+        stored = [r.parameters for r in client.read_flow_runs()]
+    assert secret not in json.dumps(stored)
+    allowed = {"output": {"tracking_uri": "http://127.0.0.1:5300"}}  # no login: the schema lets it through
+    with deployed.client() as client:
+        train = client.read_deployment_by_name("train/train")
+        with pytest.raises(Exception, match="does not match"):  # the server's own check, not the CLI's
+            login = {"output": {"tracking_uri": f"http://qa:{secret}@127.0.0.1:5300"}}
+            client.create_flow_run_from_deployment(train.id, parameters={"config": login})
+        run = client.create_flow_run_from_deployment(train.id, parameters={"config": allowed})
+        client.delete_flow_run(run.id)  # no worker runs here: nothing to leave for the tests after
+
+
 def test_weekly_schedule_has_the_right_next_run(deployed: Stack):
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 
