@@ -170,7 +170,9 @@ def prefect_command(port: int) -> tuple[list[str], dict[str, str]]:
 
 
 def mlflow_command(port: int) -> tuple[list[str], dict[str, str]]:
-    """`mlflow server` over the workspace's store: the UI and registry of the runs gym writes there."""
+    """`mlflow server` over the workspace's store: the UI and registry of the runs gym writes there.
+    The store goes in the server's environment, not its command line, which every local user can read
+    (`ps`) and services.json records: a database store's URI may hold its login."""
     from gym import tracking
 
     store = tracking.tracking_uri()
@@ -178,9 +180,9 @@ def mlflow_command(port: int) -> tuple[list[str], dict[str, str]]:
     artifacts.mkdir(parents=True, exist_ok=True)
     command = [
         _bin("mlflow"), "server", "--host", HOST, "--port", str(port), "--workers", "1",
-        "--backend-store-uri", store, "--default-artifact-root", artifacts.as_uri(), "--no-serve-artifacts",
+        "--default-artifact-root", artifacts.as_uri(), "--no-serve-artifacts",
     ]  # fmt: skip
-    return command, {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    return command, {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_BACKEND_STORE_URI": store}
 
 
 def worker_command(api_url: str) -> tuple[list[str], dict[str, str]]:

@@ -172,12 +172,21 @@ def test_gym_up_takes_the_ports_it_last_ran_on_and_refuses_a_busy_one(gym_home):
     listens on was a dump of the server's log after it failed to start."""
     import socket
 
+    from mlflow import MlflowClient
+
+    from gym import tracking
     from gym.errors import GymError
 
     first = {"prefect": services.free_port(None), "mlflow": services.free_port(None)}
+    MlflowClient(tracking.tracking_uri()).create_experiment("in-the-workspace-store")
     try:
         state = services.up(first["prefect"], first["mlflow"])
         assert {n: services._port_of(state[n].url) for n in first} == first
+        # The store (a database URI may hold a login) is not on the command line `ps` shows to everyone,
+        # and the server serves it.
+        assert not any("mlflow.db" in part for part in state["mlflow"].command)
+        served = MlflowClient(str(state["mlflow"].url)).search_experiments()
+        assert "in-the-workspace-store" in {e.name for e in served}
         services.down()
         notes: list[str] = []
         state = services.up(notes=notes)
@@ -185,6 +194,7 @@ def test_gym_up_takes_the_ports_it_last_ran_on_and_refuses_a_busy_one(gym_home):
         services.down()
 
         with socket.socket() as busy:
+            busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the server's old connections linger
             busy.bind(("127.0.0.1", first["mlflow"]))
             busy.listen()
             refused = f"port {first['mlflow']} \\(mlflow\\) is in use on 127.0.0.1: "
