@@ -416,3 +416,27 @@ def test_the_flows_first_check_refuses_them_too():
             TrainFlowConfig(train=TrainConfig(method=method, rl=RLSettings(num_iterations=3)))
         )
     preflight.check_methods(TrainFlowConfig(train=TrainConfig(method="ppo", rl=RLSettings(ppo_epochs=2))))
+
+
+# ---- a run with nothing to learn from says so --------------------------------------------------------
+
+
+def test_a_run_whose_rewards_never_tell_completions_apart_says_nothing_was_learned(qarew: Path, caplog):
+    """A constant reward (here 1.0 for every completion) or one that never applies trained to the end
+    without a word: TRL's only trace is a curve (frac_reward_zero_std) in MLflow."""
+    model = tiny()
+    with caplog.at_level("WARNING", logger="gym.train"):
+        train.run(
+            rl_config("grpo", rewards=["qarew.r:meta_only"]),
+            model,
+            tokenized("demo_prompts", model, max_samples=8),
+        )
+    said = [r.getMessage() for r in caplog.records if r.name == "gym.train"]
+    assert any("each prompt's completions got the same reward" in m for m in said), said
+
+    assert rl_common.signal_warnings("grpo", [{"reward": float("nan")}, {"reward": None}])[0].startswith(
+        "grpo: no reward applied to any completion"
+    )
+    varied = [{"reward": 0.5, "frac_reward_zero_std": 1.0}, {"reward": 0.6, "frac_reward_zero_std": 0.5}]
+    assert rl_common.signal_warnings("grpo", varied) == []  # one step told them apart: something to learn
+    assert rl_common.signal_warnings("ppo", [{"reward": 0.1}]) == []

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import re
 import sys
 import time
@@ -356,6 +357,8 @@ def _train(
     saved = model_ref.model_copy(update={"default_system": system})
     model_dir, adapter_dir = _save_final(trainer, tokenizer, saved, stage_dir, loader, stretch, max_length)
     signal = _signal(config.method, eval_before, eval_after, trainer.state.log_history)
+    for note in rl_common.signal_warnings(config.method, trainer.state.log_history):
+        logging.getLogger("gym.train").warning(note)  # on the console as `gym: warning: ...`
     result = TrainResult(
         method=config.method,
         digest=digest,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -300,6 +301,28 @@ def check_prompt_data(
     held_out = load_from_disk(str(eval_data)) if eval_data else None
     window = prompt_window(config, cutoff_len, load_config(model))
     prompt_data(config, rewards, load_from_disk(str(train_data)), held_out, window, warn=False)
+
+
+def signal_warnings(method: str, history: list[dict[str, Any]]) -> list[str]:
+    """What the training log of an online RL stage says about a run that had nothing to learn from: no
+    reward applied to any completion, or (GRPO/GSPO) every group's completions rewarded alike, so every
+    advantage was 0. TRL trains on regardless; its only traces are a warning and a curve."""
+    rewards = [h["reward"] for h in history if "reward" in h]
+    if rewards and all(r is None or not math.isfinite(r) for r in rewards):
+        return [
+            f"{method}: no reward applied to any completion (every reward None or NaN at every logged step), "
+            "so nothing was learned: check that the rewards apply to this data (an `answer` per record for "
+            "the matching rewards)"
+        ]
+    same = [h["frac_reward_zero_std"] for h in history if "frac_reward_zero_std" in h]
+    if same and min(same) >= 1.0:
+        return [
+            f"{method}: at every logged step each prompt's completions got the same reward "
+            "(frac_reward_zero_std 1.0), so every advantage was 0 and nothing was learned: the rewards must "
+            "tell completions apart (room to answer: rl.max_completion_length; variety: rl.temperature; a "
+            "model that sometimes succeeds: a warm start)"
+        ]
+    return []
 
 
 class SampleLog:
