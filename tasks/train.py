@@ -44,9 +44,15 @@ def train_stage(
         "start_model": model.path,
         "dataset_digest": train_data.digest,
     }
-    with stage_run(config.method, params, parent_run_id, tracking_uri) as run_id, run_logs():
+    # What the user left unset is logged once training has made it concrete (the model's and the
+    # method's defaults, gym's choices): a param once logged can't change, and "None" was all it said.
+    given = {k: v for k, v in tracking.redact(params).items() if v != "None"}
+    with stage_run(config.method, given, parent_run_id, tracking_uri) as run_id, run_logs():
         result = run(config, model, Path(train_data.path), Path(eval_data.path) if eval_data else None)
         if run_id:
+            concrete = tracking.redact(result.hyperparameters)
+            later = {k: v for k, v in concrete.items() if k not in given}
+            tracking.log_params(run_id, later, uri=tracking_uri)
             _track(config, result, run_id, tracking_uri)
     _publish(config, result, run_id, tracking_uri)
     return result, derived(model, Path(result.model_dir), result.digest)

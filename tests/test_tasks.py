@@ -44,6 +44,11 @@ def test_tasks_chain_by_reference_and_track_in_nested_runs(gym_home):
     assert {"sft", "eval-after", "register"} <= set(by_name)
     sft = by_name["sft"]
     assert sft.data.params["learning_rate"] == "0.003" and sft.data.params["dataset_digest"] == data.digest
+    # Every setting the stage trained with has a value: the ones left unset read "None" before.
+    concrete = tracking.redact(result.hyperparameters)
+    assert not [k for k in concrete if sft.data.params.get(k, "None") == "None"]
+    unset = [k for k, v in tracking.redact(config.model_dump()).items() if v == "None" and k in concrete]
+    assert unset and all(sft.data.params[k] == concrete[k] for k in unset)
     curve = client.get_metric_history(sft.info.run_id, "train_loss")
     assert curve[-1].value < curve[0].value
     assert "loss.png" in [a.path for a in client.list_artifacts(sft.info.run_id)]
