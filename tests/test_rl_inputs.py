@@ -440,3 +440,13 @@ def test_a_run_whose_rewards_never_tell_completions_apart_says_nothing_was_learn
     varied = [{"reward": 0.5, "frac_reward_zero_std": 1.0}, {"reward": 0.6, "frac_reward_zero_std": 0.5}]
     assert rl_common.signal_warnings("grpo", varied) == []  # one step told them apart: something to learn
     assert rl_common.signal_warnings("ppo", [{"reward": 0.1}]) == []
+
+
+def test_a_ppo_run_shorter_than_its_logging_interval_still_keeps_samples():
+    """PPO wrote its sample completions only at steps that are multiples of logging_steps: a 2-step run
+    (logging every 5) had none for the MLflow table the README lists."""
+    model = tiny()
+    config = rl_config("ppo", steps=2).model_copy(update={"logging_steps": 5})
+    result = train.run(config, model, tokenized("demo_prompts", model, max_samples=16))
+    rows = [json.loads(line) for line in rl_common.samples_file(result.stage_dir).read_text().splitlines()]
+    assert rows and {row["step"] for row in rows} == {2} and all("completion" in row for row in rows)

@@ -270,8 +270,9 @@ def trainer_class() -> type:
                 args.kl_coef = adaptive_kl_coef(
                     args.kl_coef, logs["objective/kl"], target, horizon, args.batch_size
                 )
-            if self.state.global_step % args.logging_steps == 0:
-                self.sample_log.write(self.state.global_step, reward.rows)
+            step = self.state.global_step
+            if step % args.logging_steps == 0 or step >= self.state.max_steps:  # the last step too, as TRL's
+                self.sample_log.write(step, reward.rows)  # logging does: a short run had no samples
             self.sample_log.write_metrics(self.state.global_step, logs)
             super().log(logs, start_time)
 
