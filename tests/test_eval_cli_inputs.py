@@ -174,3 +174,18 @@ def test_data_with_fewer_subjects_than_the_mapping_says_what_to_do(tmp_path, cap
     assert main(argv) == 2 and "has no entry in the mapping" in capsys.readouterr().err
     assert main([*argv, "--subjects", first, "--json"]) == 0
     assert list(last_json(capsys.readouterr().out)["subjects"]) == [first]
+
+
+def test_no_progress_silences_lm_evals_bars_too(tmp_path, capsys):
+    """`--no-progress` left lm-eval's own bars (tokenizing inputs, running requests) on the console."""
+    pytest.importorskip("lm_eval")
+    from tests.test_eval_cli import _toy_tasks
+
+    tasks = _toy_tasks(tmp_path / "tasks")
+    argv = ["eval", "--model", "gym-tiny", "--lm-eval-task", "toy", "--include-path", str(tasks)]
+    assert main([*argv, "--no-progress", "--json"]) == 0
+    quiet = capsys.readouterr()
+    assert "Running loglikelihood requests" not in quiet.err and "Tokenizing inputs" not in quiet.err
+    assert main([*argv, "--json"]) == 0  # the bars are there without the flag
+    assert "Running loglikelihood requests" in capsys.readouterr().err
+    assert last_json(quiet.out)["n_questions"] == 7

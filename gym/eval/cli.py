@@ -187,6 +187,7 @@ def _prepare(args: argparse.Namespace) -> Callable[[ModelRef], EvalResult]:
             chat=args.style == "chat",
             max_length=args.max_length,
             device=args.device,
+            progress=not args.no_progress,
         )
         manager = task_manager(settings)
         resolve_device(settings.device)

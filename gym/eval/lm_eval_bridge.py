@@ -49,6 +49,7 @@ class LmEvalSettings(BaseModel):
     chat: bool = Field(False, description="Render prompts through the model's chat template.")
     max_length: int | None = Field(None, ge=1, description="Context window (default: the model's).")
     device: str = Field("auto", description="cpu, cuda, cuda:1 ... (auto: cuda when there is one).")
+    progress: bool = Field(True, description="lm-eval's progress bars (tokenizing, scoring requests).")
 
 
 def task_manager(settings: LmEvalSettings, with_defaults: bool = True) -> Any:
@@ -136,6 +137,9 @@ def run_lm_eval(
         batch_size=settings.batch_size,
         max_length=settings.max_length,
     )
+    if not settings.progress:  # lm-eval's evaluator asks for the bars: each request type takes this flag
+        for name in ("loglikelihood", "loglikelihood_rolling", "generate_until"):
+            setattr(lm, name, functools.partial(getattr(lm, name), disable_tqdm=True))
     with _user_errors(settings):
         out = lm_eval.simple_evaluate(
             model=lm,

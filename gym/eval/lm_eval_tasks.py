@@ -143,6 +143,7 @@ def run_on_local_files(model: ModelRef, settings: MCSettings) -> EvalResult:
             chat=settings.style == "chat",
             max_length=settings.max_length,
             device=settings.device,
+            progress=settings.progress,
         )
         result = run_lm_eval(model, bridge, task_configs=configs, benchmark=data.spec.name)
     prefix = data.spec.lm_eval_prefix
