@@ -152,6 +152,15 @@ def heldout_scores(result: Any, suffix: str) -> dict[str, float]:
     return {f"{name}{suffix}": float(value) for name, value in metrics.items()}
 
 
+HELD_OUT_SETUP = "held-out"  # how a held-out metric's setup begins (see heldout_setups)
+
+
+def heldout_setups(result: Any, suffix: str) -> dict[str, str]:
+    """How each of `heldout_scores` was measured: on how many held-out records (an exact match over 5
+    records and one over 200 are not compared when promoting)."""
+    return {name: f"{HELD_OUT_SETUP}, {result.n} records" for name in heldout_scores(result, suffix)}
+
+
 def benchmark_scores(result: Any, suffix: str) -> tuple[dict[str, float], dict[str, str]]:
     """A benchmark result (gym.eval.results.EvalResult) as scores `<benchmark><suffix>` (overall) and
     `<benchmark><suffix>.<category>`, and the setup of the overall one."""
@@ -174,10 +183,10 @@ def eval_scores(
 
     scores: dict[str, float] = {}
     setups: dict[str, str] = {}
-    if before is not None:
-        scores.update(heldout_scores(before, "_before"))
-    if after is not None:
-        scores.update(heldout_scores(after, "_after"))
+    for result, suffix in ((before, "_before"), (after, "_after")):
+        if result is not None:
+            scores.update(heldout_scores(result, suffix))
+            setups.update(heldout_setups(result, suffix))
     for phase, results in (benchmarks or {}).items():
         for result in results:
             if result is not None:

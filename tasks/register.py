@@ -15,7 +15,7 @@ from gym import tracking
 from gym.eval.exact_match import ExactMatch
 from gym.eval.results import EvalResult
 from gym.export import export_model
-from gym.lineage import Lineage, benchmark_scores, describe, heldout_scores
+from gym.lineage import Lineage, benchmark_scores, describe, heldout_scores, heldout_setups
 from gym.models import ModelRef
 from gym.registration import evaluated_version, record_scores, register
 from tasks._common import gym_task
@@ -109,7 +109,7 @@ def record_version_scores(
     version: scores named without a phase suffix (`mmlu`, `mmlu.stem`, `exact_match`)."""
     name, version = evaluated_version(model.name, model.digest)
     scores = heldout_scores(held_out, "") if held_out is not None else {}
-    setups: dict[str, str] = {}
+    setups: dict[str, str] = heldout_setups(held_out, "") if held_out is not None else {}
     for result in benchmarks:
         named, setup = benchmark_scores(result, "")
         scores.update(named)

@@ -185,3 +185,31 @@ def test_a_score_that_is_nan_is_left_out_and_a_version_holding_one_still_reads_b
 
     line = json.dumps(strict_json({"metric_first": math.nan, "runs": [math.inf, 1.0]}), allow_nan=False)
     assert json.loads(line) == {"metric_first": None, "runs": [None, 1.0]}
+
+
+def test_a_held_out_metric_over_other_records_is_not_compared(gym_home, tmp_path):
+    """An exact match over 5 records (flows/evaluate.py --eval_limit 5) could displace a champion's over
+    200: held-out metrics recorded no setup. A champion registered before they did is compared as before."""
+    from gym.lineage import SETUP_PREFIX
+
+    name = "tiny-held-out"
+
+    def version(seed: int, value: float, n: int, legacy: bool = False) -> str:
+        result = ExactMatch(exact_match=value, n=n, samples=[], scores={"exact_match": value})
+        lineage = describe("gym-tiny", "chatml", {"dataset": "d" * 16}, after=result)
+        if legacy:  # as gym registered it before: no setup for held-out metrics
+            lineage = lineage.model_copy(update={"score_setups": {}})
+        folder = noisy_tiny(tmp_path / str(seed), seed=seed)
+        return register(folder, name, lineage, tracking.start_run("r")).version
+
+    version(1, 0.50, 200, legacy=True)
+    assert promote(name, "exact_match_after").champion == "1"
+    version(2, 0.60, 200)
+    assert promote(name, "exact_match_after").champion == "2", "a champion without a setup: as before"
+    tags = MlflowClient(tracking.tracking_uri()).get_model_version(name, "2").tags
+    assert tags[f"{SETUP_PREFIX}exact_match_after"] == "held-out, 200 records"
+    version(3, 0.90, 5)
+    few = promote(name, "exact_match_after")
+    assert not few.promoted and few.champion == "2" and "held-out, 5 records" in few.reason
+    version(4, 0.70, 200)
+    assert promote(name, "exact_match_after").champion == "4"
