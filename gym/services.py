@@ -46,6 +46,15 @@ class Service(BaseModel):
     url: str | None = None
     log: str
     command: list[str]
+    serves: str | None = None  # the MLflow server's store, as `store_digest` (its URI may hold a login)
+
+
+def store_digest(uri: str) -> str:
+    """What services.json records of the store an MLflow server serves: not the URI, which may hold a
+    database's login."""
+    import hashlib
+
+    return hashlib.sha256(uri.encode()).hexdigest()[:16]
 
 
 def state_file() -> Path:
@@ -284,6 +293,8 @@ def up(
         command, env = build(chosen)
         url = f"http://{HOST}:{chosen}"
         state[name] = spawn(name, command, env, url)
+        if "MLFLOW_BACKEND_STORE_URI" in env:
+            state[name].serves = store_digest(env["MLFLOW_BACKEND_STORE_URI"])
         started.append(state[name])
     write_state(state)
     try:

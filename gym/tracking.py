@@ -483,7 +483,8 @@ def ui_url(uri: str | None = None) -> str | None:
     from gym import services
 
     server = services.read_state().get("mlflow")
-    if server is None or u not in server.command:  # it serves another store
+    serves = server is not None and (server.serves == services.store_digest(u) or u in server.command)
+    if not serves:  # no server, or one over another store (a server started before `serves`: its command)
         return None
     return services.running("mlflow")
 

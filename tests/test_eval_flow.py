@@ -103,7 +103,7 @@ def test_bad_benchmark_data_stops_the_flow_before_anything_is_tracked(prefect_se
     (mmlu / "data/dev/abstract_algebra_dev.csv").unlink()
     argv = ["--benchmarks", f"mmlu={mmlu}", "--max_steps", "5"]
     assert main(train, TrainFlowConfig, argv) == 2
-    assert "missing dev/abstract_algebra_dev.csv" in capsys.readouterr().err
+    assert "missing data/dev/abstract_algebra_dev.csv" in capsys.readouterr().err
     client = MlflowClient(tracking.tracking_uri())
     experiment = client.get_experiment_by_name("gym")
     assert experiment is None or not client.search_runs([experiment.experiment_id])

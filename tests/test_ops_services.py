@@ -187,6 +187,7 @@ def test_gym_up_takes_the_ports_it_last_ran_on_and_refuses_a_busy_one(gym_home):
         assert not any("mlflow.db" in part for part in state["mlflow"].command)
         served = MlflowClient(str(state["mlflow"].url)).search_experiments()
         assert "in-the-workspace-store" in {e.name for e in served}
+        assert tracking.ui_url() == state["mlflow"].url, "runs of this workspace link to this server"
         services.down()
         notes: list[str] = []
         state = services.up(notes=notes)
