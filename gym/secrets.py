@@ -98,6 +98,20 @@ def scrub(text: str) -> str:
     return _URL.sub(lambda m: strip_url(m.group(0)) if url_credentials(m.group(0)) else m.group(0), text)
 
 
+# An Authorization header's credential, as a server or proxy may quote the request back in an error.
+_BEARER = re.compile(r"\b(Bearer)\s+[^\s'\",;)]{8,}", re.IGNORECASE)
+MIN_SECRET_CHARS = 8  # shorter values (a placeholder key, "EMPTY") are not searched for in text
+
+
+def mask(text: str, *values: str | None) -> str:
+    """`text` with each of `values` (keys gym sent: a server may quote them back in its error) and any
+    `Bearer ...` credential replaced by `***`, and the credentials of its URLs stripped (`scrub`)."""
+    for value in values:
+        if value and len(value) >= MIN_SECRET_CHARS:
+            text = text.replace(value, REDACTED)
+    return scrub(_BEARER.sub(lambda m: f"{m.group(1)} {REDACTED}", text))
+
+
 def holds_secret(value: object) -> bool:
     """Whether a value shown in a message could show a credential (a URL that may carry one)."""
     return isinstance(value, str) and any(url_credentials(m.group(0)) for m in _URL.finditer(value))

@@ -103,3 +103,24 @@ def test_rewards():
     assert final_answer("first line\nlast LINE ") == "last line"
     assert parse_verdict("Verdict: CORRECT.") == 1.0 and parse_verdict("incorrect") == 0.0
     assert parse_verdict("maybe") is None
+
+
+@pytest.mark.parametrize("status", [401, 500])
+def test_a_key_the_server_quotes_back_is_never_shown(monkeypatch, status):
+    """Some servers and proxies quote the Authorization header in their error: the error (which becomes
+    the console line, the step manifests and Prefect's logs and states) and its traceback never show it."""
+    import traceback
+
+    from gym.errors import GymError
+
+    key = "sk-quoted-back-0123456789"
+    monkeypatch.setenv("MY_KEY", key)
+
+    def answer(body):
+        return status, {"retry-after-ms": "1"}, {"error": {"message": f"Incorrect key: Bearer {key}"}}
+
+    with FakeEndpoint(answer) as url, pytest.raises(GymError) as caught:
+        ask(OpenAIClient(url, "m", api_key_env="MY_KEY", max_retries=0))
+    shown = "".join(traceback.format_exception(caught.value))
+    assert "Incorrect key" in str(caught.value) and "***" in str(caught.value)
+    assert key not in shown and key[:12] not in shown

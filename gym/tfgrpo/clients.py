@@ -233,7 +233,10 @@ class OpenAIClient:
                     n=n,
                 )
             except self._errors as exc:
-                raise self._failure(exc) from exc
+                failure = self._failure(exc)
+                if self._masked(str(exc)) != str(exc):  # the server quoted the key back: not even chained
+                    raise failure from None
+                raise failure from exc
             with self._count:
                 self._timeouts = 0
         texts = [choice.message.content or "" for choice in response.choices]
@@ -248,12 +251,17 @@ class OpenAIClient:
             ),
         )
 
+    def _masked(self, text: str) -> str:
+        """`text` without the key sent (some servers and proxies quote the Authorization header back in
+        their error): it becomes messages, manifests, Prefect logs and states."""
+        return secrets.mask(text, os.environ.get(self.api_key_env))
+
     def _failure(self, exc: Exception) -> GymError:
         """A failed call's error: EndpointError (remembered) for a PERMANENT_STATUS, EndpointDown
         (remembered) for no answer (no connection, UNANSWERED_STATUS, `_down_after` timeouts in a row),
         else LLMError."""
         status = getattr(exc, "status_code", None)
-        error = f"{type(exc).__name__}: {exc}"
+        error = self._masked(f"{type(exc).__name__}: {exc}")
         what = None
         with self._count:
             if isinstance(exc, self._timeout_error):
@@ -267,7 +275,7 @@ class OpenAIClient:
                 return EndpointDown(self._down)
         if status not in PERMANENT_STATUS:
             return LLMError(f"{self.identity}: {error}")
-        refused = http_refusal(str(exc))
+        refused = http_refusal(error)
         reason = getattr(getattr(exc, "response", None), "reason_phrase", "") or ""
         said = refused[1] if refused else ""
         self._refused = refusal(self.base_url, self.model, status, reason, said, self.api_key_env)
