@@ -47,7 +47,7 @@ def prepare_run(config: TfGrpoFlowConfig) -> TfGrpoRun:
 
 @task(name="tfgrpo-start-library", **LLM_TASK)
 def start_library(run: TfGrpoRun) -> LibraryRef:
-    library, path = engine.start_library(runtime(run), tf_grpo.initial_library(run.settings))
+    library, path = engine.start_library(runtime(run), run.start)
     return LibraryRef.of(library, path)
 
 

@@ -254,8 +254,14 @@ def test_bad_input_fails_before_any_call_with_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match=r"needs questions \(an sft dataset.* is preference"):
         prepare_from_datasets(TfGrpoSettings(), "policy", "demo_dpo")
     no_answer = [Question(id="0", prompt=[{"role": "user", "content": "hi"}])]
-    with pytest.raises(ConfigError, match="use --reward majority"):
+    with pytest.raises(ConfigError, match=r"training record 1 of --dataset has no answer.*--reward majority"):
         prepare(TfGrpoSettings(endpoint="http://127.0.0.1:9/v1"), "policy", no_answer, "d")
+    # Held-out questions without answers scored every answer 0 (Mean@k 0.0 before and after): refused.
+    answered = [Question(id="0", prompt=[{"role": "user", "content": "1+1?"}], answer="2")]
+    majority = TfGrpoSettings(endpoint="http://127.0.0.1:9/v1", reward="majority")
+    with pytest.raises(ConfigError, match=r"held-out record 1 \(and 1 more\) of --eval-dataset has no"):
+        prepare(majority, "policy", no_answer, "d", eval_questions=[*no_answer, *no_answer])
+    assert prepare(majority, "policy", no_answer, "d", eval_questions=answered).start is None
     with pytest.raises(ConfigError, match="has no model"):
         TfGrpoSettings().role("policy", None)
 
@@ -349,3 +355,65 @@ def test_an_endpoint_that_is_not_an_http_url_is_refused_up_front(endpoint):
     with pytest.raises(ValidationError, match="an http\\(s\\) URL"):
         RoleSettings(endpoint=endpoint)
     assert TfGrpoFlowConfig(endpoint="https://api.example.com/v1").endpoint == "https://api.example.com/v1"
+
+
+def sim_trainer(env, library_path, epochs=1):
+    train_q, eval_q = env.questions()
+    return GRPOTrainer(
+        model=SimPolicy(env),
+        args=SimpleNamespace(num_train_epochs=epochs, seed=2),
+        finetuning_args={"grpo_group_size": 4},
+        experience_manager=ExperienceManager(library_path=library_path, max_size=100),
+        training_free=True,
+        train_dataset=[{"question": q.text, "answer": q.answer} for q in train_q],
+        eval_dataset=eval_q,
+        optimizer_model=SimOptimizer(),
+        reward="numeric",
+        batch_size=4,
+    )
+
+
+def test_a_library_a_run_wrote_resumes_it_and_a_library_given_starts_a_new_run(tmp_path, caplog):
+    """Re-running with the experience library path a run wrote to started a second run from the first's
+    final library, in the same run directory (the config hash left the start out), overwriting its
+    records: its `before` was no longer the untrained model's. Now the run's own output resumes it, and
+    a library given to start from is part of the config hash (a new run, announced)."""
+    from pathlib import Path
+
+    from gym.tfgrpo.library import Experience, Library
+
+    env = SimEnv(seed=2, families=4, train_per_family=3, eval_per_family=2)
+    first = sim_trainer(env, tmp_path / "lib").train()
+    assert first.library_size and first.mean_at_k[-1] > first.mean_at_k[0]
+    again = sim_trainer(env, tmp_path / "lib").train()
+    assert again.run_dir == first.run_dir and again.mean_at_k == first.mean_at_k
+    assert again.library_hash == first.library_hash and again.paid_calls == 0
+    assert "starts from the library given" not in caplog.text
+
+    item = Experience(id="E0", text="When a sum is asked, add the digits column by column.")
+    given = Library(items=(item,), next_id=1)
+    given.save(tmp_path / "given" / "experiences.json")
+    started = sim_trainer(env, tmp_path / "given").train()
+    assert started.run_dir != first.run_dir and "starts from the library given (1 experiences" in caplog.text
+    start_file = sorted((Path(started.run_dir) / "libraries").glob("v*.json"))[0]
+    assert Library.load(start_file).texts == given.texts  # it began with the given library
+    assert json.loads((Path(first.run_dir) / "result.json").read_text())["mean_at_k"] == first.mean_at_k
+
+
+def test_cost_counts_an_evaluation_repeated_on_an_unchanged_library_once(tmp_path):
+    """Three held-out evaluations of an unchanged library make the same calls (the second and third
+    answered from the cache) and were billed three times in tokens and cost_usd."""
+    records = [{"question": f"{i}+{i}?", "answer": str(2 * i)} for i in range(4)]
+    policy = Answers()  # always "4": every group uniform, nothing learned, the library stays empty
+    trainer = GRPOTrainer(
+        model=policy,
+        args=SimpleNamespace(num_train_epochs=2, seed=1),
+        train_dataset=records,
+        eval_dataset=records[:2],
+        group_size=2,
+        eval_samples=2,
+        batch_size=4,
+    )
+    result = trainer.train()
+    assert len(result.mean_at_k) == 3 and result.library_size == 0
+    assert result.tokens == 4 * policy.calls and result.llm_calls == policy.calls  # each call once

@@ -98,6 +98,13 @@ def test_ledger_prices_per_stage_and_the_budget_stops_paid_calls(tmp_path):
 def test_rewards():
     assert verify("auto", "the answer is 4.0", "4") == 1.0 and verify("auto", "北京", "北京") == 1.0
     assert verify("exact", "4.0", "4") == 0.0
+    # auto is numeric only when the reference is a number: not when it merely holds one, nor for a digit
+    # string whose leading zeros count (the demo's reversed digits)
+    assert verify("auto", "I would say 12", "Vitamin B12 deficiency") == 0.0
+    assert verify("auto", "14", "014") == 0.0 and verify("auto", "014", "014") == 1.0
+    assert verify("auto", "\\frac{1}{4}", "\\frac{1}{2}") == 0.0
+    for reference in ("1,024", "-3.5", "1/2", "$12", "40%", "\\boxed{7}", " 7 "):
+        assert verify("auto", f"so it is {reference.strip()}", reference) == 1.0, reference
     assert majority_rewards(["so 4", "4", "5", "x"]) == [1.0, 1.0, 0.0, 0.0]
     assert majority_rewards(["4", "5"]) == [0.0, 0.0]  # tie: nothing rewarded
     assert final_answer("first line\nlast LINE ") == "last line"

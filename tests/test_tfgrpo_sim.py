@@ -61,7 +61,7 @@ def test_cli_simulate_json_and_sigkill_resume(tmp_path):
     assert full.returncode == 0
     line = json.loads(out.strip().splitlines()[-1])
     assert set(line) >= {"mean_at_k", "ablations", "library_size", "llm_calls", "seconds"}
-    assert set(line["ablations"]) == {"g1", "no_ground_truth"} and line["llm_calls"] > 1000
+    assert set(line["ablations"]) == {"g1", "no_ground_truth"} and line["llm_calls"] > 900
     assert line["mean_at_k"][-1] > line["mean_at_k"][0]
 
     victim = gym("tfgrpo", "simulate", "--run-dir", str(tmp_path / "killed"), home=tmp_path)

@@ -138,3 +138,25 @@ def load_questions(dataset: str | Path, limit: int | None = None) -> tuple[list[
 
     result = ingest_named(str(dataset), resolve=dataset_spec)
     return questions_from(result.path, limit, name=str(dataset)), result.digest
+
+
+def check_answers(reward: str, questions: list[Question], eval_questions: list[Question] | None) -> None:
+    """Refuse, before any call, questions without the reference answers their use needs: the training
+    questions for a verifier reward (auto, exact, numeric), the held-out ones always (Mean@k and Pass@k
+    grade answers against references: without one every answer would score 0)."""
+    need = [("training", "--dataset", questions)] if reward not in ("majority", "judge") else []
+    for label, flag, group in [*need, ("held-out", "--eval-dataset", eval_questions or [])]:
+        missing = [q for q in group if q.answer is None]
+        if not missing:
+            continue
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        what = f"reward {reward!r}" if label == "training" else "the held-out evaluation (Mean@k, Pass@k)"
+        fix = (
+            "use --reward majority (no ground truth) or judge"
+            if label == "training"
+            else "give held-out data with answers, or leave out --eval-dataset"
+        )
+        raise ConfigError(
+            f"{what} grades answers against references, but {label} record {int(missing[0].id) + 1}{more} "
+            f"of {flag} has no answer (an `answer` field, or a last assistant turn): add them, or {fix}"
+        )

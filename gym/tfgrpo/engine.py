@@ -25,7 +25,7 @@ from gym.errors import ConfigError
 from gym.tfgrpo import stages
 from gym.tfgrpo.clients import REFUSAL_CHARS, http_refusal
 from gym.tfgrpo.config import ResolvedRole
-from gym.tfgrpo.data import Question, StepPlan, derive_seed, plan_steps, steps_per_epoch
+from gym.tfgrpo.data import Question, StepPlan, check_answers, derive_seed, plan_steps, steps_per_epoch
 from gym.tfgrpo.library import Library
 from gym.tfgrpo.metrics import MetricReport, report
 from gym.tfgrpo.rewards import verify
@@ -190,6 +190,7 @@ def train(
     evaluate before and after each epoch (and after the last step, where max_steps ends inside one)."""
     start = time.perf_counter()
     s = rt.settings
+    check_answers(s.reward, questions, eval_questions)
     library, _ = start_library(rt, initial)
     plan = plan_steps(len(questions), s.batch_size, s.epochs, s.seed, max_steps)
     manifests: list[StepManifest] = []
@@ -289,7 +290,9 @@ def finish(
     library_file = library.save(rt.run_dir / "library.json")
     if rt.settings.experience_lib_path:
         export_library(rt.run_dir, Path(rt.settings.experience_lib_path))
-    eval_calls = [c for e in evals for c in e.calls]
+    # An evaluation of a library the run already evaluated (an epoch that changed nothing) makes the same
+    # calls, answered from the cache: the run's calls, tokens and cost count each once.
+    eval_calls = list({c.key: c for e in evals for c in e.calls}.values())
     ledger = rt.ledger.snapshot()
     result = RunResult(
         run_dir=str(rt.run_dir),

@@ -1,7 +1,7 @@
 """Rewards of a group of rollouts: ground-truth verifiers, an LLM judge, or the majority vote.
 
 - `exact` / `numeric`: gym.rewards.match against the reference answer; `auto` picks numeric when
-  the reference is a number, exact otherwise.
+  the reference is a number (nothing else, and no leading zeros), exact otherwise.
 - `judge`: an LLM says CORRECT or WRONG (with the reference when there is one); a verdict it does
   not give leaves the reward unknown (None), which keeps the group out of learning.
 - `majority` (no ground truth, the paper's self-discrimination): a rollout is rewarded when its
@@ -21,9 +21,20 @@ VERIFIERS = {"exact": exact_match, "numeric": numeric_match}
 _VERDICT = re.compile(r"\b(correct|wrong|incorrect)\b", re.IGNORECASE)
 
 
+# A reference that is a number and nothing else (`12`, `-3.5`, `1,024`, `1/2`, `$12`, `40%`, `\boxed{7}`):
+# `auto` compares it numerically. One that only holds a number (`Vitamin B12`, `\frac{1}{2}`) or a digit
+# string whose leading zeros count (`014`, the demo's reversed digits) is compared exactly.
+_WHOLE_NUMBER = re.compile(r"(?:\\boxed\{)?\$?-?(?:\d[\d,]*(?:\.\d+)?(?:/\d+)?|\.\d+)%?\}?")
+_LEADING_ZERO = re.compile(r"-?0\d")
+
+
 def verifier_for(kind: str, reference: str) -> str:
+    """The verifier `kind` stands for: `auto` is numeric when the reference is a number (and not a digit
+    string with leading zeros), exact otherwise."""
     if kind == "auto":
-        return "numeric" if parse_number(reference) is not None else "exact"
+        text = reference.strip()
+        number = _WHOLE_NUMBER.fullmatch(text) and not _LEADING_ZERO.match(text)
+        return "numeric" if number and parse_number(text) is not None else "exact"
     return kind
 
 

@@ -5,8 +5,11 @@ call cache and the cost ledger, and the run directory.
     rt = Runtime(settings, model=None, clients={"policy": c, "optimizer": o}, run_dir=path)  # given
 
 `config_hash` covers what decides the run's learning (settings, who answers each role and how it
-samples, the dataset); the run directory is named by it unless given, so a changed setting never
-resumes into another run's steps.
+samples, the dataset, the library it starts from when not an empty one); the run directory is named
+by it unless given, so a changed setting never resumes into another run's steps. `with_start` decides
+whether a run starts from a library it is given (`experience_lib_path`'s, `ExperienceManager`'s): not
+when that library is what the same run without it already ended with (re-running a command that
+writes to `experience_lib_path` resumes it instead of learning on from its own output).
 
 Roles without an endpoint run their model locally; one local model is loaded once per process,
 whichever roles use it.
@@ -14,8 +17,9 @@ whichever roles use it.
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from gym import workspace
@@ -27,6 +31,7 @@ from gym.tfgrpo.data import Question
 from gym.tfgrpo.library import Library
 from gym.tfgrpo.retrieval import Retriever, select
 
+logger = logging.getLogger("gym.train")
 _LOCAL: dict[tuple[str, str | None, bool], LocalClient] = {}
 _LOCAL_LOCK = threading.Lock()
 
@@ -66,8 +71,10 @@ class Runtime:
         cache_dir: Path | None = None,
         template: str | None = None,
         trust_remote_code: bool = False,
+        start: Library | None = None,
     ) -> None:
         self.settings, self.model = settings, model
+        self.start = start if start is not None and start.items else None  # the library it starts from
         self.cache = CallCache(cache_dir or default_cache_dir())
         self.ledger = Ledger(settings.budget_tokens, settings.budget_usd)
         given = dict(clients or {})
@@ -93,6 +100,7 @@ class Runtime:
                     for name, c in callers.items()
                 },
                 "max_n": self.policy.max_n,
+                **({"start": self.start.content_hash()} if self.start is not None else {}),
             }
         )
         self.run_dir = (
@@ -112,3 +120,23 @@ def _configured(settings: TfGrpoSettings, name: str) -> bool:
 
 def _identity_of(client: LLMClient | None) -> str | None:
     return client.identity if client is not None else None
+
+
+def with_start(make: Callable[[Library | None], Runtime], initial: Library | None) -> Runtime:
+    """`make(start)`'s Runtime, starting from `initial` unless it is empty or is the final library of
+    the same run started without it (its own output, written to `experience_lib_path` by the previous
+    run of the same command): then the run resumes as without it."""
+    plain = make(None)
+    if initial is None or not initial.items:
+        return plain
+    final = plain.run_dir / "library.json"
+    if final.is_file() and Library.load(final).content_hash() == initial.content_hash():
+        return plain
+    logger.warning(
+        "TF-GRPO starts from the library given (%d experiences, version %d, %s), not an empty one: its "
+        "run is a new one, and its `before` evaluation scores that library",
+        len(initial.items),
+        initial.version,
+        initial.content_hash()[:12],
+    )
+    return make(initial)

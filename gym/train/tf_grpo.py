@@ -26,11 +26,11 @@ from gym import workspace
 from gym.errors import ConfigError
 from gym.models import ModelRef
 from gym.tfgrpo.config import TfGrpoSettings
-from gym.tfgrpo.data import Question, StepPlan, load_questions, plan_steps, questions_from
+from gym.tfgrpo.data import Question, StepPlan, check_answers, load_questions, plan_steps, questions_from
 from gym.tfgrpo.engine import RunResult, train
 from gym.tfgrpo.injection import EXPERIENCE_FILE, shipped_json
 from gym.tfgrpo.library import Library
-from gym.tfgrpo.runtime import Runtime
+from gym.tfgrpo.runtime import Runtime, with_start
 from gym.train.common import TrainResult
 from gym.train.config import TrainConfig
 
@@ -45,6 +45,8 @@ class TfGrpoRun(BaseModel):
     dataset_digest: str
     run_dir: str
     config_hash: str
+    start: Library | None = None
+    """The library the run starts from (`experience_lib_path`'s: Runtime.with_start), else empty."""
     steps: list[StepPlan]
 
     @property
@@ -81,6 +83,7 @@ def runtime(run: TfGrpoRun) -> Runtime:
                 run_dir=Path(run.run_dir),
                 template=run.template,
                 trust_remote_code=run.trust_remote_code,
+                start=run.start,
             )
         return _RUNTIMES[run.run_dir]
 
@@ -100,11 +103,19 @@ def prepare(
     `max_steps` (when set) is the number of steps, instead of the settings' epochs (plan_steps). Like a
     budget, it decides where the run stops, not what a step learns: it is not part of the config hash,
     so a longer run of the same settings resumes from the steps a capped one made."""
-    if settings.reward not in ("majority", "judge") and any(q.answer is None for q in questions):
-        raise ConfigError(f"reward {settings.reward!r} needs reference answers: use --reward majority")
-    rt = Runtime(
-        settings, model=model, dataset=dataset_digest, template=template, trust_remote_code=trust_remote_code
-    )
+    check_answers(settings.reward, questions, eval_questions)
+
+    def make(start: Library | None) -> Runtime:
+        return Runtime(
+            settings,
+            model=model,
+            dataset=dataset_digest,
+            template=template,
+            trust_remote_code=trust_remote_code,
+            start=start,
+        )
+
+    rt = with_start(make, initial_library(settings))
     run = TfGrpoRun(
         settings=settings,
         model=model,
@@ -113,6 +124,7 @@ def prepare(
         dataset_digest=dataset_digest,
         run_dir=str(rt.run_dir),
         config_hash=rt.config_hash,
+        start=rt.start,
         steps=plan_steps(len(questions), settings.batch_size, settings.epochs, settings.seed, max_steps),
     )
     workspace.atomic_write_json(run.questions_file, [q.model_dump(mode="json") for q in questions])
@@ -244,7 +256,8 @@ def summary(
 
     stage = train_result(run, result, Path(model_dir))
     out = summarize({"tf_grpo": stage}, None, None, registered, mlflow_run_id, model_dir, flow_run_id)
-    return {**out, **summary_extras(result)}
+    eval_k = run.settings.eval_samples if result.mean_at_k else None
+    return {**out, **summary_extras(result), "eval_k": eval_k}
 
 
 def summary_extras(result: RunResult) -> dict[str, Any]:
@@ -299,7 +312,7 @@ def run(
     where = model.path if Path(model.path).is_dir() else model.name  # a built or trained model: its folder
     steps = max_steps_of(config)
     prepared = prepare(s, where, questions, digest, held_out, model.template, model.trust_remote_code, steps)
-    result = train(runtime(prepared), questions, held_out, initial=initial_library(s), max_steps=steps)
+    result = train(runtime(prepared), questions, held_out, initial=prepared.start, max_steps=steps)
     return train_result(prepared, result, ship(prepared, result, model))
 
 
@@ -309,7 +322,8 @@ def build_trainer(**_: Any) -> Any:
 
 
 def initial_library(settings: TfGrpoSettings) -> Library | None:
-    """A library to start from: `<experience_lib_path>/experiences.json` when it already exists."""
+    """The library given to start from: `<experience_lib_path>/experiences.json` when it already exists
+    (prepare's `with_start` decides whether the run starts from it)."""
     if settings.experience_lib_path:
         existing = Path(settings.experience_lib_path) / EXPERIENCE_FILE
         if existing.is_file():

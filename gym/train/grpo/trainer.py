@@ -35,7 +35,8 @@ from gym.tfgrpo.clients import LLMClient, LoadedClient
 from gym.tfgrpo.config import TfGrpoSettings
 from gym.tfgrpo.data import Question, load_questions
 from gym.tfgrpo.engine import RunResult, train
-from gym.tfgrpo.runtime import Runtime
+from gym.tfgrpo.library import Library
+from gym.tfgrpo.runtime import Runtime, with_start
 from gym.train.grpo.experience_manager import ExperienceManager
 
 GROUP_SIZE_NAMES = ("group_size", "grpo_group_size", "num_generations")
@@ -199,12 +200,13 @@ class GRPOTrainer:
         questions, digest = questions_of(self.train_dataset, s.max_train_questions)
         held_out = questions_of(self.eval_dataset, s.max_eval_questions)[0] if self.eval_dataset else None
         clients, name = self._clients()
-        rt = Runtime(s, model=name, dataset=digest, clients=clients, template=self.template)
-        self.result = train(
-            rt, questions, held_out, initial=self.experience_manager.library, max_steps=self.max_steps
-        )
-        from gym.tfgrpo.library import Library
 
+        def make(start: Library | None) -> Runtime:
+            tmpl = self.template
+            return Runtime(s, model=name, dataset=digest, clients=clients, template=tmpl, start=start)
+
+        rt = with_start(make, self.experience_manager.library)
+        self.result = train(rt, questions, held_out, initial=rt.start, max_steps=self.max_steps)
         self.experience_manager.library = Library.load(self.result.library_file)
         if self.experience_manager.library_path is not None:
             self.experience_manager.save()
