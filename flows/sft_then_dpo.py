@@ -53,12 +53,13 @@ def sft_then_dpo(config: SftThenDpoConfig = DEFAULTS) -> dict[str, Any]:
 
     sft_train_raw, sft_eval_raw, dpo_train_raw = sft_raw, None, dpo_raw
     if config.val_size:  # each stage without held-out data holds out part of its own
+        cap = config.data.max_samples
         sft_train_raw, sft_eval_raw = split_dataset(
-            sft_raw, config.val_size, config.sft.seed, config.sft_dataset
+            sft_raw, config.val_size, config.sft.seed, config.sft_dataset, cap
         )
         if dpo_eval_raw is None:
             dpo_train_raw, dpo_eval_raw = split_dataset(
-                dpo_raw, config.val_size, config.dpo.seed, config.dpo_dataset
+                dpo_raw, config.val_size, config.dpo.seed, config.dpo_dataset, cap
             )
 
     model = resolve_model(config.model, config.template, config.trust_remote_code, config.new_special_tokens)

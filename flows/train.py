@@ -49,7 +49,9 @@ def train(config: TrainFlowConfig = DEFAULTS) -> dict[str, Any]:
     method_eval_raw = ingest_dataset(config.method_eval_dataset) if config.method_eval_dataset else None
     train_raw = raw
     if config.val_size:  # the held-out part of the data is the method's held-out data
-        train_raw, method_eval_raw = split_dataset(raw, config.val_size, config.train.seed, config.dataset)
+        train_raw, method_eval_raw = split_dataset(
+            raw, config.val_size, config.train.seed, config.dataset, config.data.max_samples
+        )
     held_out = ingest_dataset(held) if (held := config.exact_match_dataset()) else None
     warm_raw = ingest_dataset(config.warm_start.dataset) if config.warm_start else None
 

@@ -39,9 +39,12 @@ def ingest_dataset(name: str) -> Any:
 
 
 @gym_task(name="split-dataset", task_run_name="hold out {val_size} of {name}")
-def split_dataset(dataset: Any, val_size: float, seed: int, name: str) -> tuple[Any, Any]:
-    """(train, held-out) parts of ingested dataset `name`: `val_size` of its records held out at random."""
-    train, held = split(dataset, val_size, seed, name)
+def split_dataset(
+    dataset: Any, val_size: float, seed: int, name: str, max_samples: int | None = None
+) -> tuple[Any, Any]:
+    """(train, held-out) parts of ingested dataset `name`: `val_size` of its records (of the first
+    `max_samples` of each dataset, when set) held out at random."""
+    train, held = split(dataset, val_size, seed, name, max_samples)
     counts = {"train records": train.num_records, "held-out records": held.num_records, "of": dataset.digest}
     publish(
         "split",

@@ -115,13 +115,15 @@ def test_tf_grpo_held_out_questions(own_sft):
 
 
 @pytest.mark.parametrize(
-    ("val_size", "records", "count"), [(0.1, 200, 20), (0.25, 8, 2), (3, 10, 3), (1, 2, 1)]
+    ("val_size", "records", "count"),
+    # a share rounds up, as datasets' train_test_split and LLaMA-Factory count it (0.1 of 4 held out 0)
+    [(0.1, 200, 20), (0.25, 8, 2), (3, 10, 3), (1, 2, 1), (0.1, 4, 1), (0.1, 25, 3), (0.01, 20, 1)],
 )
 def test_val_size_is_a_share_or_a_count(val_size, records, count):
     assert held_out_count(val_size, records, "mine.jsonl") == count
 
 
-@pytest.mark.parametrize(("val_size", "records"), [(0.01, 20), (10, 10), (0.999, 50), (2.5, 100)])
+@pytest.mark.parametrize(("val_size", "records"), [(0.95, 10), (10, 10), (0.999, 50), (2.5, 100)])
 def test_val_size_that_leaves_a_part_empty_names_the_dataset_and_counts(val_size, records):
     with pytest.raises(ConfigError) as caught:
         held_out_count(val_size, records, "mine.jsonl")
@@ -159,6 +161,39 @@ def test_split_parts_are_disjoint_complete_seeded_and_written_once(gym_home, tmp
     assert (held.path / "meta.json").stat().st_mtime_ns == stamp, "written once, then reused"
     other = split(data, 0.2, seed=2)[1]
     assert other.path != held.path and outputs(other) != held_out_rows
+
+
+def test_max_samples_keeps_the_first_records_before_val_size_holds_some_out(gym_home, tmp_path):
+    """As LLaMA-Factory: max_samples 30 with val_size 0.2 of 40 records trains on 24 and holds out 6, all
+    from the first 30 (it held 8 out of all 40, records past the 30th among them, then kept 30 of the
+    shuffled rest: a random 30, not the first)."""
+    from datasets import load_from_disk
+
+    from gym.data.mix import ingest_named
+    from gym.data.tokenize import TokenizeSettings, tokenize
+    from gym.models import resolve
+
+    rows = [{"instruction": f"Say {i}.", "output": str(i)} for i in range(40)]
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    one = ingest(resolve_dataset(str(tmp_path / "a.jsonl")))
+    train, held = split(one, 0.2, seed=1, max_samples=30)
+    assert (train.num_records, held.num_records) == (24, 6)
+    kept = [int(m[-1]["content"]) for p in (train, held) for m in load_from_disk(str(p.path))["messages"]]
+    assert sorted(kept) == list(range(30))
+    model = resolve("gym-tiny")
+    tokenized = tokenize(train.path, model.path, model.template, TokenizeSettings(max_samples=30))
+    assert tokenized.num_records == 24  # not capped a second time
+    # a mix: the first 30 of each dataset, 12 of the 60 held out
+    mix = ingest_named(f"{tmp_path / 'a.jsonl'},{tmp_path / 'b.jsonl'}")
+    mixed_train, mixed_held = split(mix, 0.2, seed=1, max_samples=30)
+    assert (mixed_train.num_records, mixed_held.num_records) == (48, 12)
+    parts = load_meta(mixed_train.path)["mix_of"]
+    assert sum(p["num_records"] for p in parts) == 48 and all(p["num_records"] <= 30 for p in parts)
+    ids = [
+        m[-1]["content"] for p in (mixed_train, mixed_held) for m in load_from_disk(str(p.path))["messages"]
+    ]
+    assert max(int(i) for i in ids) == 29
 
 
 def test_val_size_beside_another_held_out_source_fails_before_any_work(gym_home, own_sft):

@@ -7,6 +7,8 @@ The held-out records are drawn at random with `seed` (`datasets.Dataset.train_te
 parts are ingested datasets of their own (a folder with meta.json under the workspace's
 datasets/, named by the parent's digest, `val_size` and `seed`), so they tokenize, cache and
 train like any other. A split that would leave either part empty is refused, naming the counts.
+A share is rounded up, as datasets' `train_test_split` and LLaMA-Factory do; with `max_samples`, the
+first N records of each dataset are kept before the split, as LLaMA-Factory does.
 The train part of a mix of datasets (gym.data.mix) keeps its records in their datasets, in order,
 with each dataset's count, so that a stage can still cap or interleave them per dataset.
 """
@@ -14,6 +16,7 @@ with each dataset's count, so that a stage can still cap or interleave them per 
 from __future__ import annotations
 
 import bisect
+import math
 from typing import Any
 
 from gym import workspace
@@ -31,29 +34,37 @@ def held_out_count(val_size: float, records: int, name: str) -> int:
         raise ConfigError(
             f"val_size: {val_size:g} is neither a share in (0, 1) nor a whole number of records"
         )
-    count = round(val_size * records) if val_size < 1 else int(val_size)
-    if count < 1 or count >= records:
+    # as datasets' train_test_split (and so LLaMA-Factory) counts a share: rounded up
+    count = math.ceil(val_size * records) if val_size < 1 else int(val_size)
+    if count >= records:
         raise ConfigError(
             f"val_size: {val_size:g} of the {records} records of {name} holds out {count}, leaving "
-            f"{records - count} to train on; both parts need at least one record (give a share such as "
-            "0.1, or a number of records below the dataset's size)"
+            f"{records - count} to train on; both parts need at least one record (give a smaller share, "
+            "a number of records below the dataset's size, or more data)"
         )
     return count
 
 
 def split(
-    data: IngestResult, val_size: float, seed: int, name: str = "the dataset"
+    data: IngestResult, val_size: float, seed: int, name: str = "the dataset", max_samples: int | None = None
 ) -> tuple[IngestResult, IngestResult]:
-    """(train, held-out) parts of `data` (dataset `name`, for messages); each written once, atomically."""
+    """(train, held-out) parts of `data` (dataset `name`, for messages); each written once, atomically.
+    `max_samples` (the tokenize setting) first keeps the first N records of each dataset, as
+    LLaMA-Factory caps them before it holds `val_size` out: the held-out part is drawn from those, and
+    `val_size`'s share is of their count."""
     import datasets
 
-    count = held_out_count(val_size, data.num_records, name)
+    from gym.data.tokenize import first_records
+
     parent = load_meta(data.path)
+    pool = first_records(parent, max_samples, data.num_records) if max_samples else range(data.num_records)
+    count = held_out_count(val_size, len(pool), name)
     mixed = "mix_of" in parent
     digests = {
         part: hash_obj(
-            {"of": data.digest, "val_size": val_size, "seed": seed, "part": part}
+            {"of": data.digest, "val_size": val_size, "seed": seed, "part": part, "held_out": count}
             | ({"parts_kept": True} if mixed else {})
+            | ({"max_samples": max_samples} if max_samples else {})
         )
         for part in PARTS
     }
@@ -62,26 +73,26 @@ def split(
         rows = datasets.load_from_disk(str(data.path))
         extra: dict[str, dict[str, Any]] = {"train": {}, "held_out": {}}
         if mixed:  # the train records stay in their datasets, in order (train_test_split shuffles them)
-            drawn = datasets.Dataset.from_dict({"i": range(len(rows))}).train_test_split(
-                test_size=count, seed=seed
-            )
+            drawn = datasets.Dataset.from_dict({"i": list(pool)}).train_test_split(test_size=count, seed=seed)
             kept = sorted(drawn["train"]["i"])
             parts = {"train": rows.select(kept), "test": rows.select(drawn["test"]["i"])}
             extra["train"] = {"mix_of": _kept_per_part(parent["mix_of"], kept)}
         else:
-            parts = rows.train_test_split(test_size=count, seed=seed)
+            capped = rows.select(pool) if max_samples else rows
+            parts = capped.train_test_split(test_size=count, seed=seed)
         for part, rows_ in zip(PARTS, (parts["train"], parts["test"]), strict=True):
             meta = {
                 **{k: parent[k] for k in ("kind", "format")},
                 "digest": digests[part],
                 "num_records": len(rows_),  # train_test_split keeps `count` rows in "test"
-                "split_of": {"digest": data.digest, "val_size": val_size, "seed": seed, "part": part},
+                "split_of": {"digest": data.digest, "val_size": val_size, "seed": seed, "part": part}
+                | ({"max_samples": max_samples} if max_samples else {}),
                 **extra[part],
             }
             with workspace.atomic_dir(finals[part]) as tmp:
                 rows_.save_to_disk(str(tmp))
                 workspace.atomic_write_json(tmp / "meta.json", meta)
-    counts = {"train": data.num_records - count, "held_out": count}
+    counts = {"train": len(pool) - count, "held_out": count}
     train, held = (
         IngestResult(path=finals[p], digest=digests[p], kind=data.kind, num_records=counts[p]) for p in PARTS
     )

@@ -414,7 +414,8 @@ def tokenize(
 
     tokenizer = load_tokenizer(tokenizer_dir, revision)
     ds = datasets.load_from_disk(str(dataset_dir))
-    if settings.max_samples is not None:
+    capped_before = meta.get("split_of", {}).get("max_samples")  # gym.data.split kept the first N
+    if settings.max_samples is not None and capped_before != settings.max_samples:
         ds = ds.select(first_records(meta, settings.max_samples, len(ds)))
     if settings.mix_strategy != "concat" and "mix_of" in meta:
         sizes = part_sizes(meta, settings.max_samples)
