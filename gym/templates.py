@@ -15,6 +15,7 @@ LLaMA-Factory's template names are accepted where they render exactly what a gym
 from __future__ import annotations
 
 import json
+import re
 import sys
 from dataclasses import dataclass
 from functools import cache
@@ -83,6 +84,19 @@ def load_template(name: str) -> str:
     if not f.is_file():
         raise ConfigError(unknown_template_message(name, list_templates()))
     return f.read_text(encoding="utf-8")
+
+
+# Control tokens a template writes: `<|eot_id|>`, `<|im_end|>`, `<｜User｜>`, `<start_of_turn>`.
+_MARKER = re.compile(r"<\|[^<>|'\"\s]+\|>|<｜[^<>｜'\"\s]+｜>|<(?:start|end)_of_turn>")
+_COMMENT = re.compile(r"\{#.*?#\}", re.DOTALL)
+
+
+def split_markers(tokenizer: Any, template: str) -> list[str]:
+    """The control tokens `template` writes that `tokenizer` does not have as one token (a template made
+    for another model family: llama3's `<|eot_id|>` on a ChatML tokenizer). Trained, they are ordinary
+    text: the end-of-turn token the model should learn to stop on is never one token."""
+    markers = set(_MARKER.findall(_COMMENT.sub("", load_template(template))))
+    return sorted(m for m in markers if len(tokenizer.encode(m, add_special_tokens=False)) != 1)
 
 
 def with_system(conversations: list[list[dict[str, str]]], system: str | None) -> list[list[dict[str, str]]]:

@@ -290,3 +290,27 @@ def test_bad_inputs_fail_clearly(tmp_path: Path):
         tokenize(chat_dataset(), TINY, "no_such_template")
     with pytest.raises(ConfigError, match="cannot load tokenizer"):
         tokenize(chat_dataset(), "gym-test-org/no-such-tokenizer", "chatml")
+
+
+def test_a_template_whose_control_tokens_the_tokenizer_splits_is_refused() -> None:
+    """`--template llama3` on gym-tiny (a ChatML tokenizer) trained `<|eot_id|>` as ordinary text pieces:
+    the model never learnt to end a turn on one token, silently. Refused, naming the tokens and the fixes;
+    with the tokens added (--new_special_tokens) it tokenizes, each marker one token."""
+    from gym import vocab
+    from gym.models import resolve
+
+    model = resolve("gym-tiny")
+    data = ingest(resolve_dataset("demo_sft")).path
+    with pytest.raises(ConfigError) as caught:
+        tokenize(data, model.path, "llama3", TokenizeSettings(max_samples=2))
+    message = str(caught.value)
+    assert "<|eot_id|>" in message and "<|start_header_id|>" in message and "--new_special_tokens" in message
+    assert not list(workspace.path("tokenized").glob("*")), "nothing written"
+    tokenize(data, model.path, "chatml", TokenizeSettings(max_samples=2))  # its own: fine
+    markers = ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+    extended = vocab.extend(model, markers)
+    done = tokenize(data, extended.path, "llama3", TokenizeSettings(max_samples=2))
+    tok = AutoTokenizer.from_pretrained(extended.path)
+    eot = tok.convert_tokens_to_ids("<|eot_id|>")
+    labels = datasets.load_from_disk(str(done.path))["labels"][0]
+    assert [t for t in labels if t != IGNORE_INDEX][-1] == eot  # the turn ends on the one token, trained

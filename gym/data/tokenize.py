@@ -386,6 +386,19 @@ def first_records(meta: dict[str, Any], max_samples: int, total: int) -> range |
     return keep
 
 
+def check_markers(tokenizer: Any, template: str, model: str | Path) -> None:
+    """Refuse a template whose control tokens the model's tokenizer splits (templates.split_markers)."""
+    missing = templates.split_markers(tokenizer, template)
+    if missing:
+        shown = ", ".join(missing)
+        raise ConfigError(
+            f"template {template!r} writes {shown}, which the tokenizer of {model} does not have as single "
+            "tokens: they would be trained as ordinary text, and the model would never learn to end its turn "
+            "on one. Leave out --template (the model's own), give one its tokenizer knows, or add them "
+            f"with --new_special_tokens {','.join(missing)}"
+        )
+
+
 def tokenize(
     dataset_dir: str | Path,
     tokenizer_dir: str | Path,
@@ -413,6 +426,8 @@ def tokenize(
     import datasets
 
     tokenizer = load_tokenizer(tokenizer_dir, revision)
+    if kind != "text":
+        check_markers(tokenizer, template, tokenizer_dir)
     ds = datasets.load_from_disk(str(dataset_dir))
     capped_before = meta.get("split_of", {}).get("max_samples")  # gym.data.split kept the first N
     if settings.max_samples is not None and capped_before != settings.max_samples:
