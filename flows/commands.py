@@ -146,10 +146,13 @@ def train_plan(argv: Sequence[str]) -> TrainPlan:
     """The flow, config class and flags for `gym train ARGV` (a GymError for a method or type gym lacks)."""
     path, argv = split_config_file(argv)
     settings = read_config_file(path) if path else {}
+    llamafactory = "stage" in settings  # a LLaMA-Factory training YAML (its keys are read below)
     argv = dotlist(argv, [f"--{key}" for key in METHOD_KEYS])  # `stage=dpo`, as after LLaMA-Factory's YAML
     method, finetuning_type, rest = method_of([*_method_flags(settings), *argv])
     if method == "tf_grpo":  # the papers' names in the file too
         settings = {_renamed(f"--{key}", TF_GRPO_FLAGS)[2:]: value for key, value in settings.items()}
+    elif method not in PIPELINES and llamafactory:
+        settings = llamafactory_eval_dataset(settings)
     config_file = (path, settings) if path else None
     named = [*rest, *(f"--{key}" for key in settings)]  # set on the command line or in the file
     from gym.train import METHODS
@@ -178,6 +181,21 @@ def train_plan(argv: Sequence[str]) -> TrainPlan:
     return TrainPlan(
         "flows.train:train", TrainFlowConfig, [*demo_args(method, named), *rest], prog, config_file
     )
+
+
+def llamafactory_eval_dataset(settings: dict[str, Any]) -> dict[str, Any]:
+    """A LLaMA-Factory training YAML's `eval_dataset` is its held-out data for the eval loss during
+    training: gym's --method_eval_dataset (gym's own --eval_dataset scores generated answers by exact
+    match before and after)."""
+    if "eval_dataset" not in settings or "method_eval_dataset" in settings:
+        return settings
+    print(
+        "note: eval_dataset is read as LLaMA-Factory reads it, held-out data for the loss (and the "
+        "method's metric) during training: gym's method_eval_dataset; gym's eval_dataset, exact match of "
+        "generated answers before and after, can be named as well",
+        file=sys.stderr,
+    )
+    return {("method_eval_dataset" if k == "eval_dataset" else k): v for k, v in settings.items()}
 
 
 def demo_args(method: str, rest: Sequence[str]) -> list[str]:

@@ -518,3 +518,22 @@ def test_llamafactory_longlora_pieces_need_a_lora_adapter():
     assert parse(["--shift_attn", "false"])["train"]["finetuning_type"] == default, "asks for nothing"
     with pytest.raises(ConfigError, match=r"shift_attn goes with a LoRA adapter .* --finetuning_type lora"):
         parse(["--shift_attn", "--finetuning_type", "full"])
+
+
+def test_a_llamafactory_yamls_eval_dataset_is_the_held_out_data_for_the_loss(tmp_path, capsys):
+    """LLaMA-Factory's `eval_dataset` is held-out data for eval loss during training; it was read as gym's
+    exact-match data, and eval_strategy/eval_steps were then ignored for want of held-out data."""
+    from flows.commands import train_plan
+
+    path = tmp_path / "lf.yaml"
+    path.write_text("stage: sft\nfinetuning_type: lora\ndataset: demo_sft\neval_dataset: demo_sft_eval\n")
+    plan = train_plan([str(path)])
+    assert plan.config_file is not None
+    settings = plan.config_file[1]
+    assert settings["method_eval_dataset"] == "demo_sft_eval" and "eval_dataset" not in settings
+    assert "note: eval_dataset is read as LLaMA-Factory reads it" in capsys.readouterr().err
+    # gym's own files (no `stage`) and gym's own flag keep gym's meaning
+    own = tmp_path / "own.yaml"
+    own.write_text("dataset: demo_sft\neval_dataset: demo_sft_eval\n")
+    own_plan = train_plan([str(own), "--method", "sft"])
+    assert own_plan.config_file is not None and own_plan.config_file[1]["eval_dataset"] == "demo_sft_eval"
