@@ -71,6 +71,11 @@ def resolve(name_or_path: str, template: str | None = None, trust_remote_code: b
     return ref.model_copy(update={"trust_remote_code": trust_remote_code}) if trust_remote_code else ref
 
 
+def _stage_model(folder: Path) -> bool:
+    """Whether `folder` is a gym training stage's (its `model/` a model gym wrote)."""
+    return (folder / "model" / "config.json").is_file() and (folder / "model" / MODEL_META).is_file()
+
+
 def check(name_or_path: str, template: str | None = None) -> None:
     """Every check `resolve` makes (name, template, offline availability), without building gym-tiny
     or downloading anything: a cheap way to reject a bad model name before any work starts."""
@@ -119,13 +124,17 @@ def _resolve(name_or_path: str, template: str | None, dry_run: bool = False) -> 
             train_defaults=dict(spec.train_defaults),
         )
     local = Path(name_or_path).expanduser()
+    if local.is_dir() and not (local / "config.json").is_file() and _stage_model(local):
+        local = local / "model"  # a training stage's folder (gym export takes it too): its model
     if local.is_dir():
         if not (local / "config.json").is_file():
             if (local / "adapter_config.json").is_file():
+                merged = local.parent / "model"
+                hint = f"use {merged}, the stage's merged model, or " if _stage_model(local.parent) else ""
                 raise ConfigError(
-                    f"{local} holds a PEFT adapter, not a model (no config.json): merge it into its base "
-                    f"with `gym export --model {local} --out DIR` and use DIR, or (gym serve, chat, eval) "
-                    f"pass the base as the model and --adapter_name_or_path {local}"
+                    f"{local} holds a PEFT adapter, not a model (no config.json): {hint}merge it into its "
+                    f"base with `gym export --model {local} --out DIR` and use DIR, or (gym serve, chat, "
+                    f"eval) pass --model_name_or_path BASE --adapter_name_or_path {local}"
                 )
             raise ConfigError(f"{local} is not a model directory (no config.json)")
         require_safetensors(local)

@@ -118,3 +118,25 @@ def test_context_window_reads_each_config_family_and_is_none_when_unnamed():
     vision_chat = LlavaConfig(text_config=LlamaConfig(max_position_embeddings=700).to_dict())
     assert context_window(vision_chat) == 700  # its language model's window
     assert context_window(PretrainedConfig()) is None
+
+
+def test_a_training_stage_folder_resolves_to_its_model_and_its_adapter_points_there(gym_home, tmp_path):
+    """`gym serve --model <stage>` was refused (no config.json) though `gym export --model <stage>` takes
+    it; and the adapter's hint said to pass `--adapter_name_or_path` beside --model, which gym refuses."""
+    built = Path(resolve("gym-tiny").path)
+    stage = tmp_path / "sft-1234"
+    shutil.copytree(built, stage / "model")
+    (stage / "model" / "gym_model.json").write_text(
+        json.dumps({"template": "chatml", "base_model": "gym-tiny"})
+    )
+    (stage / "adapter").mkdir()
+    (stage / "adapter" / "adapter_config.json").write_text("{}")
+    ref = resolve(str(stage))
+    assert Path(ref.path) == (stage / "model").resolve() and ref.template == "chatml"
+    with pytest.raises(ConfigError) as caught:
+        resolve(str(stage / "adapter"))
+    message = str(caught.value)
+    assert f"use {stage / 'model'}, the stage's merged model" in message
+    assert "--model_name_or_path BASE --adapter_name_or_path" in message
+    with pytest.raises(ConfigError, match="is not a model directory"):
+        resolve(str(tmp_path))  # a folder that is no stage
