@@ -156,6 +156,10 @@ def _overrides(
     if args.alias_epochs is not None and "epochs" in config_cls.model_fields:  # Training-Free GRPO's epochs
         alias["epochs"] = max(1, round(args.alias_epochs))
     if args.alias_max_steps is not None and "steps" in config_cls.model_fields:  # and its steps
+        if args.alias_max_steps == 0 or args.alias_max_steps < -1:  # as TrainConfig's max_steps
+            raise GymError(
+                f"--max-steps {args.alias_max_steps}: give 1 or more steps, or -1 to run the epochs"
+            )
         alias["steps"] = args.alias_max_steps if args.alias_max_steps > 0 else None
     for stage in stages:
         s: dict[str, Any] = {}

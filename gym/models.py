@@ -136,6 +136,17 @@ def _resolve(name_or_path: str, template: str | None, dry_run: bool = False) -> 
                     f"base with `gym export --model {local} --out DIR` and use DIR, or (gym serve, chat, "
                     f"eval) pass --model_name_or_path BASE --adapter_name_or_path {local}"
                 )
+            api_library = _gym_meta(local)
+            if api_library.get("method") == "tf_grpo" and api_library.get("endpoint"):
+                from gym.secrets import strip_url
+
+                where = strip_url(str(api_library["endpoint"]))
+                raise ConfigError(
+                    f"{local} is a Training-Free GRPO library learned for the model "
+                    f"{api_library.get('model')!r} behind {where}: it has no "
+                    f"weights to load here. Use it with that model: `gym tfgrpo show {local}` prints the "
+                    "experiences to give it as a system message"
+                )
             raise ConfigError(f"{local} is not a model directory (no config.json)")
         require_safetensors(local)
         meta = _gym_meta(local)  # what gym recorded when it wrote this folder (nothing for others)

@@ -140,3 +140,16 @@ def test_a_training_stage_folder_resolves_to_its_model_and_its_adapter_points_th
     assert "--model_name_or_path BASE --adapter_name_or_path" in message
     with pytest.raises(ConfigError, match="is not a model directory"):
         resolve(str(tmp_path))  # a folder that is no stage
+
+
+def test_a_library_learned_for_an_api_model_says_how_to_use_it(tmp_path):
+    """A TF-GRPO run whose policy is a remote model ships experiences.json alone: serving it said only
+    "not a model directory (no config.json)"."""
+    (tmp_path / "experiences.json").write_text("{}")
+    meta = {"method": "tf_grpo", "endpoint": "http://127.0.0.1:8000/v1", "model": "deepseek-chat"}
+    (tmp_path / "gym_model.json").write_text(json.dumps(meta))
+    with pytest.raises(ConfigError) as caught:
+        resolve(str(tmp_path))
+    message = str(caught.value)
+    assert "Training-Free GRPO library learned for the model 'deepseek-chat'" in message
+    assert f"gym tfgrpo show {tmp_path}" in message

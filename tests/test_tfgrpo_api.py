@@ -262,6 +262,16 @@ def test_bad_input_fails_before_any_call_with_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match=r"held-out record 1 \(and 1 more\) of --eval-dataset has no"):
         prepare(majority, "policy", no_answer, "d", eval_questions=[*no_answer, *no_answer])
     assert prepare(majority, "policy", no_answer, "d", eval_questions=answered).start is None
+
+
+def test_a_group_of_one_is_said_to_learn_nothing(caplog):
+    from gym.train.tf_grpo import prepare
+
+    questions = [Question(id="0", prompt=[{"role": "user", "content": "1+1?"}], answer="2")]
+    prepare(TfGrpoSettings(endpoint="http://127.0.0.1:9/v1", group_size=2), "policy", questions, "d")
+    assert "learns nothing" not in caplog.text
+    prepare(TfGrpoSettings(endpoint="http://127.0.0.1:9/v1", group_size=1), "policy", questions, "d")
+    assert "TF-GRPO with group_size 1 learns nothing" in caplog.text
     with pytest.raises(ConfigError, match="has no model"):
         TfGrpoSettings().role("policy", None)
 
@@ -322,6 +332,13 @@ def test_flow_configs_select_tf_grpo_and_pass_preflight():
     for flag, steps in (("--max-steps", 2), ("--max_steps", 4), ("--steps", 5)):
         parsed = parse_config(TfGrpoFlowConfig, build_parser(TfGrpoFlowConfig).parse_args([flag, str(steps)]))
         assert parsed.steps == steps
+    from gym.errors import GymError
+
+    for zero in ("0", "-3"):  # --max-steps 0 ran every epoch, as if unset; TrainConfig refuses it
+        with pytest.raises(GymError, match=f"--max-steps {zero}: give 1 or more steps"):
+            parse_config(TfGrpoFlowConfig, build_parser(TfGrpoFlowConfig).parse_args(["--max-steps", zero]))
+    unset = parse_config(TfGrpoFlowConfig, build_parser(TfGrpoFlowConfig).parse_args(["--max-steps", "-1"]))
+    assert unset.steps is None
     with pytest.raises(ConfigError, match="tf_grpo writes its own prompts"):  # would not reach them
         data = TokenizeSettings(default_system="Be brief.")
         TfGrpoFlowConfig.from_train_flow(train_flow.model_copy(update={"data": data}))

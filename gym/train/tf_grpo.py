@@ -14,6 +14,7 @@ policy is a remote API model ships `experiences.json` alone.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import threading
@@ -104,6 +105,11 @@ def prepare(
     budget, it decides where the run stops, not what a step learns: it is not part of the config hash,
     so a longer run of the same settings resumes from the steps a capped one made."""
     check_answers(settings.reward, questions, eval_questions)
+    if settings.group_size == 1:
+        logging.getLogger("gym.train").warning(
+            "TF-GRPO with group_size 1 learns nothing: an experience comes from comparing the answers of "
+            "one group, and a group of one has nothing to compare (the paper's ablation); give 2 or more"
+        )
 
     def make(start: Library | None) -> Runtime:
         return Runtime(
