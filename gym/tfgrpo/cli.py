@@ -9,6 +9,7 @@ Training itself runs as a flow: `gym train --method tf_grpo ...`.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -44,10 +45,22 @@ def cmd_tfgrpo(argv: Sequence[str]) -> int:
         if args.json:
             print(json.dumps(report.model_dump(mode="json"), sort_keys=True))
         return 0
-    from gym.tfgrpo.injection import experience_block
+    from gym.errors import DataError
+    from gym.tfgrpo.injection import EXPERIENCE_FILE, experience_block, shipped_library
     from gym.tfgrpo.library import Library
 
-    library = Library.load(library_file(Path(args.library)))
+    file = library_file(Path(args.library))
+    try:
+        library = Library.load(file)
+    except DataError as exc:
+        shipped = shipped_library(file.parent) if file.name == EXPERIENCE_FILE and not args.json else None
+        if shipped is None:
+            raise
+        # a model's experiences.json edited by hand (or written in the short form): serving injects it as
+        # it reads it, so show that, saying why the library check failed
+        print(f"note: {exc}; shown as gym serve, chat and eval inject it", file=sys.stderr)
+        print(experience_block(shipped.texts))
+        return 0
     print(library.to_json() if args.json else experience_block(library.texts), end="" if args.json else "\n")
     return 0
 
