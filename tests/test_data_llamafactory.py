@@ -321,3 +321,37 @@ def test_a_dataset_info_json_may_start_with_a_bom_but_must_be_utf8(tmp_path: Pat
     ) as e:
         resolve_dataset("mine")
     assert str(e.value).startswith(str(info)) and "iconv" in str(e.value)
+
+
+def test_system_and_history_are_read_only_when_columns_name_them(tmp_path: Path) -> None:
+    """LLaMA-Factory reads `system` and alpaca's `history` only when an entry's `columns` names them; gym
+    read them anyway, training on history turns and system messages LLaMA-Factory leaves out."""
+    alpaca = [
+        {"instruction": "Add", "input": "2 and 3", "output": "5", "system": "S", "history": [["a", "b"]]}
+    ]
+    sharegpt = [
+        {
+            "conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}],
+            "system": "S",
+        }
+    ]
+    lf_data(
+        tmp_path / "data",
+        {
+            "plain": {"file_name": "a.json"},
+            "named": {"file_name": "a.json", "columns": {"system": "system", "history": "history"}},
+            "chat": {"file_name": "s.json", "formatting": "sharegpt"},
+            "chat_sys": {"file_name": "s.json", "formatting": "sharegpt", "columns": {"system": "system"}},
+        },
+        {"a.json": alpaca, "s.json": sharegpt},
+    )
+    assert records("plain")[0]["messages"] == [user("Add\n2 and 3"), assistant("5")]
+    assert records("named")[0]["messages"] == [
+        {"role": "system", "content": "S"},
+        user("a"),
+        assistant("b"),
+        user("Add\n2 and 3"),
+        assistant("5"),
+    ]
+    assert records("chat")[0]["messages"] == [user("Hi"), assistant("Hello")]
+    assert records("chat_sys")[0]["messages"][0] == {"role": "system", "content": "S"}

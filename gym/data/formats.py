@@ -134,12 +134,16 @@ class Where:
 
 
 def apply_columns(record: dict[str, Any], columns: dict[str, str]) -> dict[str, Any]:
-    """Rename source columns to canonical names: `columns` maps canonical -> source."""
+    """Rename source columns to canonical names: `columns` maps canonical -> source; an empty source
+    leaves the canonical field unread (LLaMA-Factory reads `system` and `history` only when named)."""
     if not columns:
         return record
     out = dict(record)
     for canonical, source in columns.items():
-        if source in record:
+        if not source:
+            if canonical not in columns.values():
+                out.pop(canonical, None)
+        elif source in record:
             out.pop(source, None)
             out[canonical] = record[source]
     return out

@@ -19,7 +19,8 @@ LLaMA-Factory reads it and becomes a gym dataset spec:
   is caught where gym can look: a local file whose first record has `output` stays alpaca (a hub
   entry like it needs `"response": "output"` spelled out to be read as instructions);
 - `columns` (prompt, query, response, history, system, messages, chosen, rejected, kto_tag) and
-  `tags` (role_tag, content_tag, user_tag, assistant_tag, ...) say where the fields are.
+  `tags` (role_tag, content_tag, user_tag, assistant_tag, ...) say where the fields are; `system` and
+  alpaca's `history` are read only when `columns` names them, as LLaMA-Factory reads them.
 
 `num_samples` keeps the first N records (LLaMA-Factory samples N at random). What gym cannot train
 on (images, videos, audios, tool descriptions) or read (ModelScope/Modelers hubs, loading scripts,
@@ -45,6 +46,9 @@ COLUMNS = {
     "sharegpt": {"messages": "conversations"},
 }
 SHARED_COLUMNS = {"system": "system", "chosen": "chosen", "rejected": "rejected", "kto_tag": "label"}
+# Fields LLaMA-Factory reads only when an entry's `columns` names them (its defaults are None): a record's
+# `system` or alpaca `history` it was not told about is left out, not trained on.
+UNREAD_UNLESS_NAMED = {"alpaca": ("system", "history"), "sharegpt": ("system",)}
 # Columns gym has no use for yet, and what to do instead.
 UNSUPPORTED_COLUMNS = {
     "images": "gym trains text-only models: remove the media columns",
@@ -148,6 +152,8 @@ def translate(name: str, entry: Any, info_file: Path) -> dict[str, Any]:
     if not isinstance(ranking, bool):
         raise fail(f"must be true or false, got {ranking!r}", "ranking")
     columns = _columns(entry.get("columns", {}), formatting, fail)
+    for optional in UNREAD_UNLESS_NAMED[formatting]:  # as LLaMA-Factory: read only when `columns` names it
+        columns.setdefault(optional, "")
     spec["format"] = "preference" if ranking else "kto" if "label" in columns else formatting
     if spec["format"] == "alpaca" and set(columns) == {"instruction"} and not _has_output(spec.get("file")):
         spec["format"], columns = "text", {"text": columns["instruction"]}  # pretraining text (stage pt)
