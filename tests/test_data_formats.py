@@ -26,6 +26,22 @@ def test_alpaca_joins_instruction_and_input():
     assert normalize(rec, "alpaca", W)["messages"][0] == msg("user", "Say hi.")
 
 
+def test_an_openai_message_weight_other_than_1_is_refused_not_ignored():
+    """OpenAI's fine-tuning format marks assistant turns not to train on with `"weight": 0`: gym ignored it
+    and trained on them."""
+    turns = [
+        msg("user", "Hi"),
+        {**msg("assistant", "Bad"), "weight": 0},
+        msg("user", "Again"),
+        msg("assistant", "Ok"),
+    ]
+    with pytest.raises(DataError) as caught:
+        normalize({"messages": turns}, "openai", W)
+    assert "record 7" in str(caught.value) and "message 2 (assistant) has weight 0" in str(caught.value)
+    kept = [msg("user", "Hi"), {**msg("assistant", "Hello"), "weight": 1}]
+    assert normalize({"messages": kept}, "openai", W)["messages"][1] == msg("assistant", "Hello")
+
+
 def test_alpaca_system_and_history():
     rec = {"instruction": "Double it.", "output": "10", "system": "Be exact.", "history": [["2+3?", "5"]]}
     assert normalize(rec, "alpaca", W)["messages"] == [

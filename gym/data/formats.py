@@ -249,6 +249,14 @@ def parse_message(msg: Any, name: str, i: int, w: Where) -> dict[str, str]:
         raise w.error(f"message {i} ({role}) has {calls!r}; tool turns are not supported", name, TOOL_HINT)
     if role not in ROLES:
         raise w.error(f"message {i} has unknown role {role!r}; expected one of {sorted(ROLES)}", name)
+    weight = msg.get("weight")
+    if weight is not None and weight != 1:  # OpenAI's fine-tuning format: 0 = not trained on
+        raise w.error(
+            f"message {i} ({role}) has weight {weight!r}; gym trains every assistant turn (or with "
+            "--data.mask_history only the last) and has no per-message weights",
+            name,
+            "drop the weight, and the turns you do not want trained (or their records)",
+        )
     if isinstance(content, list):
         content = _text_parts(content, f"message {i} ({role})", name, w)
     if not isinstance(content, str) or not content.strip():
