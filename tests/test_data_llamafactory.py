@@ -355,3 +355,16 @@ def test_system_and_history_are_read_only_when_columns_name_them(tmp_path: Path)
     ]
     assert records("chat")[0]["messages"] == [user("Hi"), assistant("Hello")]
     assert records("chat_sys")[0]["messages"][0] == {"role": "system", "content": "S"}
+
+
+def test_gym_data_takes_dataset_dir_as_gym_train_does(tmp_path: Path, monkeypatch, capsys) -> None:
+    """`gym data NAME --dataset_dir DIR` was refused (unrecognized argument), though its own not-found
+    message said to set --dataset_dir."""
+    from gym.cli import cmd_data
+
+    monkeypatch.setenv("GYM_DATA_DIR", str(tmp_path))  # restored after the test (cmd_data sets it)
+    folder = lf_data(tmp_path / "elsewhere", {"mine": {"file_name": "a.json"}}, {"a.json": ALPACA})
+    assert cmd_data(["mine", "--dataset_dir", str(folder), "-n", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["messages"][1] == assistant("5")
+    with pytest.raises(ConfigError, match="--dataset_dir 'nowhere': no such folder"):
+        cmd_data(["mine", "--dataset_dir", "nowhere"])
