@@ -42,6 +42,18 @@ def test_an_openai_message_weight_other_than_1_is_refused_not_ignored():
     assert normalize({"messages": kept}, "openai", W)["messages"][1] == msg("assistant", "Hello")
 
 
+def test_a_pair_missing_half_is_read_as_a_pair_and_said_to_miss_it():
+    """`prompt` + `chosen` without `rejected` was guessed to be prompt records, and a preference method
+    then refused prompt data, never naming the missing `rejected`."""
+    for rec, missing in (
+        ({"prompt": "hi", "chosen": "a"}, "rejected"),
+        ({"prompt": "hi", "rejected": "b"}, "chosen"),
+    ):
+        assert detect_format(rec) == "preference"
+        with pytest.raises(DataError, match=f"record 7, field '{missing}': missing"):
+            normalize(rec, "preference", W)
+
+
 def test_alpaca_system_and_history():
     rec = {"instruction": "Double it.", "output": "10", "system": "Be exact.", "history": [["2+3?", "5"]]}
     assert normalize(rec, "alpaca", W)["messages"] == [

@@ -483,7 +483,7 @@ def detect_format(record: Mapping[str, Any] | Iterable[str]) -> str | None:
     columns. Given names alone, a `label` is taken for a KTO label.
     """
     cols = set(record)
-    if {"chosen", "rejected"} <= cols:
+    if {"chosen", "rejected"} & cols:  # one without the other: a pair missing half (said as such)
         return "preference"
     chat = bool({"messages", "conversations"} & cols) or {"instruction", "output"} <= cols
     if "label" in cols and (
