@@ -30,6 +30,7 @@ class DataError(GymError, ValueError):
         hint: str | None = None,
     ) -> None:
         self.file, self.record, self.field, self.hint = file, record, field, hint
+        self.message = message
         where = []
         if file is not None:
             where.append(f"file {file}")

@@ -305,3 +305,26 @@ def test_records_stream_to_disk_so_memory_stays_flat_whatever_the_file_size(tmp_
     artifact = sum(f.stat().st_size for f in (tmp_path / "home" / "datasets").rglob("*.arrow"))
     assert records == 20_000 and artifact > 4_000_000
     assert peak < artifact / 4, (peak, artifact)
+
+
+def test_a_record_in_another_format_is_said_to_be_one(tmp_path: Path) -> None:
+    """An OpenAI record among alpaca ones failed with "field 'output': missing", as if it were a broken
+    alpaca record."""
+    path = tmp_path / "mixed.jsonl"
+    chat = {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}
+    path.write_text(json.dumps({"instruction": "a", "output": "b"}) + "\n" + json.dumps(chat) + "\n")
+    with pytest.raises(DataError) as caught:
+        ingest(resolve_dataset(str(path)))
+    message = str(caught.value)
+    assert "record 2, field 'output': missing" in message
+    assert "this record looks like openai data (fields messages), the dataset's records alpaca" in message
+    broken = tmp_path / "broken.jsonl"  # a broken record of the file's own format: no such hint
+    broken.write_text(
+        json.dumps({"instruction": "a", "output": "b"})
+        + "\n"
+        + json.dumps({"instruction": 3, "output": "b"})
+        + "\n"
+    )
+    with pytest.raises(DataError) as caught:
+        ingest(resolve_dataset(str(broken)))
+    assert "record 2" in str(caught.value) and "looks like" not in str(caught.value)

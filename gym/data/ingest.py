@@ -141,7 +141,10 @@ def read_records(spec: DatasetSpec, source: str, fmt: str, path: Path) -> int:
             if spec.num_samples is not None and count >= spec.num_samples:
                 break
             record = apply_tags(apply_columns(raw, spec.columns), spec.tags)
-            batch.append(normalize(record, fmt, Where(file, no, spec.columns, guessed)))
+            try:
+                batch.append(normalize(record, fmt, Where(file, no, spec.columns, guessed)))
+            except DataError as exc:
+                raise other_format(exc, record, fmt) from None
             count += 1
             if len(batch) == _BATCH:
                 writer.write_table(pa.Table.from_pylist(batch, schema=schema))
@@ -151,6 +154,21 @@ def read_records(spec: DatasetSpec, source: str, fmt: str, path: Path) -> int:
         writer.write_table(pa.Table.from_pylist(batch, schema=schema))
         writer.finalize()
     return count
+
+
+def other_format(error: DataError, record: dict[str, Any], fmt: str) -> DataError:
+    """`error` (a record that failed as `fmt`), saying so when the record looks like another format: a
+    file mixing formats fails on a field the odd record never had (`output` of an OpenAI record read
+    among alpaca ones)."""
+    seen = formats.detect_format(record) if isinstance(record, dict) else None
+    if seen is None or seen == fmt:
+        return error
+    hint = (
+        f"this record looks like {seen} data (fields {', '.join(map(str, sorted(record)))}), the "
+        f"dataset's records {fmt}: keep one format per file"
+    )
+    hint = f"{hint}; {error.hint}" if error.hint else hint
+    return DataError(error.message, file=error.file, record=error.record, field=error.field, hint=hint)
 
 
 def ingest(spec: DatasetSpec) -> IngestResult:
