@@ -194,6 +194,9 @@ NOT_NEEDED = {
     "need not fit in memory",
     "enable_thinking": "gym does not pass it to the chat template, which decides: qwen3 renders Qwen3's "
     "thinking turns, qwen3_nothink (gym's chatml) none",
+    "print_param_status": "gym reports every stage's trainable and total parameters (the summary's "
+    "trainable_params, MLflow)",
+    "ignore_pad_token_for_loss": "gym never trains on padding (its labels are ignored there)",
 }
 # Names whose `false` still gets the note (LLaMA-Factory's default for them is true)
 NOTED_WHEN_FALSE = {"enable_thinking"}
@@ -218,6 +221,10 @@ REFUSED |= {
     "ppo_score_norm": "gym's PPO has no running normalisation of scores: whiten the rewards instead "
     "(ppo_whiten_rewards), or scale them with --train.rl.reward_weights",
     "quantization_method": "gym quantizes with bitsandbytes only: leave quantization_method out (or set bnb)",
+    "disable_shuffling": "gym's trainer shuffles the training data every epoch, seeded (--seed): leave "
+    "disable_shuffling out",
+    "compute_accuracy": "gym's held-out metric for SFT is the loss: score generated answers with "
+    "--eval_dataset FILE --eval_metrics exact_match (before and after training)",
     **{
         name: f"gym has no {what}: train fewer weights with --finetuning_type lora, freeze or qlora instead"
         for name, what in {

@@ -435,6 +435,8 @@ def test_a_lora_or_api_reward_model_is_refused_saying_what_to_do():
         ["--do_predict", "true"],
         ["--adapter_name_or_path", "saves/lora"],
         ["--ppo_score_norm", "true"],
+        ["--disable_shuffling", "true"],
+        ["--compute_accuracy", "true"],
     ],
 )
 def test_settings_gym_lacks_and_bare_refused_flags_are_refused_saying_what_to_do(argv):
@@ -461,6 +463,8 @@ def test_more_trainer_settings_gym_needs_no_value_for_get_a_note(tmp_path):
         "tool_format": "qwen",
         "upcast_layernorm": "true",
         "create_new_adapter": "true",
+        "print_param_status": "true",
+        "ignore_pad_token_for_loss": "true",
     }
     yaml.write_text("".join(f"{k}: {v}\n" for k, v in settings.items()))
     parser = runner.build_parser(TrainFlowConfig)
@@ -471,8 +475,10 @@ def test_more_trainer_settings_gym_needs_no_value_for_get_a_note(tmp_path):
         "create_new_adapter",
         "dataloader_pin_memory",
         "enable_thinking",
+        "ignore_pad_token_for_loss",
         "include_num_input_tokens_seen",
         "logging_dir",
+        "print_param_status",
         "save_safetensors",
         "save_strategy",
         "streaming",
