@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field
 from gym import workspace
 from gym.cli_options import ArgumentParser
 from gym.errors import ConfigError, GymError
-from gym.export import DEPLOY_PLAN, export_model, locate, replace_dir
+from gym.export import DEPLOY_PLAN, export_model, locate, model_name, replace_dir
 from gym.hashing import hash_obj
 from gym.space import write_space
 from gym.tfgrpo.injection import load_shipped
@@ -84,7 +84,9 @@ def push(bundle: Path, plan: DeployPlan, api: Any) -> dict[str, str]:
 
 
 def _model_name(model: str) -> str:
-    tail = model.rstrip("/").rsplit("/", 1)[-1].split("@")[0]
+    """The name of the Space's title and of the default repo: as the export's card has it (a stage's
+    adapter/ or model/ folder: the stage's), the last part of a hub id."""
+    tail = model_name(model).rstrip("/").rsplit("/", 1)[-1]
     return re.sub(r"[^\w.-]+", "-", tail) or "model"
 
 

@@ -41,7 +41,6 @@ MARKER = "gym_model.json"
 # gym_model.json's key saying `gym export` wrote the folder: training's model folders hold the file too,
 # and only an export may be replaced by another.
 EXPORTED = "exported_by"
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 # Initialisations that rewrite the base weights: such an adapter is relative to the rewritten base.
 BASE_REWRITING_INITS = ("pissa", "olora", "corda")
 
@@ -112,7 +111,8 @@ def locate(model: str, base: str | None = None, template: str | None = None) -> 
             raise ConfigError(f"adapter {local} does not name its base model: pass --base")
         require_safetensors(local, "adapter")
         path, facts = adapter_base(base)
-        return Source(local.name, None, local, path, _local_lineage(local, base, template, facts), local)
+        lineage = _local_lineage(local, base, template, facts)
+        return Source(model_name(str(local)), None, local, path, lineage, local)
     if (local / "model" / "config.json").is_file():  # a training stage directory
         adapter = local / "adapter" if (local / "adapter" / "adapter_config.json").is_file() else None
         inner = locate(str(local / "model"), base, template)
@@ -124,7 +124,27 @@ def locate(model: str, base: str | None = None, template: str | None = None) -> 
             f"{local} holds neither a model (config.json) nor a PEFT adapter (adapter_config.json)"
         )
     require_safetensors(local)
-    return Source(local.name, str(local), None, None, _local_lineage(local, None, template), local)
+    lineage = _local_lineage(local, None, template)
+    return Source(model_name(str(local)), str(local), None, None, lineage, local)
+
+
+# Folder names that say what a folder holds, not which model: a training stage's adapter/ and model/.
+GENERIC_NAMES = ("adapter", "model")
+
+
+def model_name(model: str) -> str:
+    """The name a card and a Space give `model`: a registered model's name for an MLflow URI, a folder's
+    name, or for a folder named only for what it holds (a stage's adapter/ or model/) the folder above
+    it (the stage, `sft-<digest>`); anything else (a registry name, a hub id) as given."""
+    if model.startswith("models:/"):
+        return model.removeprefix("models:/").split("@")[0].split("/")[0]
+    local = Path(model).expanduser()
+    if not local.is_dir():
+        return model
+    local = local.resolve()
+    if local.name in GENERIC_NAMES and local.parent.name:
+        return local.parent.name
+    return local.name or model
 
 
 def _local_lineage(
@@ -184,6 +204,7 @@ def export_model(
 ) -> Path:
     """Write the hub-style directory for `model` to `output_dir` (see the module docstring)."""
     settings = settings or ExportSettings()
+    check_output_dir(Path(output_dir))  # a folder that can't be written is said before anything loads
     source = locate(str(model), base, template)
     if lineage is not None:
         source.lineage = lineage
@@ -224,16 +245,21 @@ def _write(source: Source, out: Path, settings: ExportSettings, name: str) -> No
     # an adapter trained on a RoPE-stretched base: the tokenizer takes what the stage's did
     stretch, max_length = rope.for_adapter(source.adapter) if source.adapter else ({}, None)
     tokenizer.model_max_length = max(tokenizer.model_max_length, max_length or 0)
+    base_name = None
     if settings.adapter_only:
-        for f in ADAPTER_FILES:
-            shutil.copy2(source.adapter / f, out / f)  # type: ignore[operator]
+        assert source.adapter is not None
+        shutil.copy2(source.adapter / "adapter_model.safetensors", out / "adapter_model.safetensors")
+        base_name = _copy_adapter_config(source.adapter, out, str(source.base))
         if stretch:
-            shutil.copy2(source.adapter / rope.ADAPTER_FILE, out / rope.ADAPTER_FILE)  # type: ignore[operator]
+            shutil.copy2(source.adapter / rope.ADAPTER_FILE, out / rope.ADAPTER_FILE)
         model_type = "adapter"
     else:
         model = _load(source, settings.trust_remote_code)
         if settings.dtype != "auto":  # after the merge, which runs in the stored precision
             model = model.to(getattr(torch, settings.dtype))
+        for config in (model.config, model.config.get_text_config()):
+            if hasattr(config, "use_cache"):  # training turns the KV cache off; generation wants it
+                config.use_cache = True
         if getattr(model, "generation_config", None) is not None:  # a reward model (rm) generates nothing
             # generate() should stop at the end of a turn: the tokenizer's eos joins the model's own.
             eos = sorted(set(_ids(model.generation_config.eos_token_id)) | set(_ids(tokenizer.eos_token_id)))
@@ -253,7 +279,7 @@ def _write(source: Source, out: Path, settings: ExportSettings, name: str) -> No
         shutil.copy2(source.meta_dir / EXPERIENCE_FILE, out / EXPERIENCE_FILE)
     card = render(name, source.lineage)
     if settings.adapter_only:
-        card += f"\nThis directory holds a PEFT adapter only: load `{source.base}` and apply it with PEFT.\n"
+        card += _adapter_note(base_name, str(source.base))
         if stretch:
             card += (
                 f"It was trained on the base loaded with RoPE scaled: pass `from_pretrained(..., "
@@ -267,6 +293,59 @@ def _write(source: Source, out: Path, settings: ExportSettings, name: str) -> No
         (out / "Modelfile").write_text(
             modelfile(source.lineage.template, tokenizer.eos_token, system=system), encoding="utf-8"
         )
+
+
+def portable_base(base: str) -> str | None:
+    """How an adapter's base (`base`: the folder or hub id it loads from) is named wherever the adapter
+    goes: its registry entry's hub id, a hub id as it is, or for a model gym builds (gym-tiny) the
+    registry's name (gym builds it anywhere); None for a folder only this machine has."""
+    from gym import registry
+    from gym.models import registry_entry
+    from gym.tiny import KIND, tiny_digest
+
+    local = Path(base).expanduser()
+    if not local.is_dir():
+        spec = registry_entry(base)
+        return str(spec.hub_id or spec.name) if spec is not None else base
+    for spec in registry.load_models().values():  # a gym-tiny gym built, known by its folder's name
+        if spec.builder is not None and local.name == f"{KIND}-{tiny_digest(spec.builder, spec.template)}":
+            return str(spec.hub_id or spec.name)
+    return None
+
+
+def _copy_adapter_config(adapter: Path, out: Path, base: str) -> str | None:
+    """Copy adapter_config.json, naming the base as `portable_base` does (a workspace path would not be
+    found once the adapter is copied elsewhere); returns that name, None where the base is a local folder
+    (the file is copied as it is)."""
+    name = portable_base(base)
+    config = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))
+    if name is None or config.get("base_model_name_or_path") == name:
+        shutil.copy2(adapter / "adapter_config.json", out / "adapter_config.json")
+        return name
+    config["base_model_name_or_path"] = name
+    (out / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True), encoding="utf-8")
+    return name
+
+
+def _adapter_note(name: str | None, base: str) -> str:
+    """What the card of an adapter-only export says about loading its base."""
+    from gym.models import registry_entry
+
+    if name is None:
+        return (
+            f"\nThis directory holds a PEFT adapter only, trained on the base model in the local folder "
+            f"`{base}`, which adapter_config.json's `base_model_name_or_path` names: copied to another "
+            "machine, set it to where that base is there (or pass gym `--base`), then apply the adapter "
+            "with PEFT.\n"
+        )
+    note = f"\nThis directory holds a PEFT adapter only: load `{name}` and apply it with PEFT.\n"
+    spec = registry_entry(name)
+    if spec is not None and spec.hub_id is None:  # built by gym, not on the hub
+        note += (
+            f"`{name}` is a model gym builds (gym's registry): gym finds it by that name, e.g. "
+            "`gym export --model THIS_FOLDER --out DIR` merges the adapter into it.\n"
+        )
+    return note
 
 
 def _apart(source: Source, output_dir: Path) -> None:
@@ -346,6 +425,10 @@ def check_output_dir(output_dir: Path, ours: Callable[[Path], bool] = exported) 
             break
     if output_dir.exists() and not output_dir.is_dir():
         raise ConfigError(f"{output_dir} is a file, not a directory; choose an empty or new directory")
+    try:
+        workspace.check_writable(output_dir.parent)  # where the folder is staged and renamed into place
+    except OSError as exc:
+        raise unwritable(output_dir, exc) from None
     if output_dir.exists() and any(output_dir.iterdir()) and not ours(output_dir):
         if by := _written_by(output_dir):  # by the other command: what each replaces is its own kind
             raise ConfigError(
@@ -357,6 +440,16 @@ def check_output_dir(output_dir: Path, ours: Callable[[Path], bool] = exported) 
             "a training stage's model folder is not); choose an empty or new directory"
         )
     return output_dir
+
+
+def unwritable(output_dir: Path, exc: OSError) -> ConfigError:
+    """The one-line error for an output folder gym can't write (a read-only file system, /proc, /sys, a
+    folder of another user's)."""
+    where = Path(exc.filename).parent if exc.filename else output_dir.parent
+    return ConfigError(
+        f"can't write {output_dir}: no folder can be made in {where} ({exc.strerror or exc}); choose a "
+        "directory you can write to"
+    )
 
 
 def _written_by(directory: Path) -> str | None:
@@ -379,7 +472,11 @@ def replace_dir(output_dir: Path, ours: Callable[[Path], bool] = exported) -> It
     output_dir = check_output_dir(output_dir, ours)
     staged = output_dir.with_name(f".{output_dir.name}.staged")
     shutil.rmtree(staged, ignore_errors=True)
-    with workspace.atomic_dir(staged) as tmp:
+    with contextlib.ExitStack() as stack:
+        try:
+            tmp = stack.enter_context(workspace.atomic_dir(staged))
+        except OSError as exc:  # can't be made there (the check above raced, or can't tell)
+            raise unwritable(output_dir, exc) from None
         yield tmp
         workspace.shareable(tmp)
     if output_dir.exists():

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from typing import Annotated
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit
 
 from pydantic import AfterValidator
 from pydantic.json_schema import JsonDict
@@ -62,24 +62,42 @@ def url_credentials(url: str) -> bool:
 NO_LOGIN_SCHEMA: JsonDict = {"pattern": r"^(?![A-Za-z][A-Za-z0-9+.-]*://[^/?#]*@)"}
 
 
+# A URL's scheme and `//netloc` (the part a user and password go in), as urlsplit finds them.
+_AUTHORITY = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*:)?(?://(?P<netloc>[^/?#]*))?")
+# Characters urlsplit drops before it reads a URL: leading C0 controls and spaces; tabs and newlines anywhere.
+_IGNORED_LEADING = "".join(map(chr, range(33)))
+_IGNORED_ANYWHERE = "\t\r\n"
+# One `key=value` parameter of a query, a fragment or a path's `;params`: its value's span is masked.
+_PARAM = re.compile(r"(?:^|(?<=[&;]))(?P<key>[^&;=]*)=(?P<value>[^&;]*)")
+
+
 def strip_url(url: str) -> str:
     """`url` without its credentials: the user part and key-like parameter values become `***` (a URL
-    too malformed to split, all of it)."""
+    too malformed to split, all of it). Everything else is left as it was written: a URL without
+    credentials comes back unchanged (`sqlite:////abs/path.db` keeps its four slashes)."""
     try:
-        parts = urlsplit(url)
+        urlsplit(url)
     except ValueError:
         return REDACTED
-    netloc = parts.netloc
-    if "@" in netloc:
+    url = url.lstrip(_IGNORED_LEADING)  # what urlsplit (and so a client) ignores, or a user part could hide
+    for char in _IGNORED_ANYWHERE:
+        url = url.replace(char, "")
+    head = _AUTHORITY.match(url)
+    assert head is not None  # every group is optional: it matches, if only the empty string
+    netloc = head["netloc"]
+    if netloc is not None and "@" in netloc:
         netloc = f"{REDACTED}@{netloc.rpartition('@')[2]}"
+    authority = (head["scheme"] or "") + (f"//{netloc}" if netloc is not None else "")
 
     def masked(text: str) -> str:
-        pairs = _params(text)
-        return "&".join(f"{k}={REDACTED if _SECRET_PARAM.search(k) else v}" for k, v in pairs)
+        return _PARAM.sub(
+            lambda m: f"{m['key']}={REDACTED}" if _SECRET_PARAM.search(unquote(m["key"])) else m[0], text
+        )
 
-    path, semi, path_params = parts.path.partition(";")
-    path += semi + masked(path_params).replace("&", ";")
-    return urlunsplit((parts.scheme, netloc, path, masked(parts.query), masked(parts.fragment)))
+    rest, hash_, fragment = url[head.end() :].partition("#")
+    rest, question, query = rest.partition("?")
+    path, semi, path_params = rest.partition(";")
+    return authority + path + semi + masked(path_params) + question + masked(query) + hash_ + masked(fragment)
 
 
 def link_url(url: str) -> str:
@@ -87,10 +105,11 @@ def link_url(url: str) -> str:
     part at all (a browser asks for the login the server wants), so `http://user:key@host/` is
     `http://host/`."""
     stripped = strip_url(url)
-    parts = urlsplit(stripped)
-    if "@" not in parts.netloc:
+    head = _AUTHORITY.match(stripped)
+    if head is None or head["netloc"] is None or "@" not in head["netloc"]:
         return stripped
-    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    start, end = head.span("netloc")
+    return stripped[:start] + head["netloc"].rpartition("@")[2] + stripped[end:]
 
 
 def scrub(text: str) -> str:

@@ -76,6 +76,16 @@ def atomic_dir(final: Path) -> Iterator[Path]:
 LOCK_SUFFIX = ".lock"
 
 
+def check_writable(folder: Path) -> None:
+    """Raise the OSError that writing in `folder` would meet: a temp folder is made and removed in it,
+    or in the nearest existing folder above it (where `atomic_dir` makes the missing ones), so a
+    read-only file system or another user's folder is found before the work that would write there."""
+    folder = Path(folder).expanduser().absolute()
+    above = next(p for p in (folder, *folder.parents) if p.exists())
+    with tempfile.TemporaryDirectory(prefix=".gym-write-check-", dir=above):
+        pass
+
+
 def _drop_abandoned(final: Path) -> None:
     """Delete the temp dirs of `final` whose writer is gone: their lock file is there and no process holds
     it (a lock works across processes, containers and NFS hosts). Temp dirs without one are left alone."""

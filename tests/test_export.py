@@ -290,3 +290,133 @@ def test_an_adapter_copied_out_of_its_stage_exports_as_the_stage_does(gym_home, 
         err = capsys.readouterr().err
         assert err.startswith("error: ") and expected in err and "Traceback" not in err
         assert not target.exists()
+
+
+def _lora_stage() -> Path:
+    """A short LoRA SFT stage of gym-tiny: models/sft-<digest>/ with adapter/ and model/ (whose config.json
+    says use_cache false, as training wrote it)."""
+    from gym import train
+    from gym.train import TrainConfig
+    from tests.helpers import tiny, tokenized
+
+    config = TrainConfig(method="sft", finetuning_type="lora", max_steps=2, logging_steps=1)
+    stage = train.run(config, tiny(), tokenized("demo_sft", tiny(), max_samples=16))
+    return Path(stage.stage_dir)
+
+
+def test_the_cards_use_snippet_runs_against_the_export(gym_home, tmp_path, capsys):
+    """The card's Python passed apply_chat_template's output (a BatchEncoding in transformers 5) to
+    generate() as if it were a tensor: AttributeError. Run as written, with the export's folder for
+    PATH_OR_REPO, it prints the model's reply."""
+    import re
+
+    out = export_model(noisy_tiny(tmp_path / "noisy"), tmp_path / "out", template="chatml")
+    card = (out / "README.md").read_text()
+    (snippet,) = re.findall(r"```python\n(.*?)```", card, re.DOTALL)
+    capsys.readouterr()
+    namespace: dict = {}
+    exec(compile(snippet.replace("PATH_OR_REPO", str(out)), "card-snippet", "exec"), namespace)
+    printed = capsys.readouterr().out
+    prompt = namespace["inputs"]["input_ids"].shape[1]
+    assert namespace["output"].shape[1] > prompt, "it generated"
+    reply = namespace["tokenizer"].decode(namespace["output"][0][prompt:], skip_special_tokens=True)
+    assert printed == f"{reply}\n" and reply.strip()
+
+
+def _unwritable(root: str) -> Path:
+    """A folder to export to that can't be made (under /proc or /sys); skips where it can."""
+    import tempfile
+
+    if not Path(root).is_dir():
+        pytest.skip(f"no {root} here")
+    try:
+        with tempfile.TemporaryDirectory(dir=root):
+            pytest.skip(f"{root} is writable here")
+    except OSError:
+        pass
+    return Path(root) / "gym_qa_x"
+
+
+@pytest.mark.parametrize("root", ["/proc", "/sys"])
+def test_an_out_that_cannot_be_written_is_one_error_line_before_anything_loads(
+    gym_home, tmp_path, capsys, monkeypatch, root
+):
+    """It was atomic_dir's PermissionError traceback, after the model had loaded."""
+    import gym.export
+    from flows.cli import main
+
+    target = _unwritable(root)
+
+    def loaded(*_args, **_kwargs):
+        raise AssertionError("the model was looked up before --out was checked")
+
+    monkeypatch.setattr(gym.export, "locate", loaded)
+    for out in (target, target / "sub"):
+        assert main(["export", "--model", "gym-tiny", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: can't write {out}: no folder can be made in {root} (")
+        assert err.endswith("choose a directory you can write to\n") and err.count("\n") == 1
+    # Were the check passed (a race), making the staging folder says the same, not a traceback.
+    monkeypatch.setattr(gym.export.workspace, "check_writable", lambda folder: None)
+    unwritable = f"can't write {target}: no folder can be made in {root}"
+    with pytest.raises(ConfigError, match=unwritable), gym.export.replace_dir(target):
+        raise AssertionError("never staged")
+
+
+def test_an_adapter_only_export_names_its_base_as_the_card_does(gym_home, tmp_path):
+    """adapter_config.json kept the workspace path of the gym-tiny it was trained on, while the card said
+    gym-tiny: copied elsewhere the adapter could not find its base. A base in a user's own folder is kept,
+    and the card says so."""
+    import shutil
+
+    adapter, adapted, base = trained_adapter(tmp_path / "adapter", init_lora_weights=False)
+    assert json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"] == base
+    out = export_model(adapter, tmp_path / "out", ExportSettings(adapter_only=True))
+    config = json.loads((out / "adapter_config.json").read_text())
+    original = json.loads((adapter / "adapter_config.json").read_text())
+    assert config == {**original, "base_model_name_or_path": "gym-tiny"}, "only the base's name changes"
+    card = (out / "README.md").read_text()
+    assert 'base_model: "gym-tiny"' in card and "load `gym-tiny` and apply it with PEFT" in card
+    assert base not in card
+    # Copied to another folder (another machine), gym finds the base by that name and merges it exactly.
+    copy = Path(shutil.copytree(out, tmp_path / "elsewhere" / "shared-adapter"))
+    merged = export_model(copy, tmp_path / "merged")
+    assert torch.allclose(logits(AutoModelForCausalLM.from_pretrained(merged)), adapted, atol=1e-5)
+
+    # A base in the user's own folder: named as it was (nothing else would find it), and the card says so.
+    mine = Path(shutil.copytree(base, tmp_path / "my-base"))
+    config_path = adapter / "adapter_config.json"
+    config_path.write_text(json.dumps({**original, "base_model_name_or_path": str(mine)}))
+    out = export_model(adapter, tmp_path / "out-mine", ExportSettings(adapter_only=True), template="chatml")
+    assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == str(mine)
+    card = (out / "README.md").read_text()
+    assert f"the local folder `{mine}`" in card and "set it to where that base is" in card
+
+
+def test_exported_configs_generate_with_the_kv_cache(gym_home, tmp_path):
+    """Training saves use_cache false; a stage's, its model folder's and a registered version's export kept
+    it (a merged adapter's had true)."""
+    stage = _lora_stage()
+    assert json.loads((stage / "model" / "config.json").read_text())["use_cache"] is False
+    model = noisy_tiny(tmp_path / "noisy")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "use_cache": False}))
+    register(model, "tiny-cache", Lineage(base_model="gym-tiny", template="chatml"), tracking.start_run("r"))
+    for name, source in (
+        ("stage", stage),
+        ("model", stage / "model"),
+        ("adapter", stage / "adapter"),
+        ("registered", "models:/tiny-cache@challenger"),
+    ):
+        out = export_model(source, tmp_path / name)
+        assert json.loads((out / "config.json").read_text())["use_cache"] is True, name
+
+
+def test_a_stages_adapter_and_model_folders_export_under_the_stages_name(gym_home, tmp_path):
+    """The card of `<stage>/adapter` was titled `# adapter` (and its model folder's `# model`)."""
+    stage = _lora_stage()
+    for folder in ("adapter", "model"):
+        out = export_model(stage / folder, tmp_path / folder)
+        assert f"\n# {stage.name}\n" in (out / "README.md").read_text(), folder
+    out = export_model(stage, tmp_path / "stage")
+    assert f"\n# {stage.name}\n" in (out / "README.md").read_text()

@@ -155,3 +155,39 @@ def test_export_and_deploy_refuse_each_others_folders_saying_whose_they_are(mode
         assert f"holds what `{whose}` wrote" in err and "not written by gym" not in err
         assert sorted(p.name for p in folder.iterdir()) == before, "left as it was"
     assert main(["export", "--model", str(model), "--out", str(export)]) == 0  # its own: replaced
+
+
+@pytest.mark.parametrize("root", ["/proc", "/sys"])
+def test_a_target_that_cannot_be_written_is_one_error_line(gym_home, capsys, root):
+    """It was atomic_dir's PermissionError traceback."""
+    import tempfile
+
+    from flows.cli import main
+
+    if not Path(root).is_dir():
+        pytest.skip(f"no {root} here")
+    try:
+        with tempfile.TemporaryDirectory(dir=root):
+            pytest.skip(f"{root} is writable here")
+    except OSError:
+        pass
+    target = Path(root) / "gym_qa_b"
+    assert main(["deploy", "--model", "gym-tiny", "--target", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: can't write {target}: no folder can be made in {root} (")
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_stages_adapter_deploys_under_the_stages_name(gym_home, tmp_path):
+    """The Space of `<stage>/adapter` was titled "Chat with adapter", its card `# adapter`."""
+    from gym import train
+    from gym.train import TrainConfig
+    from tests.helpers import tiny, tokenized
+
+    config = TrainConfig(method="sft", finetuning_type="lora", max_steps=2, logging_steps=1)
+    stage = Path(train.run(config, tiny(), tokenized("demo_sft", tiny(), max_samples=16)).stage_dir)
+    plan = DeployPlan(model_repo=None, space_repo=None)
+    bundle = build(str(stage / "adapter"), tmp_path / "bundle", plan, space=True)
+    assert f"\n# {stage.name}\n" in (bundle / "model" / "README.md").read_text()
+    assert json.dumps(f"Chat with {stage.name}") in (bundle / "space" / "app.py").read_text()
+    assert f"\n# {stage.name}\n" in (bundle / "space" / "README.md").read_text()

@@ -159,3 +159,35 @@ def test_pickled_adapter_is_refused(tmp_path):
 def test_chat_refuses_an_adapter_beside_gyms_own_model_flag(capsys, gym_home):
     code, said = _gym(capsys, "chat", "--model", "gym-tiny", "--adapter_name_or_path", "/nowhere")
     assert code == 2 and "pass the base as --model_name_or_path" in said
+
+
+@pytest.mark.parametrize(
+    ("url", "stripped", "link"),
+    [
+        ("sqlite:////abs/path.db", "sqlite:////abs/path.db", "sqlite:////abs/path.db"),  # lost two slashes
+        ("sqlite:///rel.db", "sqlite:///rel.db", "sqlite:///rel.db"),
+        ("file:///x", "file:///x", "file:///x"),
+        ("http://h/v1?flag;x=1", "http://h/v1?flag;x=1", "http://h/v1?flag;x=1"),  # was ?flag=&x=1
+        (
+            "http://user:pw@host:5000/path?api_key=1",
+            "http://***@host:5000/path?api_key=***",
+            "http://host:5000/path?api_key=***",
+        ),
+        ("http://h/p;token=t?a=1&sig=s#key=k", "http://h/p;token=***?a=1&sig=***#key=***", None),
+        (" http://u:p@h/x", "http://***@h/x", "http://h/x"),  # what urlsplit ignores hides no login
+    ],
+)
+def test_a_url_loses_only_its_credentials(url, stripped, link):
+    """urlunsplit dropped the empty netloc of `sqlite:////abs/path.db`: messages named `sqlite://abs/...`."""
+    assert secrets.strip_url(url) == stripped
+    assert secrets.link_url(url) == (stripped if link is None else link)
+
+
+def test_a_missing_model_version_names_the_store_as_it_is(gym_home):
+    """`gym serve --model models:/gym-tiny-sft@champion` before any promote said `not found in
+    sqlite://tmp/...`: a path that is not the store."""
+    store = tracking.tracking_uri()
+    assert store.startswith("sqlite:////")
+    with pytest.raises(ConfigError) as caught:
+        tracking.resolve_model_uri("models:/gym-tiny-sft@champion")
+    assert f"not found in {store} " in str(caught.value)
