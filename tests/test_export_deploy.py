@@ -160,18 +160,10 @@ def test_export_and_deploy_refuse_each_others_folders_saying_whose_they_are(mode
 @pytest.mark.parametrize("root", ["/proc", "/sys"])
 def test_a_target_that_cannot_be_written_is_one_error_line(gym_home, capsys, root):
     """It was atomic_dir's PermissionError traceback."""
-    import tempfile
-
     from flows.cli import main
+    from tests.test_export import _unwritable
 
-    if not Path(root).is_dir():
-        pytest.skip(f"no {root} here")
-    try:
-        with tempfile.TemporaryDirectory(dir=root):
-            pytest.skip(f"{root} is writable here")
-    except OSError:
-        pass
-    target = Path(root) / "gym_qa_b"
+    target = _unwritable(root)
     assert main(["deploy", "--model", "gym-tiny", "--target", str(target)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: can't write {target}: no folder can be made in {root} (")
