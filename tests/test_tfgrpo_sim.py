@@ -63,6 +63,9 @@ def test_cli_simulate_json_and_sigkill_resume(tmp_path):
     assert set(line) >= {"mean_at_k", "ablations", "library_size", "llm_calls", "seconds"}
     assert set(line["ablations"]) == {"g1", "no_ground_truth"} and line["llm_calls"] > 900
     assert line["mean_at_k"][-1] > line["mean_at_k"][0]
+    # Pass@k (the spec's second metric) beside it: at least Mean@k, never above 1
+    assert line["k"] == 4 and len(line["pass_at_k"]) == len(line["mean_at_k"])
+    assert all(m <= p <= 1 for m, p in zip(line["mean_at_k"], line["pass_at_k"], strict=True))
 
     victim = gym("tfgrpo", "simulate", "--run-dir", str(tmp_path / "killed"), home=tmp_path)
     deadline = time.monotonic() + 60
@@ -84,4 +87,4 @@ def test_cli_simulate_json_and_sigkill_resume(tmp_path):
         assert (a / "library.json").read_bytes() == (b / "library.json").read_bytes()
         names = sorted(p.relative_to(a) for p in a.glob("steps/*/manifest.json"))
         assert names and all((a / n).read_bytes() == (b / n).read_bytes() for n in names)
-    assert out.startswith("held-out Mean@k before and after each epoch: ")
+    assert out.startswith("held-out Mean@4 before and after each epoch: ")

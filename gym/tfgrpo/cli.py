@@ -36,7 +36,8 @@ def cmd_tfgrpo(argv: Sequence[str]) -> int:
 
         report = simulate(seed=args.seed, root=Path(args.run_dir) if args.run_dir else None)
         curve = " -> ".join(f"{m:.3f}" for m in report.mean_at_k)
-        print(f"held-out Mean@k before and after each epoch: {curve}")
+        print(f"held-out Mean@{report.k} before and after each epoch: {curve}")
+        print(f"held-out Pass@{report.k}: {' -> '.join(f'{p:.3f}' for p in report.pass_at_k)}")
         print(f"ablations (final Mean@k): G=1 {report.ablations['g1']:.3f}, "
               f"no ground truth {report.ablations['no_ground_truth']:.3f}")  # fmt: skip
         print(f"library: {report.library_size} experiences ({report.merges} merges)")

@@ -222,6 +222,8 @@ def _listing(text: str) -> list[tuple[str, str]]:
 
 class SimReport(BaseModel):
     mean_at_k: list[float]
+    pass_at_k: list[float]
+    k: int
     ablations: dict[str, float]
     library_size: int
     library: list[str]
@@ -266,6 +268,8 @@ def simulate(seed: int = 0, root: Path | None = None) -> SimReport:
     merges = sum(op.op == "merge" for m in manifests if m for op in m.applied)
     return SimReport(
         mean_at_k=main.mean_at_k,
+        pass_at_k=main.pass_at_k,
+        k=settings.eval_samples,
         ablations={"g1": g1.mean_at_k[-1], "no_ground_truth": no_gt.mean_at_k[-1]},
         library_size=main.library_size,
         library=library.texts,
