@@ -124,7 +124,10 @@ def terminal(
 ) -> int:
     """A read-reply loop on the terminal (after `system`, if given); returns 0 at /exit or end of input."""
     history = opening(system)
-    print(f"chatting with {engine.name}: /reset forgets the conversation, /exit quits", file=out)
+    print(
+        f"chatting with {engine.name}: /reset forgets the conversation, /exit quits, Ctrl-C stops a reply",
+        file=out,
+    )
     while True:
         try:
             message = read("you> ").strip()
@@ -144,6 +147,9 @@ def terminal(
         if message == "/reset" or not message:
             history = opening(system) if message else history
             continue
+        if message.startswith("/") and " " not in message:  # `/help`, a typo of a command: not for the model
+            print(f"{message}: not a command (/reset forgets the conversation, /exit quits)", file=out)
+            continue
         try:
             messages, max_tokens, notes = fit(engine, conversation(history, message), params["max_tokens"])
         except RequestError as exc:  # this message can't be answered; the conversation goes on
@@ -153,11 +159,15 @@ def terminal(
             print(f"({note})", file=out)
         print("assistant> ", end="", file=out, flush=True)
         text = ""
-        for piece in reply(engine, messages, **{**params, "max_tokens": max_tokens}):
-            print(piece[len(text) :], end="", file=out, flush=True)  # as it is generated
-            text = piece
+        try:
+            for piece in reply(engine, messages, **{**params, "max_tokens": max_tokens}):
+                print(piece[len(text) :], end="", file=out, flush=True)  # as it is generated
+                text = piece
+        except KeyboardInterrupt:  # Ctrl-C stops the reply (the engine cancels it), not the chat
+            print(" [stopped]", end="", file=out)
         print(file=out, flush=True)
-        history = [*messages, {"role": "assistant", "content": text}]  # what no longer fits stays out
+        if text:  # a stopped reply stays as far as it went, as it was shown
+            history = [*messages, {"role": "assistant", "content": text}]  # what no longer fits stays out
 
 
 def build_ui(

@@ -47,6 +47,33 @@ def test_terminal_chat_answers_with_the_whole_conversation(engine):
     )
 
 
+class CtrlCOnce(io.StringIO):
+    """The terminal: Ctrl-C arrives while the first reply is being written (after its first piece)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pieces = 0
+
+    def write(self, text: str) -> int:
+        if "assistant> " in self.getvalue() and text:
+            self.pieces += 1
+            if self.pieces == 1:
+                super().write(text)
+                raise KeyboardInterrupt
+        return super().write(text)
+
+
+def test_ctrl_c_stops_a_reply_and_the_chat_goes_on_and_slash_typos_are_not_sent(engine):
+    """Ctrl-C during a reply ended gym chat (status 130); `/help` was sent to the model as a message."""
+    lines = iter(["/help", "name a river", "and a mountain", "/exit"])
+    out = CtrlCOnce()
+    assert terminal(engine, read=lambda _prompt: next(lines), out=out, temperature=0, max_tokens=12) == 0
+    shown = out.getvalue().splitlines()
+    assert shown[1] == "/help: not a command (/reset forgets the conversation, /exit quits)"
+    assert shown[2].startswith("assistant> ") and shown[2].endswith(" [stopped]")
+    assert shown[3].startswith("assistant> ") and not shown[3].endswith("[stopped]")  # the chat went on
+
+
 @pytest.mark.skipif(not CHROMIUM.is_file(), reason="needs Debian's chromium (apt-get install -y chromium)")
 def test_the_web_chat_page_loads_takes_a_message_and_shows_a_reply(engine, monkeypatch):
     from playwright.sync_api import expect, sync_playwright
