@@ -279,8 +279,8 @@ def cmd_chat(argv: Sequence[str]) -> int:
     _check_sampling(params)
     with Engine.load(args.model, template=args.template, trust_remote_code=args.trust_remote_code) as engine:
         if args.ui:
-            build_ui(engine, system=args.system, **params).launch(
-                server_name=args.host, server_port=args.port
-            )
+            page = build_ui(engine, system=args.system, **params)
+            print(f"gym chat: {engine.name} on a Gradio page (Ctrl-C stops it)", file=sys.stderr, flush=True)
+            page.launch(server_name=args.host, server_port=args.port)
             return 0
         return terminal(engine, system=args.system, **params)
