@@ -33,7 +33,7 @@ TF_GRPO_FLAGS = {"--grpo_group_size": "--group_size", "--grpo_experience_lib_pat
 # Demo data per method when --dataset is not given: (training dataset, held-out data in the same format)
 _PAIRS = ("demo_dpo", "demo_dpo_eval")
 DEMO_DATA = {
-    "sft": ("demo_sft", None),
+    "sft": ("demo_sft", "demo_sft_eval"),  # its held-out eval_loss is the summary's signal
     "pt": ("demo_text", "demo_text_eval"),
     **dict.fromkeys(("dpo", "ipo", "cdpo", "hinge", "orpo", "simpo", "rm"), _PAIRS),
     "kto": ("demo_kto", "demo_kto_eval"),

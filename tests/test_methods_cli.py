@@ -57,6 +57,15 @@ def test_demo_data_and_warm_start_fill_only_what_is_not_given():
         "demo_sft",
     ]
     assert "--warm_start.dataset" not in demo_args("dpo", [])
+    # SFT's demo holds data out too: its signal is the held-out eval_loss, not one batch's training loss
+    assert demo_args("sft", []) == [
+        "--train.method",
+        "sft",
+        "--dataset",
+        "demo_sft",
+        "--method_eval_dataset",
+        "demo_sft_eval",
+    ]
     # The user's data: no demo data, no warm start; the user's own held-out data is kept.
     assert demo_args("kto", ["--dataset", "mine.jsonl"]) == ["--train.method", "kto"]
     assert "demo_kto_eval" not in demo_args("kto", ["--method_eval_dataset=held.jsonl"])
