@@ -71,6 +71,12 @@ def method_of(argv: Sequence[str]) -> tuple[str, str | None, list[str]]:
     known, rest = pre.parse_known_args(argv)
     method = _llamafactory_method(known.method, known.stage, known.pref_loss)
     if known.finetuning_type and known.finetuning_type not in FINETUNING_TYPES:
+        named = known.method is not None or known.stage is not None or known.pref_loss is not None
+        if named and method != known.finetuning_type:  # one of them would be dropped, silently
+            raise ConfigError(
+                f"--finetuning_type {known.finetuning_type} (a method, in the papers' form) and method "
+                f"{method} (--method, --stage or --pref_loss) disagree: give one of them"
+            )
         method = known.finetuning_type  # the papers spell the method this way
     if known.training_free and method in ("sft", "grpo"):  # `--finetuning_type grpo --training_free_grpo`
         method = "tf_grpo"

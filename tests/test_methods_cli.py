@@ -106,6 +106,17 @@ def test_gym_train_runs_a_preference_method_with_an_adapter_variant(gym_home):
     assert "reward_margin_last" in stage.data.metrics
 
 
+def test_a_method_as_finetuning_type_that_disagrees_with_the_method_is_refused(capsys):
+    """`--method kto --finetuning_type dpo` trained DPO and registered it, saying nothing."""
+    from flows.commands import method_of
+
+    assert cmd_train(["--method", "kto", "--finetuning_type", "dpo"]) == 2
+    assert "--finetuning_type dpo (a method, in the papers' form) and method kto" in capsys.readouterr().err
+    assert cmd_train(["--stage", "sft", "--finetuning_type", "dpo"]) == 2
+    assert method_of(["--method", "dpo", "--finetuning_type", "dpo"])[0] == "dpo"  # agreeing: fine
+    assert method_of(["--finetuning_type", "orpo"])[0] == "orpo"  # the papers' form alone
+
+
 def test_unknown_method_or_adaptation_type_lists_the_valid_ones(capsys):
     assert cmd_train(["--method", "dpoo"]) == 2
     err = capsys.readouterr().err
