@@ -277,7 +277,8 @@ def check_adapters(config: Any) -> None:
 
     for field, stage in stages(config).items():
         targets = stage.finetuning_type in LORA_TYPES and stage.lora.target_modules
-        layers = stage.finetuning_type == "freeze" and "layers" in stage.freeze.model_fields_set
+        chosen = {"layers", "modules", "extra_modules"} & stage.freeze.model_fields_set
+        layers = stage.finetuning_type == "freeze" and bool(chosen)
         if not targets and not layers:
             continue
         from gym.models import resolve

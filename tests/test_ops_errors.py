@@ -375,6 +375,14 @@ def test_lora_targets_and_freeze_layers_the_model_lacks_fail_before_any_model_lo
             TrainConfig(finetuning_type="freeze", freeze={"layers": 99}),
             r"^train\.freeze\.layers=99, but gym-tiny has",
         ),
+        (  # a module name the layers lack: it failed after the model loaded
+            TrainConfig(finetuning_type="freeze", freeze={"modules": ["attn"]}),
+            r"^train\.freeze\.modules: layer model\.layers\.\d has no submodule 'attn'; its parts: self_attn",
+        ),
+        (
+            TrainConfig(finetuning_type="freeze", freeze={"layers": 0, "extra_modules": ["nosuch"]}),
+            r"^train\.freeze\.extra_modules: no module named 'nosuch'",
+        ),
     ]
     for stage, says in cases:
         with pytest.raises(ConfigError, match=says):
@@ -387,6 +395,7 @@ def test_lora_targets_and_freeze_layers_the_model_lacks_fail_before_any_model_lo
         TrainFlowConfig(train=TrainConfig(finetuning_type="lora", lora={"target_modules": ["q_proj"]}))
     )
     preflight.check(TrainFlowConfig(train=TrainConfig(finetuning_type="freeze", freeze={"layers": -1})))
+    preflight.check(TrainFlowConfig(train=TrainConfig(finetuning_type="freeze", freeze={"modules": ["mlp"]})))
     assert not list(gym_home.glob("models/sft-*")), "no stage started"
 
 

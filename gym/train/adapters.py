@@ -90,10 +90,14 @@ def check_modules(config: TrainConfig, model_ref: ModelRef) -> None:
             f"freeze.layers={config.freeze.layers}, but {model_ref.name} has {n} decoder layers; "
             f"use a value between -{n} and {n}"
         )
-    if targets:
+    named = config.finetuning_type == "freeze" and (config.freeze.modules or config.freeze.extra_modules)
+    if targets or named:
         with torch.device("meta"):
             skeleton = AutoModelForCausalLM.from_config(model_config, trust_remote_code=trust)
-        lora_targets(skeleton, targets, model_ref)
+        if targets:
+            lora_targets(skeleton, targets, model_ref)
+        else:
+            freeze_selection(skeleton, config)
 
 
 def unused_settings(config: TrainConfig) -> str | None:
@@ -290,6 +294,18 @@ def decoder_layers(model: Any) -> tuple[str, Any]:
 def freeze(model: Any, config: TrainConfig, new_tokens: bool = False) -> None:
     """Leave only the chosen layers/modules trainable (requires_grad), everything else frozen;
     `new_tokens` (gym.vocab added rows): the embeddings and output layer train too."""
+    selected = freeze_selection(model, config, new_tokens)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    # Through the modules, not parameter names: a tied weight (embeddings = output layer) has one name only.
+    for module in selected:
+        for p in module.parameters():
+            p.requires_grad_(True)
+
+
+def freeze_selection(model: Any, config: TrainConfig, new_tokens: bool = False) -> list[Any]:
+    """The modules freeze trains (a ConfigError naming what the model lacks); also on a meta-device
+    skeleton, for gym.preflight (check_modules)."""
     settings = config.freeze
     selected = []
     if settings.layers:
@@ -326,12 +342,7 @@ def freeze(model: Any, config: TrainConfig, new_tokens: bool = False) -> None:
         selected += [m for m in embeddings if m is not None]
     if not selected:
         raise ConfigError("freeze trains nothing: set freeze.layers to a non-zero N, or freeze.extra_modules")
-    for p in model.parameters():
-        p.requires_grad_(False)
-    # Through the modules, not parameter names: a tied weight (embeddings = output layer) has one name only.
-    for module in selected:
-        for p in module.parameters():
-            p.requires_grad_(True)
+    return selected
 
 
 def attach_optimizer(trainer: Any, config: TrainConfig) -> None:
