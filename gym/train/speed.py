@@ -186,7 +186,7 @@ def _require_flash(attn: str, cuda: bool, bf16: bool) -> None:
     if not cuda:
         raise ConfigError(
             f"attn_implementation={attn} needs a CUDA GPU (none found); use sdpa on this machine, "
-            f"or run where a GPU is and {GPU_EXTRAS}"
+            f"or {GPU_EXTRAS}"
         )
     if not _installed(package):
         raise ConfigError(f"attn_implementation={attn} needs {package}: pip install 'gym[flash-attn]'")
