@@ -120,7 +120,8 @@ def test_llamafactory_pt_entries_read_as_text_and_alpaca_entries_stay_alpaca(tmp
     for name in ("qa", "qa_full", "alpaca"):
         entry = llamafactory.find(name, tmp_path)
         assert entry is not None and entry["format"] == "alpaca", name
-    assert llamafactory.find("qa", tmp_path)["columns"] == {"instruction": "question"}  # type: ignore[index]
+    columns = llamafactory.find("qa", tmp_path)["columns"]  # type: ignore[index]
+    assert columns == {"instruction": "question", "system": "", "history": ""}  # the last two unread
 
 
 def test_the_pt_rule_reads_a_file_once_until_it_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

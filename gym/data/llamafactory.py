@@ -152,11 +152,11 @@ def translate(name: str, entry: Any, info_file: Path) -> dict[str, Any]:
     if not isinstance(ranking, bool):
         raise fail(f"must be true or false, got {ranking!r}", "ranking")
     columns = _columns(entry.get("columns", {}), formatting, fail)
-    for optional in UNREAD_UNLESS_NAMED[formatting]:  # as LLaMA-Factory: read only when `columns` names it
-        columns.setdefault(optional, "")
     spec["format"] = "preference" if ranking else "kto" if "label" in columns else formatting
     if spec["format"] == "alpaca" and set(columns) == {"instruction"} and not _has_output(spec.get("file")):
         spec["format"], columns = "text", {"text": columns["instruction"]}  # pretraining text (stage pt)
+    if spec["format"] != "text":  # as LLaMA-Factory: read only when `columns` names them
+        columns |= {name: "" for name in UNREAD_UNLESS_NAMED[formatting] if name not in columns}
     spec["columns"] = columns
     tags = entry.get("tags", {})
     if not isinstance(tags, dict) or set(tags) - set(TAGS):
