@@ -292,3 +292,19 @@ def test_an_error_in_a_guessed_format_says_so_and_how_to_name_another():
     with pytest.raises(DataError) as e:  # the right fields with an empty answer: the guess is not why
         normalize({"instruction": "a", "output": " "}, "alpaca", guessed)
     assert "is empty" in str(e.value) and "guessed" not in str(e.value)
+
+
+def test_a_role_that_is_no_string_or_no_tag_of_the_entry_is_named():
+    """A list as a role raised TypeError (unhashable) out of the reader; a role an entry's custom tags
+    don't spell was listed against gym's default role names."""
+    from gym.data.formats import apply_tags
+
+    turns = [{"role": ["user"], "content": "hi"}, msg("assistant", "x")]
+    with pytest.raises(DataError, match=r"record 7, field 'messages': message 1 needs its role as a string"):
+        normalize({"messages": turns}, "openai", W)
+    spelled = [{"from": "USER", "value": "hi"}, {"from": "BOT", "value": "x"}, {"from": "SYS", "value": "y"}]
+    tagged = apply_tags({"conversations": spelled}, {"user_tag": "USER", "assistant_tag": "BOT"})
+    with pytest.raises(DataError, match=r"message 3 has unknown role 'SYS'; expected one of \['BOT', 'USER'"):
+        normalize(tagged, "sharegpt", W)
+    good = apply_tags({"conversations": spelled[:2]}, {"user_tag": "USER", "assistant_tag": "BOT"})
+    assert normalize(good, "sharegpt", W)["messages"] == [msg("user", "hi"), msg("assistant", "x")]

@@ -169,6 +169,9 @@ _TAG_ROLES = {
 _MESSAGE_FIELDS = ("conversations", "messages", "prompt", "chosen", "rejected")
 
 
+TAGGED_ROLES = "_tagged_roles"  # on a message whose role its entry's tags don't spell (apply_tags)
+
+
 def apply_tags(record: dict[str, Any], tags: Mapping[Any, str]) -> dict[str, Any]:
     """Messages spelled with `tags` (LLaMA-Factory's role_tag, content_tag, user_tag, ...; unset ones
     at LLaMA-Factory's defaults) as gym's `{"role", "content"}` messages. A message without the role
@@ -183,7 +186,13 @@ def apply_tags(record: dict[str, Any], tags: Mapping[Any, str]) -> dict[str, Any
         if not isinstance(msg, dict) or role_key not in msg:
             return msg
         role = msg[role_key]
-        return {"role": roles.get(role, role), "content": msg.get(content_key)}
+        if not isinstance(role, str) or role in roles or role in ROLES:
+            return {
+                "role": roles.get(role, role) if isinstance(role, str) else role,
+                "content": msg.get(content_key),
+            }
+        # a role the entry's tags don't spell: parse_message names the ones they do
+        return {"role": role, "content": msg.get(content_key), TAGGED_ROLES: sorted(roles)}
 
     out = dict(record)
     for name in _MESSAGE_FIELDS:
@@ -242,13 +251,17 @@ def parse_message(msg: Any, name: str, i: int, w: Where) -> dict[str, str]:
         raise w.error(f"message {i} must be an object with role/content or from/value", name, shape=True)
     role = msg.get("role", msg.get("from"))
     content = msg.get("content", msg.get("value"))
+    if not isinstance(role, str):
+        raise w.error(f"message {i} needs its role as a string, got {role!r:.60}", name, shape=True)
     if role in TOOL_ROLES:
         raise w.error(f"message {i} has role {role!r}; tool turns are not supported", name, TOOL_HINT)
     calls = next((key for key in TOOL_KEYS if msg.get(key)), None)
     if calls is not None:
         raise w.error(f"message {i} ({role}) has {calls!r}; tool turns are not supported", name, TOOL_HINT)
     if role not in ROLES:
-        raise w.error(f"message {i} has unknown role {role!r}; expected one of {sorted(ROLES)}", name)
+        expected = msg.get(TAGGED_ROLES) or sorted(ROLES)
+        spelled = " (as the entry's tags spell them)" if TAGGED_ROLES in msg else ""
+        raise w.error(f"message {i} has unknown role {role!r}; expected one of {expected}{spelled}", name)
     weight = msg.get("weight")
     if weight is not None and weight != 1:  # OpenAI's fine-tuning format: 0 = not trained on
         raise w.error(
