@@ -127,6 +127,17 @@ def test_folder_with_mixed_types_is_rejected(tmp_path: Path):
         rows(tmp_path)
 
 
+def test_data_files_in_a_subfolder_are_refused_not_left_out(tmp_path: Path):
+    """A folder's subfolders were skipped silently: 3 of 6 records read."""
+    (tmp_path / "a.jsonl").write_text('{"instruction": "a", "output": "b"}\n')
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.jsonl").write_text('{"instruction": "c", "output": "d"}\n')
+    with pytest.raises(DataError, match=r"data files in subfolders \(sub/b.jsonl\), which gym does not read"):
+        rows(tmp_path)
+    (tmp_path / "sub" / "b.jsonl").rename(tmp_path / "sub" / "notes.md")  # no data file there: fine
+    assert len(rows(tmp_path)) == 1
+
+
 def test_unparsable_json_line_names_file_and_line():
     with pytest.raises(DataError) as e:
         rows(DATA / "bad" / "bad_line.jsonl")

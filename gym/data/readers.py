@@ -378,6 +378,21 @@ def folder_files(path: Path) -> list[Path]:
     """The data files of a folder (hidden files skipped), sorted; all must share one extension."""
     files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
     files = [p for p in files if p.suffix.lower() in EXTENSIONS]
+    nested = sorted(
+        p
+        for sub in path.iterdir()
+        if sub.is_dir() and not sub.name.startswith(".")
+        for p in sub.rglob("*")
+        if p.is_file() and p.suffix.lower() in EXTENSIONS and not p.name.startswith(".")
+    )
+    if nested:  # they were left out, silently
+        more = f" and {len(nested) - 1} more" if len(nested) > 1 else ""
+        raise DataError(
+            f"data files in subfolders ({nested[0].relative_to(path)}{more}), which gym does not read: a "
+            "dataset folder's own files are its records",
+            file=str(path),
+            hint="move them into the folder, or name each folder (a comma-separated list of datasets)",
+        )
     if not files:
         raise DataError(f"no data files ({', '.join(EXTENSIONS)}) in the folder", file=str(path))
     kinds = {p.suffix.lower() for p in files}
