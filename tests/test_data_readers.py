@@ -138,6 +138,17 @@ def test_data_files_in_a_subfolder_are_refused_not_left_out(tmp_path: Path):
     assert len(rows(tmp_path)) == 1
 
 
+def test_a_json_array_in_a_jsonl_file_says_to_name_it_json(tmp_path: Path):
+    path = tmp_path / "records.jsonl"
+    path.write_text('[{"instruction": "a", "output": "b"}]\n')
+    with pytest.raises(
+        DataError, match=r"record 1: expected a JSON object per record, got list.*name it \.json"
+    ):
+        rows(path)
+    (tmp_path / "records.json").write_text(path.read_text())
+    assert len(rows(tmp_path / "records.json")) == 1
+
+
 def test_unparsable_json_line_names_file_and_line():
     with pytest.raises(DataError) as e:
         rows(DATA / "bad" / "bad_line.jsonl")

@@ -65,11 +65,14 @@ class RecordNo(int):
 
 def _check_dict(record: Any, file: str, no: int) -> dict[str, Any]:
     if not isinstance(record, dict):
+        hint = 'each record must be an object like {"instruction": ..., "output": ...}'
+        if isinstance(record, list) and file.lower().endswith(".jsonl") and int(no) == 1:
+            hint += "; a file holding one JSON array of records is JSON: name it .json"
         raise DataError(
             f"expected a JSON object per record, got {type(record).__name__}",
             file=file,
             record=no,
-            hint='each record must be an object like {"instruction": ..., "output": ...}',
+            hint=hint,
         )
     return record
 
