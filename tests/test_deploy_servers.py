@@ -29,8 +29,9 @@ README_DEPLOY = [
 ]
 README_WORKER = "prefect worker start --pool gym-process --run-once"
 
-TRAIN = {
+TRAIN = {  # what `gym train --method sft` runs (its demo data and held-out split): LOCAL_TRAIN below
     "train": {"method": "sft", "max_steps": 8},
+    "method_eval_dataset": "demo_sft_eval",
     "eval_limit": 4,
     "output": {"register_as": "deployed-sft"},
 }
