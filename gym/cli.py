@@ -15,11 +15,10 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, NoReturn
 
 from gym.cli_options import ArgumentParser, whole_number
-from gym.errors import ConfigError, GymError
+from gym.errors import GymError
 
 
 def _with_action(argv: Sequence[str], actions: Sequence[str], default: str) -> list[str]:
@@ -86,16 +85,12 @@ def cmd_data(argv: Sequence[str]) -> int:
     )
     parser.add_argument("--json", action="store_true", help="Print JSON.")
     args = parser.parse_args(_with_action(argv, ("preview",), "preview"))  # `gym data FILE` previews it
+    from gym.cli_llamafactory import using_data_dir
     from gym.data.preview import preview
 
-    if args.dataset_dir is not None:
-        folder = Path(args.dataset_dir).expanduser().resolve()
-        if not folder.is_dir():
-            raise ConfigError(f"--dataset_dir {args.dataset_dir!r}: no such folder ({folder})")
-        os.environ["GYM_DATA_DIR"] = str(folder)  # this process only: gym data previews, then exits
-
     options = {"n": args.n, "model": args.model, "template": args.template, "cutoff_len": args.cutoff_len}
-    print(preview(args.dataset, as_json=args.json, **options))
+    with using_data_dir(args.dataset_dir, "--dataset_dir"):
+        print(preview(args.dataset, as_json=args.json, **options))
     return 0
 
 

@@ -393,12 +393,20 @@ def data_dir(namespaces: Sequence[argparse.Namespace]) -> Iterator[None]:
     ($GYM_DATA_DIR, where dataset_info.json and relative dataset files are looked up) while the flow
     runs, relative to the current directory as in LLaMA-Factory."""
     given_dirs = [d for ns in namespaces if (d := given(ns).get("dataset_dir")) is not None]
-    if not given_dirs:
+    with using_data_dir(given_dirs[-1] if given_dirs else None):
+        yield
+
+
+@contextlib.contextmanager
+def using_data_dir(value: str | None, label: str = "dataset_dir") -> Iterator[None]:
+    """The folder `value` (relative to the current directory; None: nothing changes) as the data dir
+    ($GYM_DATA_DIR) inside the block; a ConfigError naming setting `label` if there is no such folder."""
+    if value is None:
         yield
         return
-    folder = Path(given_dirs[-1]).expanduser().resolve()
+    folder = Path(value).expanduser().resolve()
     if not folder.is_dir():
-        raise ConfigError(f"dataset_dir {given_dirs[-1]!r}: no such folder ({folder})")
+        raise ConfigError(f"{label} {value!r}: no such folder ({folder})")
     before = os.environ.get("GYM_DATA_DIR")
     os.environ["GYM_DATA_DIR"] = str(folder)
     try:

@@ -233,10 +233,8 @@ class OpenAIClient:
                     n=n,
                 )
             except self._errors as exc:
-                failure = self._failure(exc)
-                if self._masked(str(exc)) != str(exc):  # the server quoted the key back: not even chained
-                    raise failure from None
-                raise failure from exc
+                quoted = self._masked(str(exc)) != str(exc)  # the server quoted the key back
+                raise self._failure(exc) from (None if quoted else exc)  # then not even chained
             with self._count:
                 self._timeouts = 0
         texts = [choice.message.content or "" for choice in response.choices]
