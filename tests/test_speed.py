@@ -157,6 +157,20 @@ def test_auto_on_a_gpu_machine_turns_on_liger_flash_and_padding_free(monkeypatch
         speed.resolve(with_speed(SFT, liger="on"))
 
 
+def test_what_auto_turned_on_is_said_before_training_and_nothing_when_given(monkeypatch):
+    cpu = train.plan(SFT, tiny(), 8, 0)[1]
+    if not torch.cuda.is_available():
+        assert cpu["padding_free"].startswith("on: batches flattened into one row through gym's per-sequence")
+    given = with_speed(SFT, padding_free="on", liger="off")
+    assert not {"padding_free", "liger", "attn_implementation"} & set(train.plan(given, tiny(), 8, 0)[1])
+    assert "padding_free" not in speed.choices(with_speed(SFT, packing=True)), "packing was asked for"
+    monkeypatch.setattr(speed, "_cuda", lambda: True)
+    monkeypatch.setattr(speed, "_installed", lambda module: True)
+    on_gpu = speed.choices(SFT.model_copy(update={"bf16": True}))
+    assert on_gpu["attn_implementation"].startswith("flash_attention_2")
+    assert "flash-attn's varlen kernel" in on_gpu["padding_free"] and on_gpu["liger"].startswith("on")
+
+
 MISSING = ModelRef(name="gone", path="/nonexistent/model", template="chatml", digest="x", base_model="gone")
 
 

@@ -3,11 +3,12 @@
     result = gym.train.run(config, model_ref, train_data_dir, eval_data_dir)
 
 `run` checks the data suits the method, makes the config concrete (defaults; QLoRA bit width and
-optimizer; DPO-style reference mode: printed and recorded in `TrainResult.choices`), names the stage
-directory by the digest of its inputs, resumes from the last checkpoint when a previous attempt was
-interrupted, adapts the model (gym.train.adapters: full, freeze, the LoRA family), saves the final
-model (merged, for adapters) through an atomic rename, and returns a `TrainResult` of references and
-numbers, with the method's main signal (its module's optional `signal`, else the training loss).
+optimizer; DPO-style reference mode; what speed settings' `auto` turned on: printed and recorded in
+`TrainResult.choices`), names the stage directory by the digest of its inputs, resumes from the last
+checkpoint when a previous attempt was interrupted, adapts the model (gym.train.adapters: full, freeze,
+the LoRA family), saves the final model (merged, for adapters) through an atomic rename, and returns a
+`TrainResult` of references and numbers, with the method's main signal (its module's optional `signal`,
+else the training loss).
 """
 
 from __future__ import annotations
@@ -245,6 +246,7 @@ def plan(
         **quant_choices,
         **memory_choices,
         **reference_choices,
+        **speed.choices(config),
     }
     return config, {**choices, **rope_choice, **adapters.new_rows(config, model)}
 

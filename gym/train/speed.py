@@ -181,6 +181,25 @@ def resolve(config: TrainConfig) -> Resolved:
     )
 
 
+def choices(config: TrainConfig) -> dict[str, str]:
+    """What `auto` turned on for this stage, in words (printed before training, MLflow tags): nothing
+    when every speed setting was given or left off."""
+    s, r = config.speed, resolve(config)
+    said: dict[str, str] = {}
+    if s.attn_implementation == "auto" and r.attn_implementation in FLASH:
+        said["attn_implementation"] = f"{r.attn_implementation}: flash-attn is installed and trains in bf16"
+    if s.padding_free == "auto" and r.padding_free and not r.packing:
+        kernel = "flash-attn's varlen kernel" if r.attn_implementation in FLASH else "gym's per-sequence SDPA"
+        said["padding_free"] = (
+            f"on: batches flattened into one row through {kernel} (--train.speed.padding_free off pads them)"
+        )
+    if s.liger == "auto" and r.liger:
+        said["liger"] = (
+            "on: a CUDA GPU with liger-kernel installed (--train.speed.liger off keeps the model's layers)"
+        )
+    return said
+
+
 def _require_flash(attn: str, cuda: bool, bf16: bool) -> None:
     package = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}[attn]
     if not cuda:
