@@ -321,12 +321,15 @@ def _loading(ref: ModelRef, errors: tuple[type[Exception], ...] = (OSError,)) ->
     """A model folder transformers can't load from (files missing or damaged: a copy cut short, a
     config.json edited by hand) fails in one line naming the folder, not in transformers' traceback.
     transformers reports a missing or unreadable file as OSError; a tokenizer with no usable files as
-    ValueError (`errors`: what to catch; loading the weights raises ValueError for other reasons)."""
+    ValueError (`errors`: what to catch; loading the weights raises ValueError for other reasons); a
+    weights file cut short as safetensors' SafetensorError."""
+    from safetensors import SafetensorError
+
     try:
         yield
     except GymError:
         raise
-    except errors as exc:
+    except (*errors, SafetensorError) as exc:
         if not Path(ref.path).is_dir():
             raise  # a hub id: the hub's own errors (gym checks reachability when resolving)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

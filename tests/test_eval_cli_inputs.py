@@ -5,6 +5,7 @@ the mapping. Each mistake is one `error:` line and exit status 2, found before t
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import stat
 import zipfile
@@ -86,6 +87,7 @@ def test_damaged_data_a_bad_device_or_output_stop_before_the_model_loads(tmp_pat
         ("tokenizer", "can't be loaded (Couldn't instantiate the backend tokenizer"),
         ("weights", "can't be loaded (Error no file named model.safetensors"),
         ("config", "can't be loaded (It looks like the config file"),
+        ("cut_weights", "can't be loaded (Error while deserializing header"),
     ],
 )
 def test_a_model_folder_with_files_missing_or_damaged_is_one_error_line(tmp_path, capsys, broken, message):
@@ -95,6 +97,8 @@ def test_a_model_folder_with_files_missing_or_damaged_is_one_error_line(tmp_path
             (folder / name).unlink(missing_ok=True)
     elif broken == "weights":
         (folder / "model.safetensors").unlink()
+    elif broken == "cut_weights":  # a copy cut short
+        os.truncate(folder / "model.safetensors", 1000)
     else:
         (folder / "config.json").write_text("{")
     data = write_benchmark("mmlu", tmp_path / "data")
