@@ -325,11 +325,12 @@ def _loading(ref: ModelRef, errors: tuple[type[Exception], ...] = (OSError,)) ->
     weights file cut short as safetensors' SafetensorError."""
     from safetensors import SafetensorError
 
+    caught: tuple[type[Exception], ...] = (*errors, SafetensorError)
     try:
         yield
     except GymError:
         raise
-    except (*errors, SafetensorError) as exc:
+    except caught as exc:
         if not Path(ref.path).is_dir():
             raise  # a hub id: the hub's own errors (gym checks reachability when resolving)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
