@@ -69,7 +69,10 @@ class EvaluateConfig(BaseModel):
         "or lm-eval:TASK for any lm-eval task.",
     )
     benchmark_options: BenchmarkOptions = Field(
-        default_factory=BenchmarkOptions, description="Questions per subject, shots, batch size."
+        # Every question: an evaluation run scores whole benchmarks, as lm-eval does (the training flows
+        # score 10 per subject before and after, to keep a short run short).
+        default_factory=lambda: BenchmarkOptions(limit=None),
+        description="Questions per subject (default: all), shots, batch size.",
     )
     eval_dataset: str | None = Field(
         AUTO,

@@ -67,14 +67,24 @@ def check_benchmarks_task(entries: list[str], options: BenchmarkOptions) -> list
     return check_benchmarks(entries, options)
 
 
-def _data_identity(entry: str) -> Any:
-    """What a benchmark's result depends on that its name doesn't show: its local files."""
-    data = parse(entry).data_dir
-    return stamp(Path(data)) if data and Path(data).exists() else data
+def _data_identity(entry: str, options: BenchmarkOptions | None = None) -> Any:
+    """What a benchmark's result depends on that its name doesn't show: its local files (a zip's
+    mapping.json beside it, whose names enter the prompts), and for an lm-eval task the folder of
+    task YAMLs (and the data files they name beside them) given as include_path."""
+    spec = parse(entry)
+    if spec.engine == "lm-eval":
+        folder = options.include_path if options is not None else None
+        return stamp(Path(folder)) if folder else None
+    data = spec.data_dir
+    if not data or not Path(data).exists():
+        return data
+    if Path(data).is_file():
+        return [stamp(Path(data)), stamp(Path(data).parent / "mapping.json")]
+    return stamp(Path(data))
 
 
 @gym_task(
-    identity=lambda entry, **_: _data_identity(entry),
+    identity=lambda entry, options=None, **_: _data_identity(entry, options),
     name="benchmark",
     task_run_name="{entry} {label}",
     gpu=True,
@@ -118,6 +128,8 @@ def _track(
     baseline: EvalResult | None,
 ) -> None:
     params = {"benchmark": entry, "model": model.name, "model_digest": model.digest, **options.model_dump()}
+    if options.shots is None and result.shots is not None:  # the default it ran with, not "None"
+        params["shots"] = result.shots
     with stage_run(f"{parse(entry).label}-{label}", params, parent, uri) as run_id:
         if run_id:
             _log(run_id, result, label, uri, baseline)

@@ -135,9 +135,13 @@ def test_a_model_folder_gym_did_not_write_is_scored_without_a_template(tmp_path,
     assert "its tokenizer has none): pass --template (one of alpaca, " in capsys.readouterr().err
 
 
-def test_output_through_a_link_keeps_the_link_and_holds_every_answer(tmp_path, capsys):
+@pytest.mark.parametrize("engine", ["gym", "lm-eval"])
+def test_output_through_a_link_keeps_the_link_and_holds_every_answer(tmp_path, capsys, engine):
     """--output replaced a symbolic link (and /dev/full) with a file of its own; the results file now
-    also holds each question's correct answer beside the prediction."""
+    also holds each question's correct answer beside the prediction (lm-eval's engine keyed the answers
+    by its task names, `mmlu_anatomy`, and the rest by subject)."""
+    if engine == "lm-eval":
+        pytest.importorskip("lm_eval")
     data = write_benchmark("mmlu", tmp_path / "data")
     real = tmp_path / "kept" / "r.json"
     real.parent.mkdir()
@@ -145,10 +149,11 @@ def test_output_through_a_link_keeps_the_link_and_holds_every_answer(tmp_path, c
     link = tmp_path / "link.json"
     link.symlink_to(real)
     argv = ["eval", "--model", "gym-tiny", "--benchmark", f"mmlu={data}", "--no-progress", "--json"]
-    assert main([*argv, "--output", str(link)]) == 0
+    assert main([*argv, "--engine", engine, "--output", str(link)]) == 0
     summary = last_json(capsys.readouterr().out)
     assert link.is_symlink() and json.loads(real.read_text())["overall"] == summary["overall"]
     full = json.loads(real.read_text())
+    assert set(full["answers"]) == set(full["predictions"]) == set(full["subjects"])
     for subject, chosen in full["predictions"].items():
         hits = [p == a for p, a in zip(chosen, full["answers"][subject], strict=True)]
         assert full["subjects"][subject] == sum(hits) / len(hits)
@@ -167,7 +172,9 @@ def test_data_with_fewer_subjects_than_the_mapping_says_what_to_do(tmp_path, cap
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "gym's mmlu mapping (no mapping.json here) names subject" in err
-    assert "(expected data/dev/anatomy_dev.csv)" in err and "--subjects (abstract_algebra, " in err, err
+    assert (
+        "(expected data/dev/anatomy_dev.csv)" in err and "gym eval --subjects (abstract_algebra, " in err
+    ), err
 
     write_benchmark("mmlu", tmp_path / "two")
     mapping = json.loads((tmp_path / "two" / "mapping.json").read_text())

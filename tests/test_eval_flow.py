@@ -41,7 +41,7 @@ def test_evaluate_flow_tracks_benchmarks_and_generation_metrics(prefect_server, 
     mmlu = write_benchmark("mmlu", tmp_path / "mmlu")
     cmmlu = write_benchmark("cmmlu", tmp_path / "cmmlu", as_zip=True)
     argv = ["--model", "gym-tiny", "--benchmarks", f"mmlu={mmlu}", f"cmmlu={cmmlu}"]
-    argv += ["--benchmark_options.limit", "4", "--eval_limit", "4", "--eval_metrics", "exact_match", "bleu"]
+    argv += ["--eval_limit", "4", "--eval_metrics", "exact_match", "bleu"]  # every benchmark question
     assert main(evaluate, EvaluateConfig, [*argv, "--json"]) == 0
     summary = last_json(capsys.readouterr().out)
     assert 0 <= summary["mmlu"] <= 1 and 0 <= summary["cmmlu"] <= 1
@@ -52,7 +52,8 @@ def test_evaluate_flow_tracks_benchmarks_and_generation_metrics(prefect_server, 
     assert {"mmlu-eval", "cmmlu-eval", "eval-eval"} <= set(runs)
     mmlu_run = runs["mmlu-eval"]
     assert mmlu_run.data.metrics["mmlu/overall"] == summary["mmlu"]
-    assert mmlu_run.data.metrics["n_questions"] == 8  # 4 per subject, two subjects
+    assert mmlu_run.data.metrics["n_questions"] == 12  # all 6 per subject, two subjects
+    assert mmlu_run.data.params["shots"] == "5" and mmlu_run.data.params["limit"] == "None"  # as scored
     assert {"mmlu/STEM", "mmlu/subject/abstract_algebra"} <= set(mmlu_run.data.metrics)
     files = {a.path for a in client.list_artifacts(mmlu_run.info.run_id)}
     assert files == {"mmlu-eval.json", "mmlu-eval.csv", "mmlu-eval-categories.png"}
@@ -156,3 +157,34 @@ def test_the_evaluate_flow_refuses_training_flags_and_does_not_list_them(argv, s
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: {says}") and "\n" not in err
     assert argv[0] not in build_parser(EvaluateConfig).format_help()
+
+
+def test_a_benchmark_rerun_follows_what_it_reads_beside_its_name(tmp_path):
+    """The flow's benchmark cache key: a zip's mapping.json beside it (its names enter the prompts) and
+    an lm-eval task's include_path folder (its YAML and data) were left out, so an edit to either gave
+    back the old score."""
+    import time
+
+    from gym.eval.suite import BenchmarkOptions
+    from tasks.evaluate import _data_identity
+
+    zipped = write_benchmark("mmlu", tmp_path / "zipped", as_zip=True)
+    entry = f"mmlu={zipped}"
+    before = _data_identity(entry)
+    time.sleep(0.01)
+    mapping = zipped.parent / "mapping.json"
+    table = json.loads(mapping.read_text())
+    mapping.write_text(
+        json.dumps({s: {**info, "name": info["name"] + " (renamed)"} for s, info in table.items()})
+    )
+    assert _data_identity(entry) != before, "mapping.json beside the zip"
+
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "data.jsonl").write_text('{"label": 0}\n')
+    options = BenchmarkOptions(include_path=str(tasks))
+    before = _data_identity("lm-eval:my_task", options)
+    time.sleep(0.01)
+    (tasks / "data.jsonl").write_text('{"label": 2}\n')
+    assert _data_identity("lm-eval:my_task", options) != before, "a file in include_path"
+    assert _data_identity("lm-eval:my_task") is None  # no folder of its own: the task's name says it

@@ -14,6 +14,7 @@ from gym.eval.benchmarks import BENCHMARKS, CATEGORIES, load_mapping
 from gym.eval.mc_data import load_benchmark
 from gym.eval.mc_prompt import description
 from gym.eval.multiple_choice import MCSettings, evaluate_benchmark
+from gym.eval.suite import BenchmarkOptions, check_benchmarks
 from gym.models import ModelRef
 from tests.eval_fixtures import SUBJECTS, write_benchmark
 
@@ -161,7 +162,9 @@ def test_mmlu_and_ceval_share_a_layout_the_error_names_the_other(tmp_path):
 
 def test_bad_header_and_too_few_shots(tmp_path):
     root = write_benchmark("ceval", tmp_path, n_dev=3)
-    with pytest.raises(DataError, match="5-shot needs 5 examples, the file has 3"):
+    with pytest.raises(
+        DataError, match="5-shot needs 5 examples, the file has 3: score with --shots 3 or fewer"
+    ):
         load_benchmark("ceval", root)
     assert load_benchmark("ceval", root, shots=3).subjects[0].shots
     _edit_csv(root / "dev/accountant_dev.csv", 0, "id,q,A,B,C,D,answer\n")
@@ -189,8 +192,19 @@ def test_unknown_names_and_offline_hub(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"highschool_biology \(did you mean high_school_biology\?\)"):
         load_benchmark("mmlu", write_benchmark("mmlu", tmp_path), subjects=["highschool_biology"])
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ConfigError, match="HF_HUB_OFFLINE=1"):
+    with pytest.raises(
+        ConfigError, match=r"HF_HUB_OFFLINE=1.*\(dev/<subject>\.csv and test/<subject>\.csv per"
+    ):
         load_benchmark("cmmlu")  # haonan-li/cmmlu from the hub
+
+
+def test_two_entries_reported_under_one_name_are_refused(tmp_path):
+    """Both were scored, the second's score, run, tags and artifacts replacing the first's."""
+    data = write_benchmark("mmlu", tmp_path)
+    with pytest.raises(ConfigError, match=r"'mmlu=.*' and 'mmlu' would both be reported as 'mmlu'"):
+        check_benchmarks([f"mmlu={data}", "mmlu"], BenchmarkOptions())
+    with pytest.raises(ConfigError, match="would both be reported as 'mmlu'"):
+        check_benchmarks([f"mmlu={data}", "lm-eval:mmlu"], BenchmarkOptions())
 
 
 def test_bad_data_fails_before_the_model_is_loaded(tmp_path):

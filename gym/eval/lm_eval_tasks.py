@@ -156,6 +156,7 @@ def run_on_local_files(model: ModelRef, settings: MCSettings) -> EvalResult:
             "subjects": {rekey[t]: v for t, v in result.subjects.items()},
             "sizes": sizes,
             "predictions": {t.removeprefix(prefix): p for t, p in result.predictions.items()},
+            "answers": {t.removeprefix(prefix): a for t, a in result.answers.items()},
             "categories": weighted(correct, sizes, categories),
             "subject_categories": categories,
             "overall": sum(correct.values()) / sum(sizes.values()),

@@ -137,7 +137,9 @@ def load_benchmark(
         if len(few) < shots:
             rel = files[(key, spec.fewshot_split)]
             raise DataError(
-                f"{shots}-shot needs {shots} examples, the file has {len(few)}", file=tree.show(rel)
+                f"{shots}-shot needs {shots} examples, the file has {len(few)}: score with --shots "
+                f"{len(few)} or fewer (flows: --benchmark_options.shots), or add examples to the file",
+                file=tree.show(rel),
             )
         if not scored:
             raise DataError("no questions", file=tree.show(files[(key, spec.scored_split)]))
@@ -176,7 +178,8 @@ def _download(spec: BenchmarkSpec, repo_id: str) -> Path:
     except LocalEntryNotFoundError:
         raise ConfigError(
             f"{spec.name}: {repo_id} is not a local folder nor in the hub cache, and HF_HUB_OFFLINE=1: pass "
-            f"--data-dir with the files ({spec.file_pattern} layout), or go online to download {repo_id}"
+            f"--data-dir with the files ({' and '.join(spec.file_name('<subject>', s) for s in spec.splits)}"
+            f" per subject), or go online to download {repo_id}"
         ) from None
 
 
@@ -253,8 +256,8 @@ def _missing(
         have = f" ({', '.join(present)})" if len(present) <= 5 else ""
         return DataError(
             f"{which} names subject {key!r} but there are no files for it (expected {expected}): add its "
-            f"files, score only the subjects there are with --subjects{have}, or give a mapping.json that "
-            "names only those",
+            f"files, score only the subjects there are with gym eval --subjects{have}, or put a "
+            "mapping.json naming only those beside the data (a flow's way)",
             file=str(tree.root),
         )
     other = next(r for (s, _), r in files.items() if s == key)

@@ -76,6 +76,14 @@ def check_benchmarks(entries: Sequence[str], options: BenchmarkOptions) -> list[
     from gym.eval.mc_data import load_benchmark
 
     specs = [parse(e) for e in entries]
+    seen: dict[str, str] = {}
+    for spec in specs:  # one score, run, tag and artifact per label: a second would replace the first
+        if spec.label in seen:
+            raise ConfigError(
+                f"benchmarks entries {seen[spec.label]!r} and {spec.entry!r} would both be reported as "
+                f"{spec.label!r}: score them in separate runs"
+            )
+        seen[spec.label] = spec.entry
     for spec in specs:
         if spec.engine == "gym":
             shots = 5 if options.shots is None else options.shots
