@@ -104,7 +104,7 @@ def sft_then_dpo(config: SftThenDpoConfig = DEFAULTS) -> dict[str, Any]:
     )
     out = config.output
     promotion = (
-        promote_model(name, out.promote_metric, out.promote_margin, out.promote_mode, uri)
+        promote_model(name, out.promote_metric, out.promote_margin, out.promote_mode, uri, out.alias)
         if out.promote_metric
         else None
     )

@@ -77,7 +77,9 @@ class OutputSettings(BaseModel):
     promote_margin: float = Field(
         0.0, ge=0, allow_inf_nan=False, description="Promotion needs a win by more than this margin."
     )
-    promote_mode: Literal["max", "min"] = Field("max", description="max: higher scores win; min: lower win.")
+    promote_mode: Literal["auto", "max", "min"] = Field(
+        "auto", description="max: higher scores win; min: lower win; auto: min for losses, else max."
+    )
     experiment: str = Field("gym", description="MLflow experiment name.")
     tracking_uri: str | None = Field(
         None,

@@ -352,6 +352,9 @@ def check(config: FlowInputs) -> None:
 
         check_store(output.tracking_uri)
         check_output_dir(getattr(output, "output_dir", None))  # evaluation exports nothing
+        from gym.registration import check_names
+
+        check_names(getattr(output, "register_as", None), getattr(output, "alias", None))
 
 
 def check_output_dir(output_dir: str | None) -> None:

@@ -1,11 +1,13 @@
 """Promotion: move the `champion` alias to the `challenger` version only when it beats the champion
 on a chosen score by more than a margin, and record why it did or didn't.
 
-    gym promote --name gym-tiny-sft --metric exact_match_after [--margin 0.02] [--mode max] [--json]
+    gym promote --name gym-tiny-sft --metric exact_match_after [--margin 0.02] [--mode auto] [--json]
 
 Scores are the `score.<name>` tags of the versions, named as gym/lineage.py documents: written at
-registration (exact_match_after, mmlu_after, mmlu_after.stem, dpo_reward_accuracy, sft_loss_last...;
-`--mode min` for losses) or by a later evaluation of the version (mmlu, exact_match). A metric that
+registration (exact_match_after, mmlu_after, mmlu_after.stem, dpo_reward_accuracy, sft_loss_last...)
+or by a later evaluation of the version (mmlu, exact_match). `--mode auto` (the default): lower wins
+for a loss or perplexity, higher for everything else; max or min say it. The challenger is the
+version `--challenger` (default `challenger`) points to; a flow passes its `output.alias`. A metric that
 neither version has is an error listing the ones they have. The first challenger with the score
 becomes champion; a challenger without it, a champion without it, or two benchmark scores measured
 differently (other shots or question counts: `score_setup.<name>`) keep the champion where it is.
@@ -30,6 +32,15 @@ from gym.lineage import HELD_OUT_SETUP, scores_of, setups_of
 from gym.secrets import link_url
 
 Mode = Literal["max", "min"]
+ModeChoice = Literal["auto", "max", "min"]
+LOWER_IS_BETTER = ("loss", "perplexity", "ppl")  # in a metric's name: auto compares it with min
+
+
+def resolve_mode(metric: str, mode: ModeChoice) -> Mode:
+    """`mode` as given, or for auto min when the metric's name says it is a loss or perplexity."""
+    if mode != "auto":
+        return mode
+    return "min" if any(word in metric.lower() for word in LOWER_IS_BETTER) else "max"
 
 
 class Promotion(BaseModel):
@@ -78,12 +89,15 @@ def promote(
     name: str,
     metric: str,
     margin: float = 0.0,
-    mode: Mode = "max",
+    mode: ModeChoice = "auto",
     challenger_alias: str = "challenger",
     champion_alias: str = "champion",
     uri: str | None = None,
 ) -> Promotion:
     """Decide, move `champion_alias` if the challenger wins, and tag the challenger with the decision."""
+    resolved = resolve_mode(metric, mode)
+    if challenger_alias == champion_alias:
+        raise ConfigError(f"--challenger {challenger_alias!r}: name the alias of the version to judge")
     if not (0 <= margin < math.inf):  # NaN fails both: no comparison with it means anything
         raise ConfigError(f"--margin must be a finite number >= 0, got {margin}")
     tracking.check_store(uri, field="--tracking-uri")
@@ -102,7 +116,7 @@ def promote(
             f"that score; available: {', '.join(sorted(known)) or 'none (register with evaluations first)'}"
         )
     promoted, reason = _decide(
-        version, score, champion, champion_score, metric, margin, mode, sorted(scores_of(tags))
+        version, score, champion, champion_score, metric, margin, resolved, sorted(scores_of(tags))
     )
     if promoted and current is not None and champion != version:
         promoted, reason = _same_setup(metric, tags, current[1], champion or "", reason)
@@ -112,7 +126,7 @@ def promote(
         name=name,
         metric=metric,
         margin=margin,
-        mode=mode,
+        mode=resolved,
         challenger=version,
         challenger_score=score,
         previous_champion=champion,
@@ -251,12 +265,22 @@ def cmd_promote(argv: Sequence[str]) -> int:
     parser.add_argument(
         "--margin", type=float, default=0.0, help="The challenger must win by more than this."
     )
-    parser.add_argument("--mode", choices=["max", "min"], default="max", help="max: higher is better.")
+    parser.add_argument(
+        "--mode",
+        choices=["auto", "max", "min"],
+        default="auto",
+        help="max: higher is better; min: lower; auto: min for a loss or perplexity, else max.",
+    )
+    parser.add_argument(
+        "--challenger",
+        default="challenger",
+        help="Alias of the version to judge (default challenger; a flow's output.alias).",
+    )
     parser.add_argument(
         "--tracking-uri", default=None, help="MLflow tracking URI (default: the workspace's)."
     )
     parser.add_argument("--json", action="store_true", help="Print the decision as JSON.")
     args = parser.parse_args(argv)
-    decision = promote(args.name, args.metric, args.margin, args.mode, uri=args.tracking_uri)
+    decision = promote(args.name, args.metric, args.margin, args.mode, args.challenger, uri=args.tracking_uri)
     print(json.dumps(decision.model_dump()) if args.json else decision.markdown())
     return 0

@@ -34,6 +34,36 @@ class Registered(BaseModel):
     content_digest: str
 
 
+CHAMPION = "champion"  # moved only by gym.promotion, when a version wins
+
+
+def check_names(register_as: str | None = None, alias: str | None = None) -> None:
+    """A flow's registered-model name and alias, by MLflow's own rules, before any work: a name MLflow
+    refuses failed the flow after training, leaving a version without its alias. The champion alias
+    is refused: registering under it skipped the promotion gate."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils import validation
+
+    if alias == CHAMPION:
+        raise ConfigError(
+            f"output.alias {CHAMPION!r}: the champion moves only when a version wins a promotion; register "
+            "as challenger (the default) and set output.promote_metric (or run gym promote)"
+        )
+    checks = []
+    if alias is not None:
+        checks += [
+            ("output.alias", alias, validation._validate_model_alias_name),
+            ("output.alias", alias, validation._validate_model_alias_name_reserved),
+        ]
+    if register_as is not None:
+        checks.append(("output.register_as", register_as, validation._validate_model_name))
+    for field, value, validate in checks:
+        try:
+            validate(value)
+        except MlflowException as exc:
+            raise ConfigError(f"{field} {value!r}: {exc.message}") from None
+
+
 def register(
     model_dir: Path,
     name: str,

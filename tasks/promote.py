@@ -9,15 +9,21 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from gym.promotion import Mode, promote
+from gym.promotion import ModeChoice, promote
 from tasks.tracking import publish
 
 
 @task(name="promote-model", task_run_name="promote {name}", cache_policy=NO_CACHE)
 def promote_model(
-    name: str, metric: str, margin: float = 0.0, mode: Mode = "max", tracking_uri: str | None = None
+    name: str,
+    metric: str,
+    margin: float = 0.0,
+    mode: ModeChoice = "auto",
+    tracking_uri: str | None = None,
+    challenger: str = "challenger",
 ) -> dict[str, Any]:
-    decision = promote(name, metric, margin, mode, uri=tracking_uri)
+    """Judge the version `challenger` points to (the flow's `output.alias`: the version it registered)."""
+    decision = promote(name, metric, margin, mode, challenger, uri=tracking_uri)
     publish(
         f"promotion-{re.sub(r'[^a-z0-9-]+', '-', name.lower()).strip('-')}",
         decision.markdown(),

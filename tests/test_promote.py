@@ -4,6 +4,7 @@ content, and a champion alias that moves only when the challenger wins by the ma
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,51 @@ def test_champion_moves_only_when_the_challenger_wins_by_the_margin(gym_home, va
         promote("no-such-model", "exact_match_after")
 
 
+def test_a_loss_wins_by_being_lower_and_the_version_judged_is_the_alias_named(gym_home, variants, capsys):
+    """The default mode was max for every metric: a worse loss was promoted. A flow registering under
+    another alias had the version `challenger` pointed to judged, not the one it registered."""
+    from flows.cli import main
+
+    name = "tiny-loss"
+    register_dir(variants[0], name, facts(0.5, sft_loss_last=1.0))
+    assert promote(name, "sft_loss_last").promoted
+    register_dir(variants[1], name, facts(0.9, sft_loss_last=2.0))  # worse loss, now challenger
+    worse = promote(name, "sft_loss_last")
+    assert not worse.promoted and worse.mode == "min" and "lower is better" in worse.markdown()
+    assert promote(name, "exact_match_after").mode == "max"
+
+    run_id = tracking.start_run("register")
+    assert (
+        register(variants[2], name, facts(0.1, sft_loss_last=0.5), run_id, alias="candidate").version == "3"
+    )
+    assert not promote(name, "sft_loss_last").promoted, "challenger still points to v2"
+    argv = ["promote", "--name", name, "--metric", "sft_loss_last", "--challenger", "candidate", "--json"]
+    assert main(argv) == 0
+    decision = json.loads(capsys.readouterr().out)
+    assert decision["promoted"] and decision["champion"] == "3" and decision["challenger"] == "3"
+
+
+@pytest.mark.parametrize(
+    ("output", "says"),
+    [
+        ({"alias": "champion"}, "output.alias 'champion': the champion moves only when a version wins"),
+        ({"alias": "latest"}, "output.alias 'latest': 'latest' alias name (case insensitive) is reserved"),
+        ({"alias": "v7"}, "output.alias 'v7': Version alias name 'v7' is reserved"),
+        ({"alias": "new model"}, "output.alias 'new model': Invalid alias name"),
+        ({"register_as": "team/model:1"}, "output.register_as 'team/model:1': Invalid model name"),
+    ],
+)
+def test_a_name_or_alias_mlflow_refuses_stops_the_flow_before_any_work(gym_home, output, says):
+    """Each failed the flow after training, leaving a version without its alias (champion skipped the
+    promotion gate)."""
+    from gym import preflight
+    from gym.pipeline import OutputSettings, TrainFlowConfig
+
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        preflight.check(TrainFlowConfig(output=OutputSettings(**output)))
+    preflight.check(TrainFlowConfig(output=OutputSettings(register_as="team-model_1", alias="candidate")))
+
+
 def test_gym_promote_command_prints_the_decision(gym_home, capsys):
     from flows.cli import main
 
@@ -196,7 +242,8 @@ def test_a_training_flow_registers_promotes_and_reuses_its_version_on_rerun(pref
     config = TrainFlowConfig(
         train=TrainConfig(method="sft", max_steps=3),
         eval_limit=8,
-        output=OutputSettings(register_as="tiny-flow", promote_metric="exact_match_after"),
+        # Registered under an alias of its own: the flow judges that version (it judged `challenger`).
+        output=OutputSettings(register_as="tiny-flow", alias="candidate", promote_metric="exact_match_after"),
     )
     with workspace_settings():
         first = train(config)
