@@ -4,9 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from gym.secrets import scrub
+
 
 class GymError(Exception):
-    """Base class for every error gym raises on purpose."""
+    """Base class for every error gym raises on purpose. A URL in its message loses its credentials
+    (`user:key@`, `?token=`): messages reach the console, Prefect's run states and logs, and a value
+    quoted back (a dataset or model URL with a login) would show the key there."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(scrub(a) if isinstance(a, str) else a for a in args))
 
 
 class ConfigError(GymError, ValueError):
@@ -30,7 +37,7 @@ class DataError(GymError, ValueError):
         hint: str | None = None,
     ) -> None:
         self.file, self.record, self.field, self.hint = file, record, field, hint
-        self.message = message
+        self.message = scrub(message)
         where = []
         if file is not None:
             where.append(f"file {file}")

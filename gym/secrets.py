@@ -56,10 +56,22 @@ def url_credentials(url: str) -> bool:
     return any(_SECRET_PARAM.search(k) for k, _ in params)
 
 
-# JSON Schema (ECMA regex) for a URI setting without a login (`scheme://user:password@host`): in a
-# deployment's parameter schema, Prefect's server refuses a run given one before it stores its parameters.
-# Only the schema carries it (pydantic's regex has no look-ahead); gym's own check is tracking.check_store.
-NO_LOGIN_SCHEMA: JsonDict = {"pattern": r"^(?![A-Za-z][A-Za-z0-9+.-]*://[^/?#]*@)"}
+def _any_case(word: str) -> str:
+    return "".join(f"[{c.upper()}{c.lower()}]" if c.isalpha() else re.escape(c) for c in word)
+
+
+# JSON Schema (ECMA regex, no flags: each letter in either case) for a URI setting without a login: no
+# user part (`scheme://user:password@host`) and no key-like query, fragment or `;` parameter
+# (`?password=`, `#token=`: _SECRET_PARAM's words). In a deployment's parameter schema, Prefect's server
+# refuses a run given one before it stores its parameters. Only the schema carries it (pydantic's regex
+# has no look-ahead); gym's own check is tracking.check_store (url_credentials).
+_SECRET_PARAM_WORDS = ("key", "token", "auth", "secret", "password", "passwd", "credential", "sig")
+NO_LOGIN_SCHEMA: JsonDict = {
+    "pattern": r"^(?![A-Za-z][A-Za-z0-9+.-]*://[^/?#]*@)"
+    + r"(?![^?#;]*[?#;](?:[^#]*[&;#])?[^=&;#]*(?:"
+    + "|".join(map(_any_case, _SECRET_PARAM_WORDS))
+    + r")[^=&;#]*=)"
+}
 
 
 # A URL's scheme and `//netloc` (the part a user and password go in), as urlsplit finds them.

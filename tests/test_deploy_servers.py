@@ -138,6 +138,7 @@ def test_a_login_in_the_tracking_uri_is_refused_before_prefect_stores_the_run(de
             "evaluate/evaluate",
             {"model": "gym-tiny", "output": {"tracking_uri": f"postgresql://u:{secret}@h/db"}},
         ),
+        ("train/train", {"output": {"tracking_uri": f"sqlite:////tmp/x.db?password={secret}"}}),
     ):
         params = shlex.quote(json.dumps({"config": config}))
         run = f'eval "$(gym status --env)" && prefect deployment run {deployment} --params {params}'

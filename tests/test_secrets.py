@@ -191,3 +191,40 @@ def test_a_missing_model_version_names_the_store_as_it_is(gym_home):
     with pytest.raises(ConfigError) as caught:
         tracking.resolve_model_uri("models:/gym-tiny-sft@champion")
     assert f"not found in {store} " in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sqlite:////tmp/x.db?password=s3cr3t",
+        "http://h/x?a=1&Api_Key=2",
+        "http://h/x#token=abc",
+        "http://u:p@h/x",
+        "sqlite:////tmp/x.db",
+        "http://127.0.0.1:5000",
+        "postgresql://h/db?sslmode=require",
+        "http://h/keys/path?x=1#frag",
+        "databricks",
+    ],
+)
+def test_the_deployment_schema_refuses_the_urls_gym_refuses(url):
+    """The schema Prefect's server checks a deployment run's tracking_uri against let `?password=` (and
+    other key-like parameters) through, to be stored with the run's parameters before gym refused it."""
+    import re
+
+    allowed = re.match(secrets.NO_LOGIN_SCHEMA["pattern"], url) is not None
+    assert allowed is not secrets.url_credentials(url)
+
+
+def test_a_login_in_a_dataset_or_model_value_is_not_quoted_back(capsys, gym_home):
+    """Both errors quoted the value whole: a deployment run's Failed state and the worker's log showed
+    the key."""
+    from flows.cli import main
+
+    key = "hf_SECRETTOKEN123"
+    for flag in ("--dataset", "--model"):
+        assert main(["train", flag, f"https://bob:{key}@example.com/x.jsonl", "--max-steps", "1"]) == 2
+        err = capsys.readouterr().err
+        assert "https://***@example.com/x.jsonl" in err and key not in err, err
+    error = ConfigError(f"dataset http://h/d.jsonl?token={key}: missing")
+    assert key not in str(error) and "token=***" in str(error)
