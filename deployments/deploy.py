@@ -80,6 +80,23 @@ def prefect_api() -> tuple[str | None, str | None]:
     )
 
 
+def missing_pool(pool: str) -> str | None:
+    """Why an image's work pool can't take the deployments (it is not on the server), else None: image pools
+    are created with their job template first (deployments/work-pools/), not made here."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_work_pool(pool)
+        except ObjectNotFound:
+            return (
+                f"--pool {pool}: no such work pool on this server; create it with its job template first "
+                "(deployments/work-pools/README.md), or leave --image out to run from this clone"
+            )
+    return None
+
+
 def weekly_parameters() -> dict[str, Any]:
     from gym.pipeline import SftThenDpoConfig
 
@@ -159,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     with temporary_settings({PREFECT_API_URL: api}):
         if not args.image:
             prepare_server(api, args.pool)  # a process pool; image pools are created with their job template
+        elif problem := missing_pool(args.pool):
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
         ids = deploy(
             *deployments(args.cron, args.timezone, args.paused, args.image),
             work_pool_name=args.pool,

@@ -1,8 +1,9 @@
 """The simplest way to run gym on a schedule: serve the flows from this process (no work pool, no worker).
 
     gym up                              # Prefect + MLflow servers for this workspace (or set PREFECT_API_URL)
-    python deployments/serve.py         # serves retrain-weekly (cron), train and evaluate until Ctrl-C
+    python deployments/serve.py         # serves serve-retrain-weekly (cron), serve-train, serve-evaluate
 
+until Ctrl-C (named apart from deploy.py's `retrain-weekly`, `train`, `evaluate`, so the two can coexist).
 Flow runs start as subprocesses of this one, in this workspace (GYM_HOME, Prefect's results in it).
 Stopping the process (Ctrl-C) pauses the schedules through the API: stop it before `gym down`.
 `python deployments/deploy.py` with a worker is the way to keep schedules without a serving process.

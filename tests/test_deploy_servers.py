@@ -157,6 +157,14 @@ def test_a_login_in_the_tracking_uri_is_refused_before_prefect_stores_the_run(de
         client.delete_flow_run(run.id)  # no worker runs here: nothing to leave for the tests after
 
 
+def test_an_image_pool_not_on_the_server_is_one_error_line(deployed: Stack):
+    """It was a traceback (ValueError: Could not find work pool) after the deployments were built."""
+    missing = deployed.sh("python deployments/deploy.py --pool gym-docker --image gym:latest", check=False)
+    assert missing.returncode == 2, missing
+    assert missing.stderr.startswith("error: --pool gym-docker: no such work pool on this server")
+    assert "Traceback" not in missing.stderr
+
+
 def test_weekly_schedule_has_the_right_next_run(deployed: Stack):
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 
