@@ -154,12 +154,14 @@ def _local_lineage(
     # inside a stage directory (result.json beside them): elsewhere a folder named model/ may be unrelated.
     result = directory.parent / "result.json"  # inside a stage directory: what training reported
     sibling = directory.parent / "model" / MARKER
-    found = [m for m in (directory / MARKER, sibling) if m.is_file() and (m != sibling or result.is_file())]
+    own = directory / MARKER  # first, even for a folder named model/ outside a stage (then it is `sibling`)
+    found = [m for m in (own, sibling) if m.is_file() and (m == own or result.is_file())]
     meta = {**(base_facts or {}), **(json.loads(found[0].read_text()) if found else {})}
     lineage = Lineage(
         base_model=meta.get("base_model") or base or str(directory),
         template=template or meta.get("template"),
         default_system=meta.get("default_system"),
+        method=meta.get("method"),
     )
     if result.is_file():
         facts = json.loads(result.read_text())
@@ -272,6 +274,8 @@ def _write(source: Source, out: Path, settings: ExportSettings, name: str) -> No
         "base_model": source.lineage.base_model,
         EXPORTED: "gym export",
     }
+    if source.lineage.method:  # an export of the export still says how it was trained
+        meta["method"] = source.lineage.method
     if system is not None:
         meta["default_system"] = system
     workspace.atomic_write_json(out / MARKER, meta)

@@ -420,3 +420,23 @@ def test_a_stages_adapter_and_model_folders_export_under_the_stages_name(gym_hom
         assert f"\n# {stage.name}\n" in (out / "README.md").read_text(), folder
     out = export_model(stage, tmp_path / "stage")
     assert f"\n# {stage.name}\n" in (out / "README.md").read_text()
+
+
+def test_a_model_folder_named_model_outside_its_stage_keeps_its_base_and_an_export_its_method(
+    gym_home, tmp_path
+):
+    """A copy of a stage's model/ elsewhere (and TF-GRPO's, whose stage has no result.json) exported as
+    fine-tuned from itself: its own gym_model.json was taken for a stage sibling's and skipped. An
+    export's gym_model.json now carries the method, so an export of it says how it was trained."""
+    import shutil
+
+    stage = _lora_stage()
+    copy = shutil.copytree(stage / "model", tmp_path / "x" / "model")
+    meta = json.loads((export_model(copy, tmp_path / "from-copy") / "gym_model.json").read_text())
+    assert (meta["base_model"], meta["template"]) == ("gym-tiny", "chatml")
+
+    first = export_model(stage, tmp_path / "first")
+    assert json.loads((first / "gym_model.json").read_text())["method"] == "sft"
+    again = export_model(first, tmp_path / "again")
+    assert json.loads((again / "gym_model.json").read_text())["method"] == "sft"
+    assert "method not recorded" not in (again / "README.md").read_text()
