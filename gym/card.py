@@ -37,6 +37,14 @@ def _flat(prefix: str, value: Any) -> list[tuple[str, str]]:
     return [(f"`{prefix}`", f"`{value}`")]
 
 
+def _flow_run(lineage: Lineage) -> str:
+    """The flow run's id, linked to its page when the flow ran against a Prefect server with a UI."""
+    if not lineage.flow_run_id:
+        return "(none)"
+    url = lineage.extra.get("prefect_flow_run_url")
+    return f"[`{lineage.flow_run_id}`]({url})" if url else f"`{lineage.flow_run_id}`"
+
+
 def render(name: str, lineage: Lineage, stop_tokens: list[str] | None = None) -> str:
     """README.md text for model `name`."""
     from gym.train.config import SCORING_METHODS
@@ -68,7 +76,7 @@ def render(name: str, lineage: Lineage, stop_tokens: list[str] | None = None) ->
         ("gym registry entry", entry),
         ("config digest", f"`{lineage.config_digest}`" if lineage.config_digest else "(not recorded)"),
         ("stages", ", ".join(f"{s} `{d}`" for s, d in lineage.stages.items()) or "(none)"),
-        ("Prefect flow run", f"`{lineage.flow_run_id}`" if lineage.flow_run_id else "(none)"),
+        ("Prefect flow run", _flow_run(lineage)),
         ("gym version", lineage.gym_version),
     ]
     body = [

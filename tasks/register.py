@@ -19,7 +19,7 @@ from gym.lineage import Lineage, benchmark_scores, describe, heldout_scores, hel
 from gym.models import ModelRef
 from gym.registration import evaluated_version, record_scores, register
 from tasks._common import gym_task
-from tasks.tracking import link, publish, table
+from tasks.tracking import FLOW_RUN_URL_TAG, flow_run_url, link, publish, table
 
 
 @gym_task(name="register-model", task_run_name="register {name}", cache_policy=NO_CACHE, persist_result=False)
@@ -56,6 +56,10 @@ def register_model(
         benchmarks,
         default_system=model.default_system,
     )
+    if url := flow_run_url(
+        flow_run_id
+    ):  # the flow run's page, beside its id (a server's UI; not the temporary API)
+        facts = facts.model_copy(update={"extra": {**facts.extra, FLOW_RUN_URL_TAG: url}})
     params = {"registered_model": name, "alias": alias}
     # Registration logs the model into a run: a nested one under the flow's run, or its own.
     with tracking.span("register", params=params, parent_run_id=parent_run_id, uri=tracking_uri) as run_id:

@@ -205,7 +205,10 @@ def test_each_deployment_run_completes_and_registers_in_mlflow(runs: dict[str, s
     # links both ways: the MLflow run names the Prefect flow run's page; Prefect's artifacts link MLflow
     parent = mlflow.get_run(version.run_id)
     parent = mlflow.get_run(parent.data.tags.get("mlflow.parentRunId", version.run_id))
-    assert parent.data.tags["prefect_flow_run_url"] == f"{deployed.prefect}/runs/flow-run/{runs['weekly']}"
+    page = f"{deployed.prefect}/runs/flow-run/{runs['weekly']}"
+    assert parent.data.tags["prefect_flow_run_url"] == page
+    assert version.tags["prefect_flow_run_url"] == page, "the version links back too (README)"
+    assert f"[`{runs['weekly']}`]({page})" in version.description  # its model card
     weekly_artifacts = {a.key: a for a in artifacts if str(a.flow_run_id) == runs["weekly"]}
     assert {"gym-summary", "stage-sft", "stage-dpo", "mlflow-run", "registered-model"} <= set(
         weekly_artifacts
