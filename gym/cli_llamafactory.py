@@ -212,6 +212,10 @@ REFUSED = {
     "(--train.distributed.num_processes, default: every visible GPU). Drop the setting, or make the model "
     "fit each GPU with --finetuning_type lora or qlora",
 }
+REFUSED |= {  # transformers' TrainingArguments names for FSDP, as LLaMA-Factory's files may carry them
+    name: REFUSED["deepspeed"].replace("DeepSpeed ZeRO", "FSDP (sharded weights)")
+    for name in ("fsdp", "fsdp_config")
+}
 REFUSED |= {
     "do_predict": "gym train trains: score generated answers on held-out data with --eval_dataset FILE and "
     "--eval_metrics exact_match bleu rouge (before and after training), or chat with gym chat",

@@ -406,6 +406,8 @@ def test_deepspeed_and_fp16_are_refused_saying_what_gym_does_instead():
     with pytest.raises(ConfigError, match="deepspeed: gym does not run DeepSpeed ZeRO yet") as error:
         parse(["--deepspeed", "examples/deepspeed/ds_z3_config.json"])
     assert "--train.distributed.num_processes" in str(error.value)
+    with pytest.raises(ConfigError, match=r"fsdp: gym does not run FSDP \(sharded weights\) yet"):
+        parse(["--fsdp", "full_shard auto_wrap"])  # was "unrecognized arguments"
     with pytest.raises(ConfigError, match="fp16: gym trains in bf16 mixed precision on a GPU with bfloat16"):
         parse(["--fp16", "true"])
     assert parse(["--fp16", "false", "--deepspeed", "null"])["train"]["bf16"] is None  # asks for nothing

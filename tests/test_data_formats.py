@@ -166,6 +166,16 @@ def test_tool_turns_are_rejected_with_a_reason():
         normalize({"conversations": conv}, "sharegpt", W)
 
 
+def test_a_record_holding_images_is_refused_not_trained_on_as_text():
+    """The column was dropped and `<image>` trained on as literal text (dataset_info.json's `images`
+    was already refused)."""
+    record = {"instruction": "<image>What is this?", "output": "A cat.", "images": ["cat.png"]}
+    with pytest.raises(DataError, match="holds images: gym trains text-only models") as e:
+        normalize(record, "alpaca", W)
+    assert e.value.field == "images"
+    assert normalize({**record, "images": []}, "alpaca", W)["messages"][-1]["content"] == "A cat."
+
+
 def test_column_mapping_and_error_names_the_source_column():
     cols = {"instruction": "question", "output": "answer"}
     rec = apply_columns({"question": "2+3?", "answer": "5", "id": 1}, cols)

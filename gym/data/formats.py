@@ -465,11 +465,19 @@ def to_text(rec: dict[str, Any], w: Where) -> dict[str, Any]:
     return {"text": _text(rec, "text", w, "text records need a non-empty `text` string")}
 
 
+MEDIA_COLUMNS = ("images", "videos", "audios")  # LLaMA-Factory's multimodal columns
+
+
 def normalize(record: dict[str, Any], fmt: str, where: Where) -> dict[str, Any]:
     """One raw record (columns already mapped) as a canonical record of kind `FORMAT_KIND[fmt]`."""
     if fmt not in FORMAT_KIND:
         raise ConfigError(f"unknown dataset format {fmt!r}; expected one of {', '.join(FORMAT_KIND)}")
     kind = FORMAT_KIND[fmt]
+    for media in MEDIA_COLUMNS:  # dropped, a record's <image> placeholders would be trained on as text
+        if record.get(media) not in (None, "", [], {}):
+            raise where.error(
+                f"holds {media}: gym trains text-only models", media, "remove the media column, or the record"
+            )
     if kind == "sft":
         return to_sft(record, fmt, where)
     if kind == "preference":
