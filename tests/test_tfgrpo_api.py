@@ -286,6 +286,8 @@ def test_questions_come_from_prompt_data_and_question_files_with_or_without_answ
         "prompts.jsonl": [{"prompt": "What is 2+2?", "answer": "4"}, {"prompt": "What is 3+3?"}],
         "questions.jsonl": [{"question": "What is 2+2?"}, {"question": "What is 3+3?"}],
         "qa.jsonl": [{"question": "What is 2+2?", "answer": "4"}, {"question": "What is 3+3?", "answer": 6}],
+        # as the Python API reads them (it was refused from a file, naming 'question' and 'prompt')
+        "math.jsonl": [{"problem": "What is 2+2?", "solution": "4"}, {"problem": "What is 3+3?"}],
     }
     read = {}
     for name, rows in files.items():
@@ -296,6 +298,8 @@ def test_questions_come_from_prompt_data_and_question_files_with_or_without_answ
     assert [q.answer for q in read["prompts.jsonl"]] == ["4", None]
     assert [q.answer for q in read["questions.jsonl"]] == [None, None]
     assert [(q.prompt, q.answer) for q in read["qa.jsonl"]][1] == (user, "6")
+    math = [(q.prompt[-1]["content"], q.answer) for q in read["math.jsonl"]]
+    assert math == [("What is 2+2?", "4"), ("What is 3+3?", None)]
     endpoint = TfGrpoSettings(endpoint="http://127.0.0.1:9/v1", policy={"model": "policy"})
     with pytest.raises(ConfigError, match="use --reward majority"):
         prepare(endpoint, "policy", read["questions.jsonl"], "d")

@@ -24,6 +24,8 @@ from gym.hashing import hash_obj
 from gym.tfgrpo.injection import query_of
 
 QA_COLUMNS = {"prompt": "question"}  # prompt-format data whose prompt column is `question`
+# Math sets (MATH, AIME copies) name them problem/solution, as GRPOTrainer(train_dataset=records) reads.
+PROBLEM_COLUMNS = {"prompt": "problem", "answer": "solution"}
 
 
 class Question(BaseModel):
@@ -93,16 +95,19 @@ def plan_steps(
 
 
 def dataset_spec(dataset: str | Path) -> Any:
-    """The DatasetSpec for `dataset`; files with a `question` column (optional `answer`) read as prompts."""
+    """The DatasetSpec for `dataset`; files with a `question` column (optional `answer`), or `problem`
+    (optional `solution`), read as prompts."""
     from gym.data.registry import resolve_dataset
 
     try:
         return resolve_dataset(dataset)
-    except DataError:  # no format recognised: try question(/answer) columns before giving up
-        try:
-            return resolve_dataset(dataset, format="prompt", columns=QA_COLUMNS)
-        except DataError:
-            return resolve_dataset(dataset)  # raises the first, more helpful error again
+    except DataError as first:  # no format recognised: question(/answer), problem/solution columns?
+        for columns in (QA_COLUMNS, PROBLEM_COLUMNS):
+            try:  # the first record's columns, so mapped, must read as prompt data
+                return resolve_dataset(dataset, columns=columns)
+            except DataError:
+                continue
+        raise first from None  # the more helpful error
 
 
 def questions_from(
