@@ -4,6 +4,7 @@ GRPOTrainer(..., experience_manager=..., training_free=True).train(); embedding 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -47,6 +48,15 @@ def test_experience_manager_crud_versions_and_prompt_format(tmp_path):
     assert again.library == em.library and load_shipped(saved.parent) == em.library.texts
     reopened = ExperienceManager(library_path=tmp_path / "experience_lib", max_size=3)
     assert reopened.library == em.library
+    # Caps given with a saved library apply (they were ignored); below what it holds, refused.
+    wider = ExperienceManager(library_path=tmp_path / "experience_lib", max_size=5, max_words=40)
+    assert (wider.library.max_items, wider.library.max_words) == (
+        5,
+        40,
+    ) and wider.library.items == em.library.items
+    assert ExperienceManager(library_path=tmp_path / "experience_lib").library.max_items == 3  # its own
+    with pytest.raises(ConfigError, match=r"holds 3 experiences .*max_size=1, max_words=32 are below that"):
+        ExperienceManager(library_path=tmp_path / "experience_lib", max_size=1)
     result = em.apply_operations(
         [{"operation": "delete", "id": "G0"}, {"operation": "update", "id": "G9", "text": "t"}]
     )
@@ -207,6 +217,26 @@ def test_train_config_max_steps_caps_the_steps_of_gym_train_run(tmp_path, monkey
     assert plan_steps(20, 8, 1, 3, max_steps=5) == plan_steps(20, 8, 2, 3)[:5]
     with pytest.raises(ConfigError, match="max_steps must be 1 or more"):
         plan_steps(20, 8, 1, 3, max_steps=0)
+
+
+def test_save_model_of_a_model_named_or_in_a_folder_is_a_servable_folder(gym_home, tmp_path):
+    """With model="gym-tiny" (or a folder), save_model wrote experiences.json alone: gym serve refused
+    the folder (no config.json), though the papers save experiences with the model."""
+    from gym.models import load_model, resolve
+
+    records = [{"question": "1+1?", "answer": "2"}]
+    for given, template in (("gym-tiny", None), (resolve("gym-tiny").path, "chatml")):
+        trainer = GRPOTrainer(
+            model=given, template=template, training_free=True, train_dataset=records, group_size=2
+        )
+        saved = trainer.save_model(tmp_path / Path(str(given)).name)
+        assert (saved / "experiences.json").is_file() and (saved / "model.safetensors").is_file()
+        ref = resolve(str(saved))
+        assert (ref.base_model, ref.template) == (given, "chatml")
+        assert load_model(ref).config.model_type == "llama"
+    # A model only an endpoint knows has no files: the library alone, as before.
+    named = GRPOTrainer(model="some-api-model", training_free=True, train_dataset=records, group_size=2)
+    assert sorted(p.name for p in named.save_model(tmp_path / "api").iterdir()) == ["experiences.json"]
 
 
 def test_grpo_trainer_reads_max_steps_from_its_training_args(tmp_path):

@@ -210,6 +210,11 @@ def export(model_dir: Path, output_dir: Path) -> Path:
     return Path(output_dir).expanduser().resolve()
 
 
+def link_model_files(model: ModelRef, target: Path) -> None:
+    """The model's files (a local folder, or its hub snapshot) linked, or copied, into `target`."""
+    _link_tree(_model_files(model), target)
+
+
 def _model_files(model: ModelRef) -> Path:
     local = Path(model.path)
     if local.is_dir():

@@ -27,7 +27,7 @@ from typing import Any
 from gym import workspace
 from gym.errors import ConfigError
 from gym.tfgrpo.injection import EXPERIENCE_FILE, experience_block, inject, shipped_json
-from gym.tfgrpo.library import Library, diff
+from gym.tfgrpo.library import Library, diff, word_count
 from gym.tfgrpo.ops import Add, ApplyResult, Delete, Merge, Op, Update, apply
 from gym.tfgrpo.parse import parse_ops, resolve_id
 
@@ -36,14 +36,19 @@ class ExperienceManager:
     """Add, modify, delete and merge experiences; persist them as versioned JSON; format them for prompts."""
 
     def __init__(
-        self, library_path: str | Path | None = None, max_size: int = 100, max_words: int = 32
+        self,
+        library_path: str | Path | None = None,
+        max_size: int | None = None,
+        max_words: int | None = None,
     ) -> None:
+        """`max_size` / `max_words` default to 100 and 32 for a new library; a saved one keeps its own
+        unless they are given (they were ignored then), and may not be below what it already holds."""
         self.library_path = Path(library_path) if library_path is not None else None
         existing = self.library_path / EXPERIENCE_FILE if self.library_path else None
         if existing is not None and existing.is_file():
-            self.library = Library.load(existing)
+            self.library = _with_caps(Library.load(existing), max_size, max_words, existing)
         else:
-            self.library = Library(max_items=max_size, max_words=max_words)
+            self.library = Library(max_items=max_size or 100, max_words=max_words or 32)
         self._retriever: Any = None
 
     # -- reading ---------------------------------------------------------------------------------------
@@ -175,3 +180,16 @@ class ExperienceManager:
         target = Path(directory) / EXPERIENCE_FILE
         workspace.atomic_write_text(target, shipped_json(self.library.to_json(), retrieval_top_k))
         return target
+
+
+def _with_caps(library: Library, max_size: int | None, max_words: int | None, file: Path) -> Library:
+    """A saved library under the caps given (None: its own), refused where it already holds more."""
+    caps = {"max_items": max_size or library.max_items, "max_words": max_words or library.max_words}
+    longest = max((word_count(item.text) for item in library.items), default=0)
+    if len(library.items) > caps["max_items"] or longest > caps["max_words"]:
+        raise ConfigError(
+            f"{file} holds {len(library.items)} experiences of up to {longest} words: max_size="
+            f"{caps['max_items']}, max_words={caps['max_words']} are below that; give larger caps, or "
+            "start a new library (another library_path)"
+        )
+    return library.model_copy(update=caps)

@@ -216,12 +216,39 @@ class GRPOTrainer:
         return self.result
 
     def save_model(self, output_dir: str | Path) -> Path:
-        """The model (when it is in memory or a local checkpoint) and its experiences.json."""
+        """The model and its experiences.json: a model in memory saved, a registry name's or a local
+        folder's files linked in (as gym train's --output_dir ships them, servable with gym serve); a
+        model known only to an API endpoint has no files, so the library alone."""
         target = Path(output_dir)
         target.mkdir(parents=True, exist_ok=True)
         if hasattr(self.model, "save_pretrained"):
             self.model.save_pretrained(target, safe_serialization=True)
             if self.tokenizer is not None:
                 self.tokenizer.save_pretrained(target)
+        elif isinstance(self.model, str | Path) and (ref := self._local_model()) is not None:
+            from gym import workspace
+            from gym.train.tf_grpo import link_model_files
+
+            link_model_files(ref, target)
+            meta = {"method": "tf_grpo", "base_model": ref.base_model, "template": ref.template or None}
+            if ref.default_system is not None:
+                meta["default_system"] = ref.default_system
+            workspace.atomic_write_json(target / "gym_model.json", meta)
         self.experience_manager.export(target)
         return target
+
+    def _local_model(self) -> Any:
+        """The ModelRef of a model given by name or folder whose files are here (or in the hub cache);
+        None for a name only an API endpoint knows."""
+        from gym.models import ModelRef, resolve
+
+        try:
+            return resolve(str(self.model), self.template)
+        except ConfigError:
+            folder = Path(str(self.model)).expanduser()
+            if not (folder / "config.json").is_file():
+                return None
+            # a model folder gym can't name a template for (none given): its files, its own template
+            return ModelRef(
+                name=folder.name, path=str(folder), template="", digest="", base_model=str(folder)
+            )
