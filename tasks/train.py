@@ -12,6 +12,7 @@ from typing import Any
 from gym import tracking
 from gym.models import ModelRef, derived
 from gym.plots import loss_plot
+from gym.rewards.base import code_identity
 from gym.rewards.base import identity as reward_identity
 from gym.train import TrainConfig, TrainResult, rl_common, run
 from gym.train.rl_config import ONLINE_METHODS
@@ -23,8 +24,12 @@ HELD_OUT = ("eval_loss", "eval_rewards/accuracies", "eval_rewards/margins", "eva
 
 
 def _rewards(config: TrainConfig, **_: Any) -> Any:
-    """What an online stage's reward functions compute (their code), which the config names only."""
-    return reward_identity(config.rl.rewards) if config.method in ONLINE_METHODS else None
+    """What an online stage's reward functions and multi-turn environment compute (their code), which
+    the config names only."""
+    if config.method not in ONLINE_METHODS:
+        return None
+    rewards, environment = reward_identity(config.rl.rewards), config.rl.environment
+    return {"rewards": rewards, "environment": code_identity(environment)} if environment else rewards
 
 
 @gym_task(name="train", task_run_name="train {config.method}", gpu=True, identity=_rewards)

@@ -347,6 +347,11 @@ def test_bad_online_configs_fail_before_loading_a_model(tmp_path: Path):
         train.run(rl_config("ppo", 1, environment="tests.test_online_rl:ask_again"), gone, data)
     with pytest.raises(ConfigError, match="group_size=3: PPO samples one completion per prompt"):
         train.run(rl_config("ppo", 1, group_size=3), gone, data)  # it was accepted, and unused
+    # An environment with one turn was never called (it replies between turns): the run was single-turn.
+    with pytest.raises(ConfigError, match="max_turns=1: the environment replies between assistant turns"):
+        train.run(rl_config("grpo", 1, environment="tests.test_online_rl:ask_again"), gone, data)
+    with pytest.raises(ConfigError, match="max_turns=3 without an environment"):
+        train.run(rl_config("grpo", 1, max_turns=3), gone, data)
 
 
 def test_fewer_prompts_than_one_batch_fail_before_loading_a_model(tmp_path: Path):

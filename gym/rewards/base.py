@@ -24,7 +24,9 @@ second, if it has one (whatever its name; one named `prompt`, `metadata` or `com
 name instead); `answer`, `prompt`, `metadata` and `completion_ids` go by name to the parameters so named
 (keyword-only or not), and all of them to a `**kwargs`. A function that cannot be called this way (a
 required parameter left over, no parameter for the completion) is refused when it loads.
-In multi-turn episodes per-completion rewards score the last assistant turn.
+In multi-turn episodes every reward scores the last assistant turn: it is the completion (and its
+tokens `completion_ids`) that both kinds get; batched functions also get the whole episode as
+`conversation` (the prompt's messages, then every turn).
 A reward may return None for a completion it does not apply to; it is then left out, as in TRL. The
 built-ins that compare with the answer (`NEEDS_ANSWER`) return None for a record without one.
 A user's function that raises fails the run with one line (a `RewardError` naming the reward, the
@@ -39,7 +41,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -103,9 +105,24 @@ class Reward:
     def __call__(
         self, prompts: Sequence[Any], completions: Sequence[Any], **columns: Any
     ) -> list[float | None]:
+        turns = columns.get("last_turn")
+        if turns is not None:  # multi-turn episodes (gym/train/grpo/multiturn.py): score the last turn
+            completions = [
+                t if isinstance(c, str) else [{"role": "assistant", "content": t}]
+                for c, t in zip(completions, turns, strict=True)
+            ]
+            if columns.get("last_turn_ids") is not None:
+                columns = {**columns, "completion_ids": columns["last_turn_ids"]}
         if self.batched:
             what = f"a batch of {len(completions)} completions"
-            values = list(self._call(what, prompts=prompts, completions=completions, **columns))
+            returned = self._call(what, prompts=prompts, completions=completions, **columns)
+            if not _sequence(returned):  # a forgotten `return`, or one number for the whole batch
+                given = "None" if returned is None else f"{type(returned).__name__} {returned!r:.60}"
+                raise ConfigError(
+                    f"reward {self.spec}: returned {given} for {what}; a "
+                    "batched reward returns one value per completion (a list, None where one doesn't apply)"
+                )
+            values = list(returned)
             if len(values) != len(completions):
                 raise ConfigError(
                     f"reward {self.spec}: returned {len(values)} values for {len(completions)} completions "
@@ -116,15 +133,14 @@ class Reward:
         answers = columns.get("answer") or [None] * n
         metadata = columns.get("metadata") or [None] * n
         ids = columns.get("completion_ids") or [None] * n
-        # Multi-turn episodes (gym/train/grpo/multiturn.py): score the last assistant turn.
-        texts = columns.get("last_turn") or [completion_text(c) for c in completions]
+        texts = [completion_text(c) for c in completions]
         out: list[float | None] = []
         for i in range(n):
             if self.needs_answer and answers[i] is None:
                 out.append(None)  # nothing to compare with: not applicable, as TRL reads None
                 continue
-            given = {"answer": answers[i], "prompt": prompts[i], "completion_ids": ids[i]}
-            named = {k: metadata_of(metadata[i]) if k == "metadata" else given[k] for k in self._by_name}
+            passed = {"answer": answers[i], "prompt": prompts[i], "completion_ids": ids[i]}
+            named = {k: metadata_of(metadata[i]) if k == "metadata" else passed[k] for k in self._by_name}
             args = (texts[i], answers[i])[: self._positional]
             out.append(self._number(self._call(f"completion {i}", *args, **named), i))
         return out
@@ -142,14 +158,26 @@ class Reward:
 
     def _number(self, value: Any, i: int) -> float | None:
         """A reward as a float (None: it doesn't apply); anything else names the reward and the value."""
-        if value is None or isinstance(value, float):
-            return value
-        if isinstance(value, (int, bool)) or (hasattr(value, "item") and getattr(value, "ndim", 1) == 0):
-            return float(value)  # an int, a bool, a 0-d numpy or torch number
+        if value is None:
+            return None
+        if isinstance(value, (int, float)) or (hasattr(value, "item") and getattr(value, "ndim", 1) == 0):
+            number = float(value)  # an int, a bool, a 0-d numpy or torch number
+            # NaN is TRL's "doesn't apply", as None is. An infinity is no score: PPO turned it into a huge
+            # finite reward and its policy into NaNs; GRPO logged `reward: Infinity` and learned nothing.
+            if not math.isinf(number):
+                return number
         raise ConfigError(
             f"reward {self.spec}: returned {type(value).__name__} {value!r:.60} for completion {i}; a reward "
-            "is a number per completion (or None where it doesn't apply)"
+            "is a finite number per completion (or None where it doesn't apply)"
         )
+
+
+def _sequence(value: Any) -> bool:
+    """Whether a batched reward's result holds one value per completion: a list, tuple, 1-d array or
+    tensor; not None, a number, a string or a mapping."""
+    if value is None or isinstance(value, (str, bytes, dict)) or getattr(value, "ndim", 1) == 0:
+        return False
+    return isinstance(value, Iterable)
 
 
 def calling(fn: Callable[..., Any], spec: str) -> tuple[int, tuple[str, ...]]:
@@ -263,9 +291,7 @@ def identity(specs: Sequence[str]) -> list[Any]:
     constant or helper the function reads there included, retrains the stage. What the function reads
     elsewhere (other modules, files, the environment) is not followed. A reward model folder's files.
     Built-ins are their name (gym's own code is in every key already)."""
-    import marshal
-
-    from gym.hashing import hash_obj, stamp
+    from gym.hashing import stamp
 
     out: list[Any] = []
     for spec in specs:
@@ -276,18 +302,29 @@ def identity(specs: Sequence[str]) -> list[Any]:
         elif kind == "reward_model":
             out.append({"spec": spec, "files": stamp(Path(arg).expanduser())})
         else:
-            try:
-                fn = _import(spec)
-            except Exception:  # not importable (training says so)
-                out.append({"spec": spec, "code": None})
-                continue
-            try:
-                code = getattr(fn, "__code__", None)
-                body = hash_obj(marshal.dumps(code).hex()) if code is not None else None
-            except Exception:  # not marshalable
-                body = None
-            out.append({"spec": spec, "code": body, "sources": _module_sources(fn, spec)})
+            out.append(code_identity(spec))
     return out
+
+
+def code_identity(spec: str) -> dict[str, Any]:
+    """What the function `spec` (pkg.module:function, or pkg.module.function) computes, for cache keys:
+    its code as this process has it loaded (its compiled body, nested functions included) and the source
+    files of its module and of the module the spec names (see `identity`). A user's reward function, and
+    a multi-turn environment (rl.environment) the same way."""
+    import marshal
+
+    from gym.hashing import hash_obj
+
+    try:
+        fn = _import(spec)
+    except Exception:  # not importable (training says so)
+        return {"spec": spec, "code": None}
+    try:
+        code = getattr(fn, "__code__", None)
+        body = hash_obj(marshal.dumps(code).hex()) if code is not None else None
+    except Exception:  # not marshalable
+        body = None
+    return {"spec": spec, "code": body, "sources": _module_sources(fn, spec)}
 
 
 def _module_sources(fn: Callable[..., Any], spec: str) -> dict[str, str | None]:

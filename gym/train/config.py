@@ -401,7 +401,11 @@ METHOD_FIELDS = {
 def hyperparameters(config: TrainConfig) -> dict[str, Any]:
     """What a stage trains with, as its card and lineage record it: `config` made concrete (by
     gym.train.plan) without the unset fields and without the sections its method and finetuning_type
-    don't read (rl settings for SFT, LoRA settings for full fine-tuning...)."""
+    don't read (rl settings for SFT, LoRA settings for full fine-tuning...). An online method's rl
+    settings are those it uses (`RLSettings.resolved`): the KL coefficient and clip range it trained
+    with, and none of the other kind of method's (PPO's value-function settings for GRPO...)."""
+    if config.method in ONLINE_METHODS:
+        config = config.model_copy(update={"rl": config.rl.resolved(config.method)})
     kind = config.finetuning_type
     unread = {f for f, methods in METHOD_FIELDS.items() if config.method not in methods}
     unread |= {"lora"} if kind not in LORA_TYPES else set()

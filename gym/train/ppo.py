@@ -11,8 +11,11 @@ it touches nothing else. What gym builds around TRL's PPOTrainer:
 - GAE advantages (`rl.gamma`, `rl.lam`), the clipped objective (`rl.epsilon`), a KL penalty to the
   reference in the reward, fixed (`rl.kl_coef`) or adaptive (`rl.adaptive_kl_target`, Ziegler et
   al.'s proportional controller, `adaptive_kl_coef`);
-- the same prompts (gym.train.rl_common.prompt_data), `evaluate()` (held-out mean_reward) and sample
-  log as GRPO;
+- the same prompts (gym.train.rl_common.prompt_data) as GRPO, but for the records no reward can score
+  (no `answer`, every reward needing one): TRL's PPO trains on a reward for every completion, where
+  GRPO leaves an unscored one out, so PPO leaves those records out; a completion that still gets no
+  reward is trained on as 0 and counted (`frac_unscored`, a closing warning);
+- `evaluate()` (held-out mean_reward) and the sample log as GRPO's;
 - the trained value model is kept as `<stage>/value_model` (usable as `reward_model:<dir>`).
 
 TRL's PPO saves no resumable checkpoints: an interrupted PPO stage starts again. One update =
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
 import statistics
 from pathlib import Path
 from typing import Any, cast
@@ -31,7 +35,7 @@ from typing import Any, cast
 from gym.errors import ConfigError, DataError
 from gym.rewards import Reward, load_rewards, weighted_sum
 from gym.train.common import trl_args
-from gym.train.config import TrainConfig
+from gym.train.config import TrainConfig, filled
 from gym.train.rl_common import RewardEval, SampleLog, prompt_data, prompt_window
 from gym.train.rl_config import RLSettings
 
@@ -92,11 +96,11 @@ def build_trainer(
         temperature=rl.temperature,
         kl_coef=float(rl.kl_coef or 0.0),
         cliprange=float(rl.epsilon or 0.2),
-        vf_coef=rl.vf_coef,
-        gamma=rl.gamma,
-        lam=rl.lam,
-        whiten_rewards=rl.whiten_rewards,
-        num_ppo_epochs=rl.ppo_epochs,
+        vf_coef=filled(rl.vf_coef, "rl.vf_coef"),
+        gamma=filled(rl.gamma, "rl.gamma"),
+        lam=filled(rl.lam, "rl.lam"),
+        whiten_rewards=filled(rl.whiten_rewards, "rl.whiten_rewards"),
+        num_ppo_epochs=filled(rl.ppo_epochs, "rl.ppo_epochs"),
         num_sample_generations=0,
         local_rollout_forward_batch_size=batch,
     )
@@ -227,21 +231,37 @@ def _text_reward_class() -> type:
             total = weighted_sum(scores, self.weights)
             for reward, values in zip(self.rewards, scores, strict=True):
                 self.stats.setdefault(f"rewards/{reward.name}/mean", []).extend(
-                    v for v in values if v is not None
+                    v for v in values if v is not None and not math.isnan(v)
                 )
-            self.stats.setdefault("reward", []).extend(total)
+            # The reward statistics are over the completions a reward applied to (NaN: none did), as
+            # GRPO's: averaging in NaNs made the logged reward NaN and lost its curve.
+            self.stats.setdefault("reward", []).extend(t for t in total if not math.isnan(t))
+            self.stats.setdefault("unscored", []).extend(float(math.isnan(t)) for t in total)
             self.stats.setdefault("completions/mean_length", []).extend(len(i) for i in ids)
+            # As GRPO's rows: the prompt as text without the template's special tokens, each reward's score.
+            shown = self.tokenizer.batch_decode([r["prompt_ids"] for r in records], skip_special_tokens=True)
             self.rows = [
-                {"prompt": r["prompt_text"], "completion": t, "reward": s}
-                for r, t, s in zip(records, texts, total, strict=True)
+                {
+                    "prompt": p,
+                    "completion": t,
+                    **{r.name: v[i] for r, v in zip(self.rewards, scores, strict=True)},
+                    "reward": s,
+                }
+                for i, (p, t, s) in enumerate(zip(shown, texts, total, strict=True))
             ]
+            # TRL's PPO needs a reward per completion: one no reward applied to (records without an answer
+            # are left out beforehand: rl_common.scorable_prompts) is trained on as 0, and counted in
+            # `frac_unscored`, which the closing warning reports (rl_common.signal_warnings).
             return torch.tensor(total, dtype=torch.float32, device=input_ids.device).nan_to_num(0.0)
 
         def pop_stats(self) -> dict[str, float]:
-            out = {k: statistics.fmean(v) for k, v in self.stats.items() if v}
-            if self.stats.get("reward"):
-                out["reward_min"], out["reward_max"] = min(self.stats["reward"]), max(self.stats["reward"])
-            self.stats = {}
+            stats, self.stats = self.stats, {}
+            out = {k: statistics.fmean(v) for k, v in stats.items() if v and k != "unscored"}
+            if stats.get("unscored"):  # completions were scored since the last log
+                out["frac_unscored"] = statistics.fmean(stats["unscored"])
+                out.setdefault("reward", math.nan)  # none applied: said so, not left out
+            if stats.get("reward"):
+                out["reward_min"], out["reward_max"] = min(stats["reward"]), max(stats["reward"])
             return out
 
     return TextReward
@@ -266,7 +286,8 @@ def trainer_class() -> type:
             logs["clip_ratio"] = logs.get("policy/clipfrac_avg", 0.0)
             logs["kl_coef"] = args.kl_coef
             if rl.adaptive_kl_target is not None and "objective/kl" in logs:
-                target, horizon = rl.adaptive_kl_target, rl.adaptive_kl_horizon
+                target = rl.adaptive_kl_target
+                horizon = filled(rl.adaptive_kl_horizon, "rl.adaptive_kl_horizon")
                 args.kl_coef = adaptive_kl_coef(
                     args.kl_coef, logs["objective/kl"], target, horizon, args.batch_size
                 )

@@ -98,7 +98,7 @@ def check(config: TrainConfig) -> None:
             raise ConfigError("multi-turn environments need grpo or gspo; PPO samples one turn")
         if rl.use_vllm:
             raise ConfigError("use_vllm applies to grpo and gspo (TRL's PPO generates with transformers)")
-        if rl.group_size != type(rl).model_fields["group_size"].default:  # it was accepted, and unused
+        if rl.group_size is not None:  # any value the user gave, the default's too: it was ignored
             raise ConfigError(
                 f"group_size={rl.group_size}: PPO samples one completion per prompt and learns from a value "
                 "model, not from groups; drop it, or use grpo or gspo"
@@ -106,8 +106,9 @@ def check(config: TrainConfig) -> None:
         _refuse_unread(rl, GROUP_ONLY, "ppo", "GRPO/GSPO", "grpo or gspo")
         return
     _refuse_unread(rl, PPO_ONLY, config.method, "PPO", "ppo")
+    rl = rl.resolved(config.method)
     batch = (config.per_device_train_batch_size or 0) * config.gradient_accumulation_steps
-    if batch and batch % rl.group_size:
+    if batch and batch % int(rl.group_size or 1):
         raise ConfigError(
             f"{config.method}: per_device_train_batch_size x gradient_accumulation_steps = {batch} "
             f"completions is not a multiple of group_size={rl.group_size}; make it one (each prompt gets "
@@ -115,6 +116,16 @@ def check(config: TrainConfig) -> None:
         )
     if rl.environment:
         load_environment(rl.environment)
+        if int(rl.max_turns or 1) < 2:  # the last turn gets no reply: with one turn it was never called
+            raise ConfigError(
+                f"environment {rl.environment!r} with max_turns={rl.max_turns or 1}: the environment replies "
+                "between assistant turns, so one turn never calls it; set --train.rl.max_turns 2 or more"
+            )
+    elif rl.max_turns is not None and rl.max_turns > 1:
+        raise ConfigError(
+            f"max_turns={rl.max_turns} without an environment: each turn after the first answers the "
+            "environment's reply; name one with --train.rl.environment pkg.module:function"
+        )
     if rl.use_vllm and importlib.util.find_spec("vllm") is None:
         raise MissingExtraError(
             "use_vllm=True needs vLLM and a CUDA GPU: pip install 'gym[vllm]' on a GPU machine, "
@@ -123,10 +134,10 @@ def check(config: TrainConfig) -> None:
 
 
 def _refuse_unread(rl: RLSettings, names: tuple[str, ...], method: str, owner: str, instead: str) -> None:
-    """A ConfigError naming the settings of `names` given away from their defaults: `method` does not
-    read them (they were accepted, and had no effect)."""
-    fields = type(rl).model_fields
-    given = [f"rl.{n}={getattr(rl, n)!r}" for n in names if getattr(rl, n) != fields[n].get_default()]
+    """A ConfigError naming the settings of `names` the user gave (not None: RLSettings leaves them unset
+    by default), whatever their value: `method` does not read them (they were accepted, and had no
+    effect; a value equal to the other method's default was accepted silently)."""
+    given = [f"rl.{n}={getattr(rl, n)!r}" for n in rl.given(names)]
     if given:
         raise ConfigError(
             f"{method} does not read {', '.join(given)} ({owner} setting{'s' if len(given) > 1 else ''}); "
@@ -141,7 +152,7 @@ def check_data(config: TrainConfig, n_train: int) -> None:
         return
     per_device, accumulation = config.per_device_train_batch_size or 8, config.gradient_accumulation_steps
     processes = int(config.distributed.num_processes) if config.distributed.num_processes != "auto" else 1
-    group = 1 if config.method == "ppo" else config.rl.group_size
+    group = int(config.rl.resolved(config.method).group_size or 1)  # PPO: None, one per prompt
     needed = per_device * accumulation * processes // group  # prompts in one batch
     if n_train >= needed:
         return
@@ -184,13 +195,45 @@ def check_answers(rewards: list[Reward], data: Any, name: str, method: str, warn
             "that needs none (reward_model:SOURCE, answer_format, regex:PATTERN, length_penalty:MAX, or your "
             "own pkg.module:function)"
         )
-    if missing and warn:
+    if missing and warn and not (method == "ppo" and unscorable(rewards)):  # else scorable_prompts says
         print(
             f"gym: {method}: note: {missing} of {len(data)} record(s) of {name} have no `answer`: {which} "
             f"leave{'s' if one else ''} their completions unscored (None, as TRL reads it)",
             file=sys.stderr,
             flush=True,
         )
+
+
+def unscorable(rewards: list[Reward]) -> bool:
+    """Whether a record without an `answer` gets no reward at all: every reward compares with one."""
+    return all(r.needs_answer for r in rewards)
+
+
+def scorable_prompts(data: Any, rewards: list[Reward], name: str, warn: bool = True) -> Any:
+    """PPO's training prompts: without the records no reward can score (no `answer`, and every reward
+    compares with one), with one warning line counting them. TRL's PPO needs a reward for every
+    completion; it got 0 for these and learned from that, where GRPO/GSPO leave an unscored completion
+    out of the loss (README: such records are left out of those rewards, not scored 0).
+    `check_answers` has refused data where no record has an answer."""
+    if data is None or not unscorable(rewards) or "answer" not in data.column_names:
+        return data
+    import numpy as np
+
+    answers = data.with_format("arrow")["answer"]
+    missing = answers.null_count
+    if not missing:
+        return data
+    if warn:
+        which = " and ".join(r.spec for r in rewards)
+        print(
+            f"gym: ppo: warning: {missing} of {len(data)} record(s) of {name} left out: they have no "
+            f"`answer`, so {which} cannot score their completions, and PPO trains on a reward for every "
+            "completion (it would have been 0): add an `answer` to them, or add a reward that needs none "
+            "(answer_format, regex:PATTERN, reward_model:SOURCE...)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return data.select(np.flatnonzero(answers.is_valid().to_numpy(zero_copy_only=False)))
 
 
 @dataclass(frozen=True)
@@ -272,7 +315,8 @@ def prompt_data(
     warn: bool = True,
 ) -> tuple[Any, Any | None]:
     """The training and held-out prompts a stage samples from (`config` concrete): answers there for the
-    rewards that need them, prompts that fit `window` with their completions, and still one batch."""
+    rewards that need them (PPO: none trained on without a reward that applies), prompts that fit
+    `window` with their completions, and still one batch."""
     rl, method = config.rl, config.method
     train_name, eval_name = (
         data_name(train_data, "the training data"),
@@ -280,6 +324,8 @@ def prompt_data(
     )
     check_answers(rewards, train_data, train_name, method, warn)
     check_answers(rewards, eval_data, eval_name, method, warn)
+    if method == "ppo":
+        train_data = scorable_prompts(train_data, rewards, train_name, warn)
     train_data = fitting_prompts(train_data, window, rl, method, train_name, warn)
     eval_data = fitting_prompts(eval_data, window, rl, method, eval_name, warn)
     check_data(config, len(train_data))
@@ -304,17 +350,35 @@ def check_prompt_data(
 
 
 def signal_warnings(method: str, history: list[dict[str, Any]]) -> list[str]:
-    """What the training log of an online RL stage says about a run that had nothing to learn from: no
-    reward applied to any completion, or (GRPO/GSPO) every group's completions rewarded alike, so every
-    advantage was 0. TRL trains on regardless; its only traces are a warning and a curve."""
+    """What the training log of an online RL stage says about a run that had nothing (or something
+    false) to learn from: no reward applied to any completion; (PPO) some completions no reward applied
+    to, trained on as reward 0; (GRPO/GSPO) every group's completions rewarded alike, so every advantage
+    was 0, which group_size=1 (logged as `group_size`) always gives. TRL trains on regardless; its only
+    traces are a warning and a curve."""
     rewards = [h["reward"] for h in history if "reward" in h]
-    if rewards and all(r is None or not math.isfinite(r) for r in rewards):
+    if rewards and all(r is None or math.isnan(r) for r in rewards):  # (an infinite reward is refused)
+        scored_zero = " (PPO trained on them as reward 0)" if method == "ppo" else ""
         return [
-            f"{method}: no reward applied to any completion (every reward None or NaN at every logged step), "
-            "so nothing was learned: check that the rewards apply to this data (an `answer` per record for "
-            "the matching rewards)"
+            f"{method}: no reward applied to any completion (every reward function returned None or NaN for "
+            f"each, at every logged step), so nothing was learned from the rewards{scored_zero}: "
+            "check that they apply to this data (the matching rewards need an `answer` per record; a "
+            "function of yours returns None where it does not apply)"
+        ]
+    unscored = [h["frac_unscored"] for h in history if _number(h.get("frac_unscored"))]
+    if unscored and max(unscored) > 0:  # PPO: a reward for every completion, or 0
+        return [
+            f"{method}: some completions got no reward (every reward function returned None or NaN; up "
+            f"to {max(unscored):.0%} of a logged step's, `frac_unscored`) and were trained on as reward 0, "
+            "since TRL's PPO needs a reward for each: add a reward that applies to every completion, or use "
+            "grpo or gspo, which leave unscored completions out"
         ]
     same = [h["frac_reward_zero_std"] for h in history if "frac_reward_zero_std" in h]
+    if same and min(same) >= 1.0 and {h.get("group_size") for h in history if "group_size" in h} == {1}:
+        return [
+            f"{method}: group_size=1: each prompt's one completion is its whole group, so every advantage (a "
+            "reward minus its group's mean) was 0 and nothing was learned from the rewards (only the KL term "
+            "acts): use --group-size 2 or more, so that a prompt's completions can be compared"
+        ]
     if same and min(same) >= 1.0:
         return [
             f"{method}: at every logged step each prompt's completions got the same reward "

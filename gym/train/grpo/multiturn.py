@@ -8,8 +8,13 @@ with the model's chat template; after every sampled assistant turn (ending with 
 token) the environment's reply is appended as a user turn, in the template's own rendering, up to
 `rl.max_turns` assistant turns. The completion TRL trains on is the whole episode after the prompt,
 with `env_mask` 0 on the environment's and the template's tokens: only the model's own tokens carry
-loss, as in SFT's assistant masking. Rewards score the last assistant turn (`last_turn`); batched
-rewards also receive the whole `conversation`.
+loss, as in SFT's assistant masking. Every assistant turn samples up to `rl.max_completion_length`
+tokens, so an episode (its turns and the environment's) is longer than that.
+
+Rewards, per completion or batched (TRL's), score the last assistant turn, as if it were the whole
+completion: its text (`last_turn`) is the completion they get, and its tokens (`last_turn_ids`) their
+`completion_ids` (gym.rewards.base.Reward); batched rewards also receive the whole episode as
+`conversation` (the prompt's messages, then every turn).
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ def multi_turn_rollout(
         completion_ids: list[list[int]] = [[] for _ in convs]
         env_mask: list[list[int]] = [[] for _ in convs]
         last_turn = [""] * len(convs)
+        last_ids: list[list[int]] = [[] for _ in convs]
         active = list(range(len(convs)))
         model = trainer.accelerator.unwrap_model(trainer.model)
         for turn in range(max_turns):
@@ -83,7 +89,7 @@ def multi_turn_rollout(
                 new = row[: row.index(eos) + 1] if eos in row else row
                 completion_ids[i] += new
                 env_mask[i] += [1] * len(new)
-                last_turn[i] = tok.decode(new, skip_special_tokens=True)
+                last_turn[i], last_ids[i] = tok.decode(new, skip_special_tokens=True), new
                 convs[i].append({"role": "assistant", "content": last_turn[i]})
                 if turn + 1 == max_turns or eos not in new:
                     continue
@@ -102,6 +108,7 @@ def multi_turn_rollout(
             "logprobs": None,
             "env_mask": env_mask,
             "last_turn": last_turn,
+            "last_turn_ids": last_ids,
             "conversation": convs,
         }
 

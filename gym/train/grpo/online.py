@@ -31,7 +31,7 @@ from typing import Any, cast
 from gym.errors import DataError
 from gym.rewards import load_rewards, weighted_sum
 from gym.train.common import trl_args
-from gym.train.config import TrainConfig
+from gym.train.config import TrainConfig, filled
 from gym.train.rl_common import RewardEval, SampleLog, load_environment, prompt_data, prompt_window
 from gym.train.rl_config import RLSettings
 
@@ -54,7 +54,7 @@ def grpo_args(
     """TRL's GRPOConfig for gym's config; `method` overrides per method (GSPO's sequence level)."""
     from trl import GRPOConfig
 
-    group = rl.group_size
+    group = filled(rl.group_size, "rl.group_size")  # `rl` is resolved: its defaults are filled in
     args = GRPOConfig(
         **trl_args(config, output_dir),
         # TRL refuses G=1 when validating its config, though its trainer handles it (advantages 0):
@@ -66,11 +66,11 @@ def grpo_args(
         beta=float(rl.kl_coef or 0.0),
         epsilon=float(rl.epsilon or 0.2),
         epsilon_high=rl.epsilon_high,
-        num_iterations=rl.num_iterations,
-        scale_rewards=SCALE[rl.advantage_normalization],
+        num_iterations=filled(rl.num_iterations, "rl.num_iterations"),
+        scale_rewards=SCALE[filled(rl.advantage_normalization, "rl.advantage_normalization")],
         reward_weights=weights,
-        router_aux_loss_coef=rl.moe_aux_loss_coef,
-        use_vllm=rl.use_vllm,
+        router_aux_loss_coef=filled(rl.moe_aux_loss_coef, "rl.moe_aux_loss_coef"),
+        use_vllm=filled(rl.use_vllm, "rl.use_vllm"),
         vllm_mode="colocate",
         **method,
     )
@@ -104,7 +104,8 @@ def build_trainer(
     if rl.environment:
         from gym.train.grpo.multiturn import multi_turn_rollout
 
-        rollout = multi_turn_rollout(load_environment(rl.environment), rl.max_turns, train_data)
+        turns = filled(rl.max_turns, "rl.max_turns")
+        rollout = multi_turn_rollout(load_environment(rl.environment), turns, train_data)
     tokenizer.padding_side = "left"  # TRL generates from left-padded prompts
     return trainer_class()(
         model=model,
@@ -163,6 +164,8 @@ def trainer_class() -> type:
 
         def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
             training = self._training()
+            if training:  # G, for the closing warning (rl_common.signal_warnings): G=1 has no signal
+                logs["group_size"] = int(self.num_generations or 1)
             if training and self._window:
                 logs["reward_min"], logs["reward_max"] = min(self._window), max(self._window)
                 self._window = []

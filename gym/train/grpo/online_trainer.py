@@ -77,7 +77,8 @@ def config_of(args: Any, finetuning_args: Any, reward_funcs: Any, rl: dict[str, 
     fields.setdefault("learning_rate", TRL_GRPO_LEARNING_RATE)
     config = TrainConfig(method="grpo", **fields, rl=rl_fields)
     if config.per_device_train_batch_size is None:  # one prompt's group per step
-        config = config.model_copy(update={"per_device_train_batch_size": config.rl.group_size})
+        group = config.rl.resolved("grpo").group_size  # unset: GRPO's default
+        config = config.model_copy(update={"per_device_train_batch_size": group})
     if config.num_train_epochs is None:  # transformers needs a number (max_steps, when set, wins)
         config = config.model_copy(update={"num_train_epochs": 1.0})
     config, _ = check_hardware(config)
