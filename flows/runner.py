@@ -38,7 +38,7 @@ from gym.cli_options import (
     read_config_file,
     split_config_file,
 )
-from gym.errors import GymError, interrupted
+from gym.errors import GymError, disk_full, disk_full_error, interrupted
 from gym.train import METHODS
 from gym.train.config import FINETUNING_TYPES
 
@@ -265,6 +265,8 @@ def main(
         print(INTERRUPTED, file=sys.stderr)
         return 128 + signal.SIGINT
     except Exception as exc:
+        if disk_full(exc) is not None and not interrupted(exc):  # the environment's, not a bug: one line
+            return user_error(str(disk_full_error(exc)))
         if not interrupted(exc):  # a library's error raised while handling Ctrl-C is the interrupt
             raise
         print(INTERRUPTED, file=sys.stderr)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from gym.cli_options import ArgumentParser, whole_number
-from gym.errors import GymError
+from gym.errors import GymError, disk_full, disk_full_error
 
 
 def _with_action(argv: Sequence[str], actions: Sequence[str], default: str) -> list[str]:
@@ -126,6 +126,11 @@ def run_console(command: Callable[[], int]) -> NoReturn:
         # Python would report the pipe again when it flushes stdout at exit; point it at /dev/null.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         code = 128 + signal.SIGPIPE
+    except Exception as exc:
+        if disk_full(exc) is None:
+            raise  # a bug: its traceback
+        print(f"error: {disk_full_error(exc)}", file=sys.stderr)  # the environment's: one line
+        code = 2
     exit_process(code)
 
 

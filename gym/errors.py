@@ -73,3 +73,36 @@ def interrupted(exc: BaseException) -> bool:
     """Whether `exc` is a Ctrl-C (KeyboardInterrupt), or was raised from one or while handling one (a
     library that turned the interrupt into its own error, as MLflow does inside a database write)."""
     return any(isinstance(e, KeyboardInterrupt) for e in chain(exc))
+
+
+# What a full disk (or an exhausted quota) says: OSError's errno; safetensors and SQLite only in words.
+_FULL_ERRNOS = (28, 122)  # ENOSPC, EDQUOT
+_FULL_WORDS = ("No space left on device", "database or disk is full", "Disk quota exceeded", "StorageFull")
+
+
+def disk_full(exc: BaseException) -> BaseException | None:
+    """The error in `exc`'s chain that says the disk (or the user's quota) is full, else None: an OSError
+    with errno ENOSPC / EDQUOT, or a library's own error carrying the words (safetensors' SafetensorError,
+    SQLite's "database or disk is full" under SQLAlchemy's and MLflow's errors)."""
+    for e in chain(exc):
+        if isinstance(e, OSError) and e.errno in _FULL_ERRNOS:
+            return e
+        if any(words in str(e) for words in _FULL_WORDS):
+            return e
+    return None
+
+
+class DiskFullError(GymError):
+    """Writing failed because the disk is full: the environment's problem, said in one line."""
+
+
+def disk_full_error(exc: BaseException, where: object = None) -> DiskFullError:
+    """The one-line error for a full disk met while writing `where` (a file or folder; by default the
+    file the OSError names, else the workspace)."""
+    full = disk_full(exc) or exc
+    where = where or getattr(full, "filename", None) or "the workspace (GYM_HOME)"
+    first = (str(full).strip().splitlines() or [type(full).__name__])[0]
+    return DiskFullError(
+        f"no space left on the disk holding {where} ({first}): free space there and run the same command "
+        "again (nothing half-written was kept)"
+    )

@@ -335,9 +335,31 @@ def _loading(ref: ModelRef, errors: tuple[type[Exception], ...] = (OSError,)) ->
             raise  # a hub id: the hub's own errors (gym checks reachability when resolving)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(
-            f"model folder {ref.path} can't be loaded ({first}): copy the folder again from "
-            "where it came from, or give another model"
+            f"model folder {ref.path} can't be loaded ({first}): {remake_advice(ref.path)}"
         ) from None
+
+
+def remake_advice(folder: str | Path) -> str:
+    """What to do about a model folder whose files can't be read, by who made it. gym makes its own again
+    once deleted: gym-tiny's build, a training stage's model or adapter (trained again, from its last
+    checkpoint), a registered version's download (`models:/...`, downloaded again); anything else is the
+    user's to copy again."""
+    from gym import workspace
+    from gym.tiny import KIND
+
+    path = Path(folder).expanduser().resolve()
+    models = workspace.home(create=False) / "models"  # resolved, as gym's own paths are
+    if not path.is_relative_to(models) or path == models:
+        return "copy the folder again from where it came from, or give another model"
+    top = models / path.relative_to(models).parts[0]
+    again = "and run the same command again"
+    if top.name.startswith(f"{KIND}-"):
+        return f"delete {top} {again}: gym builds it again"
+    if top.name.startswith("mlflow-"):
+        return f"delete {top} {again}: gym downloads the registered version again"
+    if path.parent == top and path.name in ("model", "adapter"):
+        return f"delete {path} {again}: gym trains the stage again (from its last checkpoint, if one is left)"
+    return f"delete {path} {again}: gym makes it again"
 
 
 def load_tokenizer(ref: ModelRef) -> Any:

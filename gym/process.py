@@ -15,6 +15,7 @@ import importlib.machinery
 import importlib.metadata
 import importlib.util
 import os
+import signal
 import sys
 import threading
 import types
@@ -46,10 +47,25 @@ def _quiet_native_teardown() -> None:
     hundreds of lines as it is torn down: not a fault of the run, which is over. Triton's own worker
     processes silence the same report the same way. Runs after all other exit handlers (Prefect's,
     MLflow's), whose messages still show; only when objects are frozen and Triton is loaded.
+
+    Ctrl-C pressed again while the process ends (people press it several times) must not stop it half
+    way: the interrupt was printed as "Exception ignored in atexit callback" with its traceback, and
+    then the report this function keeps off the console. So a KeyboardInterrupt here is set aside,
+    further ones are ignored (the run is over), and the teardown is silenced all the same.
     """
+    try:
+        _silence_teardown()
+    except KeyboardInterrupt:
+        with contextlib.suppress(BaseException):
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        with contextlib.suppress(BaseException):
+            _silence_teardown(flush=False)  # what was cut short may have been a flush: not again
+
+
+def _silence_teardown(flush: bool = True) -> None:
     if not gc.get_freeze_count() or "triton._C.libtriton" not in sys.modules:
         return
-    for stream in (sys.stdout, sys.stderr):
+    for stream in (sys.stdout, sys.stderr) if flush else ():
         with contextlib.suppress(Exception):
             stream.flush()
     with contextlib.suppress(OSError):

@@ -86,7 +86,7 @@ class Progress:
         self.began = time.monotonic() if now is None else now
         self.step = start
         self.loss: float | None = None
-        self.first_loss: float | None = None
+        self.first_loss: float | None = None  # the first loss `update` gets, unless set before
         self.tokens_per_s: float | None = None
         self.note: str | None = None  # what else the stage reports (a TF-GRPO library's size)
         self._drawn = -1.0
@@ -134,7 +134,12 @@ class Progress:
             losses = f", loss {self.first_loss:.4g} -> {self.loss:.4g}"
         speed = f", {rate(self.tokens_per_s)} tok/s" if self.tokens_per_s else ""
         note = f", {self.note}" if self.note else ""
-        took = f"{self.step} {self.unit}s in {clock(now - self.began)}"
+        # The steps this run took in the time shown: after a resume, those since it (the others ran
+        # before the interruption); `first_loss` is the stage's first, which the caller may set from the
+        # history the resume brought back (gym.train), as the stage's result and summary have it.
+        ran = self.step - self.start
+        resumed = f" (resumed at {self.start})" if self.start else ""
+        took = f"{ran} {self.unit}{'s' * (ran != 1)}{resumed} in {clock(now - self.began)}"
         self._write(f"{self.stage}: done, {took}{losses}{speed}{note}\n")
 
     def eta(self, now: float) -> float | None:

@@ -6,17 +6,20 @@ puts a later evaluation's scores on the registered version that was evaluated.""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from prefect.cache_policies import NO_CACHE
 
-from gym import tracking
+from gym import secrets, tracking, workspace
+from gym.errors import GymError, disk_full, disk_full_error
 from gym.eval.exact_match import ExactMatch
 from gym.eval.results import EvalResult
 from gym.export import export_model
 from gym.lineage import Lineage, benchmark_scores, describe, heldout_scores, heldout_setups
-from gym.models import ModelRef
+from gym.models import ModelRef, remake_advice
 from gym.registration import evaluated_version, record_scores, register
 from tasks._common import gym_task
 from tasks.tracking import FLOW_RUN_URL_TAG, flow_run_url, link, publish, table
@@ -61,8 +64,12 @@ def register_model(
     ):  # the flow run's page, beside its id (a server's UI; not the temporary API)
         facts = facts.model_copy(update={"extra": {**facts.extra, FLOW_RUN_URL_TAG: url}})
     params = {"registered_model": name, "alias": alias}
+    whole(model)
     # Registration logs the model into a run: a nested one under the flow's run, or its own.
-    with tracking.span("register", params=params, parent_run_id=parent_run_id, uri=tracking_uri) as run_id:
+    with (
+        disk_full_as_error(tracking.tracking_uri(tracking_uri)),
+        tracking.span("register", params=params, parent_run_id=parent_run_id, uri=tracking_uri) as run_id,
+    ):
         done = register(Path(model.path), name, facts, run_id, alias=alias, uri=tracking_uri)
         tags = {"gym.model_version": done.version, "gym.reused_version": done.reused}
         tracking.set_tags(run_id, tags, uri=tracking_uri)
@@ -77,6 +84,28 @@ def register_model(
         f"Registration of {name}",
     )
     return {"name": name, "version": done.version, "alias": alias, "run_id": run_id, "reused": done.reused}
+
+
+def whole(model: ModelRef) -> None:
+    """Refuse a model folder whose weights can't be read (a file cut short by a full disk or a copy, a
+    stage served from Prefect's cache after its weights were damaged): registered or exported, it would
+    become a version or a copy nothing can load, and move the alias to it."""
+    if Path(model.path).is_dir() and (problem := workspace.weights_problem(Path(model.path))):
+        raise GymError(f"model folder {model.path} can't be read ({problem}): {remake_advice(model.path)}")
+
+
+@contextlib.contextmanager
+def disk_full_as_error(where: str | Path) -> Iterator[None]:
+    """A full disk under MLflow's store or an export (SQLite's "database or disk is full", OSError 28,
+    safetensors' "No space left on device") as one line naming where, not the library's traceback."""
+    try:
+        yield
+    except GymError:
+        raise
+    except Exception as exc:
+        if disk_full(exc) is None:
+            raise
+        raise disk_full_error(exc, secrets.strip_url(str(where))) from exc
 
 
 @gym_task(
@@ -94,7 +123,9 @@ def export(
         name = registered["name"]
         tags = tracking.resolve_model_uri(f"models:/{name}/{registered['version']}", uri=tracking_uri)[3]
         lineage = Lineage.from_tags(tags)
-    return str(export_model(model.path, Path(output_dir), lineage=lineage, name=name))
+    whole(model)
+    with disk_full_as_error(output_dir):
+        return str(export_model(model.path, Path(output_dir), lineage=lineage, name=name))
 
 
 @gym_task(

@@ -46,7 +46,7 @@ def test_a_stage_without_a_loss_reports_its_own_note():
     lines = out.getvalue().splitlines()
     assert lines[0] == "tf_grpo: 4 steps, resuming at step 1"
     assert lines[1] == "tf_grpo: 50% (step 2/4)  library 4 items  ETA 0:20"
-    assert lines[-1] == "tf_grpo: done, 4 steps in 0:30, library 8 items"
+    assert lines[-1] == "tf_grpo: done, 3 steps (resumed at 1) in 0:30, library 8 items"  # ran 2, 3, 4
 
 
 def test_a_terminal_gets_one_bar_redrawn_in_place():

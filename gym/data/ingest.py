@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import shutil
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -177,14 +178,16 @@ def ingest(spec: DatasetSpec) -> IngestResult:
 
     digest = dataset_digest(spec)
     final = workspace.path("datasets", digest)
-    meta_file = final / "meta.json"
-    if meta_file.is_file():
-        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    damaged = final.exists() and saved_problem(final)
+    if final.exists() and not damaged:
+        meta = load_meta(final)
         return IngestResult(path=final, digest=digest, kind=meta["kind"], num_records=meta["num_records"])
+    if damaged:  # cut short (a full disk, a copy) or edited: made again, replacing it in one step
+        print(f"gym: dataset folder {final} can't be read ({damaged}): ingesting it again", file=sys.stderr)
     source = str(demo_file(spec.generator)) if spec.generator else spec.source
     fmt = spec.format or detect_source_format(source, spec.columns, spec.split, spec.revision, spec.subset)
     kind = FORMAT_KIND[fmt]
-    with workspace.atomic_dir(final) as tmp:
+    with workspace.atomic_dir(final, replace=bool(damaged)) as tmp:
         # Records stream into a scratch file inside the artifact's temp dir (removed with it if anything
         # fails), then save_to_disk writes the artifact from it memory-mapped.
         scratch = tmp / "scratch"
@@ -233,4 +236,56 @@ def load_meta(dataset_dir: str | Path) -> dict[str, Any]:
             file=str(dataset_dir),
             hint="pass the path returned by gym.data.ingest.ingest",
         )
-    return json.loads(meta_file.read_text(encoding="utf-8"))
+    try:
+        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    except ValueError as exc:  # written atomically, so damaged by hand or by the disk
+        raise DamagedDataset(dataset_dir, f"meta.json: {exc}") from None
+    if not isinstance(meta, dict):
+        raise DamagedDataset(dataset_dir, "meta.json holds no mapping")
+    return meta
+
+
+# Hint for an artifact folder gym made that can't be read: what the user does about it.
+REMAKE = "delete the folder and run the same command again: gym makes it again from its source"
+
+
+class DamagedDataset(DataError):
+    """A dataset folder gym wrote (ingested or tokenized) whose files can't be read: cut short by a full
+    disk or a copy, or edited. Says which folder, and to delete it (gym makes it again)."""
+
+    def __init__(self, folder: str | Path, problem: str) -> None:
+        self.folder, self.problem = Path(folder), problem
+        super().__init__(f"dataset folder {folder} can't be read ({problem}): {REMAKE}")
+
+
+def load_saved(folder: str | Path) -> datasets.Dataset:
+    """`datasets.load_from_disk(folder)` of a folder gym saved (ingested, split, mixed or tokenized): one
+    whose files were cut short or edited is a DamagedDataset naming it, not pyarrow's traceback."""
+    import datasets
+    import pyarrow
+
+    folder = Path(folder)
+    if not folder.exists():
+        raise DataError("no such dataset folder", file=str(folder), hint=REFRESH_HINT)
+    try:
+        return datasets.load_from_disk(str(folder))
+    except PermissionError:
+        raise  # the file is whole: another user's folder, said as it is
+    # pyarrow: a data file cut short (ArrowInvalid, or OSError "Expected to be able to read N bytes");
+    # a data file missing (FileNotFoundError); state.json or dataset_info.json damaged (JSONDecodeError)
+    except (OSError, pyarrow.ArrowException, json.JSONDecodeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise DamagedDataset(folder, first) from None
+
+
+def saved_problem(folder: str | Path) -> str | None:
+    """Why the dataset folder gym saved at `folder` can't be used (its meta.json or data unreadable), else
+    None. Memory-maps the data as training would (no record is read): cheap even for large datasets."""
+    try:
+        load_meta(folder)
+        load_saved(folder)
+    except DamagedDataset as exc:
+        return exc.problem
+    except DataError as exc:  # meta.json missing: a folder left half-made by something other than gym
+        return exc.message
+    return None

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -45,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gym import templates, workspace
 from gym.data.completions import completion_texts, stats_for
-from gym.data.ingest import load_meta, origin
+from gym.data.ingest import load_meta, load_saved, origin, saved_problem
 from gym.data.mix import interleave
 from gym.data.readers import looks_like_hub_id
 from gym.errors import ConfigError, DataError
@@ -421,14 +422,19 @@ def tokenize(
         }
     )
     final = workspace.path("tokenized", digest)
-    if (final / "meta.json").is_file():
+    damaged = final.exists() and saved_problem(final)
+    if final.exists() and not damaged:
         return TokenizeResult.model_validate({**load_meta(final)["result"], "path": final})
-    import datasets
+    if damaged:  # cut short (a full disk, a copy) or edited: made again, replacing it in one step
+        print(
+            f"gym: tokenized folder {final} can't be read ({damaged}): tokenizing it again",
+            file=sys.stderr,
+        )
 
     tokenizer = load_tokenizer(tokenizer_dir, revision)
     if kind != "text":
         check_markers(tokenizer, template, tokenizer_dir)
-    ds = datasets.load_from_disk(str(dataset_dir))
+    ds = load_saved(dataset_dir)  # the ingested data: damaged, it is refused naming its folder
     capped_before = meta.get("split_of", {}).get("max_samples")  # gym.data.split kept the first N
     if settings.max_samples is not None and capped_before != settings.max_samples:
         ds = ds.select(first_records(meta, settings.max_samples, len(ds)))
@@ -446,7 +452,7 @@ def tokenize(
         fn = _pair_batch(tokenizer, template, kind, str(dataset_dir), settings.default_system)
     # Map cache files go to a scratch dir inside the artifact's temp dir, never into the dataset artifact:
     # removed with it on any failure, and by the next write of the artifact after a `kill -9`.
-    with workspace.atomic_dir(final) as tmp:
+    with workspace.atomic_dir(final, replace=bool(damaged)) as tmp:
         work = tmp / "scratch"
         work.mkdir()
         out = ds.map(

@@ -13,25 +13,28 @@ else the training loss).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import re
 import sys
 import time
-from collections.abc import Callable
+import zipfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
 
-from gym import workspace
+from gym import errors, workspace
 from gym.data.formats import require_kind
-from gym.data.ingest import load_meta
+from gym.data.ingest import load_meta, load_saved
 from gym.data.tokenize import data_notes
 from gym.errors import ConfigError
 from gym.hashing import hash_obj
 from gym.models import MODEL_META, ModelRef, load_model, load_tokenizer
+from gym.rewards.base import code_identity
 from gym.rewards.base import identity as reward_identity
 from gym.templates import with_default_system
 from gym.train import (
@@ -97,24 +100,34 @@ def stage_digest(config: TrainConfig, model: ModelRef, train_data: Path, eval_da
     the same; tested bit for bit), and gym may choose it from the memory free at the time
     (gym.train.memory), so a run interrupted with it off resumes with it on, and the other way round.
     """
+    online = config.method in ONLINE_METHODS
+    # An online method's settings as it trains with them: `--train.rl.kl_coef 0.04` on GSPO (its default)
+    # or `--group-size 8` on GRPO is the stage left at its defaults, and reuses it.
+    rl = config.rl.resolved(config.method) if online else config.rl
     inputs: dict[str, Any] = {
-        "config": config.model_copy(update={"gradient_checkpointing": False}),
+        "config": config.model_copy(update={"gradient_checkpointing": False, "rl": rl}),
         "model": model.digest,
         "template": model.template,
         "train": Path(train_data).name,
         "eval": Path(eval_data).name if eval_data else None,
     }
-    rewards = reward_identity(config.rl.rewards) if config.method in ONLINE_METHODS else []
+    rewards = reward_identity(config.rl.rewards) if online else []
     if any(not isinstance(r, str) for r in rewards):  # a user's reward code or a reward model's files
         inputs["rewards"] = rewards
+    if online and rl.environment:  # a multi-turn environment's code, as a reward function's
+        inputs["environment"] = code_identity(rl.environment)
     return hash_obj(inputs)
 
 
-def last_checkpoint(directory: Path) -> str | None:
-    """The newest complete checkpoint under `directory`.
+def last_checkpoint(directory: Path, skipped: list[tuple[Path, str]] | None = None) -> str | None:
+    """The newest complete checkpoint under `directory` whose files can be read.
 
     The Trainer writes trainer_state.json last, so a checkpoint without it was cut short
-    (the process died while saving) and is skipped.
+    (the process died while saving) and is skipped. So is one whose weights, optimizer state or
+    trainer_state.json can't be read (cut short by a full disk, a kill while the file system wrote
+    it, a hand edit): resuming from it failed with the loader's traceback, though an older one was
+    whole. Those go into `skipped` (newest first, with what is wrong), for the caller to say; their
+    files are left as they are (the run saves a new checkpoint of that step over it when it gets there).
     """
     if not directory.is_dir():
         return None
@@ -123,7 +136,30 @@ def last_checkpoint(directory: Path) -> str | None:
         match = re.fullmatch(r"checkpoint-(\d+)", child.name)
         if match and (child / "trainer_state.json").is_file():
             steps.append((int(match.group(1)), child))
-    return str(max(steps)[1]) if steps else None
+    for _, child in sorted(steps, reverse=True):
+        problem = _checkpoint_problem(child)
+        if problem is None:
+            return str(child)
+        if skipped is not None:
+            skipped.append((child, problem))
+    return None
+
+
+def _checkpoint_problem(checkpoint: Path) -> str | None:
+    """What can't be read in a checkpoint, else None. Cheap: safetensors headers against file sizes
+    (gym.workspace.weights_problem, in the checkpoint and its adapter sub-folders), torch's files
+    (optimizer, scheduler, RNG state: zip archives) by their closing directory, trainer_state.json parsed."""
+    try:
+        json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return f"trainer_state.json can't be read ({exc})"
+    for folder in [checkpoint, *(p for p in checkpoint.iterdir() if p.is_dir())]:
+        if problem := workspace.weights_problem(folder):
+            return problem if folder == checkpoint else f"{folder.name}/{problem}"
+    for file in sorted(checkpoint.glob("*.pt")) + sorted(checkpoint.glob("*.pth")):
+        if not zipfile.is_zipfile(file):  # torch.save writes a zip; one cut short lacks its end
+            return f"{file.name} is cut short or damaged"
+    return None
 
 
 def _finished(checkpoint: str) -> bool:
@@ -161,13 +197,9 @@ def run(
     result_file = stage_dir / "result.json"
     with FileLock(str(stage_dir) + ".lock"):
         if result_file.is_file():
-            done = rebased(TrainResult.model_validate_json(result_file.read_text()), stage_dir)
-            gone = [d for d in (done.model_dir, done.adapter_dir) if d and not _saved(Path(d))]
-            if not gone:
+            done = _finished_stage(config.method, result_file, stage_dir)
+            if done is not None:
                 return done
-            # What it trained was deleted: train again (from the last checkpoint left, if any).
-            print(f"gym: {config.method}: {gone[0]} is gone: training the stage again", file=sys.stderr)
-            result_file.unlink()
         for what, choice in choices.items():
             print(f"gym: {config.method}: {what}: {choice}", file=sys.stderr, flush=True)
         longest_trained = min(longest or 0, cutoff)  # what training sees: cut to cutoff_len
@@ -190,9 +222,51 @@ def run(
         return result
 
 
-def _saved(folder: Path) -> bool:
-    """Whether a stage's model or adapter folder is still there (its config written beside the weights)."""
-    return (folder / "config.json").is_file() or (folder / "adapter_config.json").is_file()
+def _finished_stage(method: str, result_file: Path, stage_dir: Path) -> TrainResult | None:
+    """The stage's recorded result, when what it trained is still there and readable; else None, after
+    saying why and clearing the way to train it again (from the last checkpoint left, if any): its
+    result.json is removed, and so is a model or adapter folder whose weights can't be read (gym wrote
+    it; it is written again), so that neither is served, registered or exported as finished."""
+    try:
+        done = rebased(TrainResult.model_validate_json(result_file.read_text(encoding="utf-8")), stage_dir)
+    except (OSError, ValueError) as exc:  # written atomically: damaged by hand or by the disk
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        print(
+            f"gym: {method}: {result_file} can't be read ({first}): training the stage again",
+            file=sys.stderr,
+        )
+        result_file.unlink()
+        return None
+    problems = [(Path(d), p) for d in (done.model_dir, done.adapter_dir) if d and (p := _saved(Path(d)))]
+    if not problems:
+        return done
+    folder, problem = next(((f, p) for f, p in problems if p != GONE), problems[0])
+    if problem == GONE:  # deleted by hand: train again (from the last checkpoint left, if any)
+        print(f"gym: {method}: {folder} is gone: training the stage again", file=sys.stderr)
+        result_file.unlink()
+        return None
+    saved = [Path(d) for d in (done.model_dir, done.adapter_dir) if d and Path(d).exists()]
+    print(
+        f"gym: {method}: {folder} can't be read ({problem}): removing what the stage saved "
+        f"({', '.join(f.name + '/' for f in saved)}) and training the stage again",
+        file=sys.stderr,
+    )
+    result_file.unlink()  # first: a stage without it is unfinished, whatever happens next
+    for other in saved:  # both: the model is the adapter merged, so the two are written again together
+        workspace.discard(other)
+    return None
+
+
+GONE = "gone"
+
+
+def _saved(folder: Path) -> str | None:
+    """What is wrong with a stage's saved model or adapter folder, else None: GONE when it is no longer
+    there (its config written beside the weights is missing), else why its weights can't be read (a file
+    cut short: gym.workspace.weights_problem; a cheap check of headers against sizes)."""
+    if not ((folder / "config.json").is_file() or (folder / "adapter_config.json").is_file()):
+        return GONE
+    return workspace.weights_problem(folder)
 
 
 def rebased(result: TrainResult, stage_dir: Path) -> TrainResult:
@@ -308,16 +382,24 @@ def _train(
 ) -> TrainResult | None:
     """Train the stage in this process; None in the other processes of a distributed stage, where the
     main process saves and reports."""
-    from datasets import load_from_disk
-
-    train_ds = load_from_disk(str(train_data))
-    eval_ds = load_from_disk(str(eval_data)) if eval_data else None
+    # tokenized data cut short or edited: one line naming its folder (delete it: gym tokenizes it again)
+    train_ds = load_saved(train_data)
+    eval_ds = load_saved(eval_data) if eval_data else None
     checkpoints = stage_dir / "checkpoints"
     trainer, tokenizer, loader, stretch = build_trainer(
         config, model_ref, train_ds, eval_ds, checkpoints, stage_dir, max_length
     )
     _report_progress(trainer, config.method)
-    resume = last_checkpoint(checkpoints)
+    skipped: list[tuple[Path, str]] = []
+    resume = last_checkpoint(checkpoints, skipped)
+    if skipped and trainer.is_world_process_zero():
+        then = f"resuming from {Path(resume).name}" if resume else "starting the stage over"
+        for checkpoint, problem in skipped:
+            print(
+                f"gym: {config.method}: {checkpoint} can't be used ({problem}): {then} (its files are left "
+                "as they are; the run saves that step's checkpoint again when it gets there)",
+                file=sys.stderr,
+            )
     if resume:
         adapters.restore_adapter(trainer.model, resume)
     before_file = stage_dir / "eval_before.json"
@@ -342,7 +424,7 @@ def _train(
             trainer._load_from_checkpoint(resume)
         trainer.state = TrainerState.load_from_json(str(Path(resume) / "trainer_state.json"))
     else:
-        with speed.gc_frozen(), tied_keys_not_missing(trainer.model):
+        with speed.gc_frozen(), tied_keys_not_missing(trainer.model), _disk_full_as_error(checkpoints):
             trainer.train(resume_from_checkpoint=resume)
     seconds = time.perf_counter() - start
     if at_start is not None:
@@ -357,7 +439,14 @@ def _train(
     system = load_meta(train_data).get("settings", {}).get("default_system")
     system = model_ref.default_system if system is None else system
     saved = model_ref.model_copy(update={"default_system": system})
-    model_dir, adapter_dir = _save_final(trainer, tokenizer, saved, stage_dir, loader, stretch, max_length)
+    with _disk_full_as_error(stage_dir):
+        final = _save_final(trainer, tokenizer, saved, stage_dir, loader, stretch, max_length)
+    model_dir, adapter_dir = final
+    # Trained weights are written 0600 (safetensors); a model folder is meant to be read by others
+    # (served, exported, other users' jobs), as gym-tiny and exports are.
+    for folder in (model_dir, adapter_dir, checkpoints):
+        if folder is not None and folder.is_dir():
+            workspace.shareable(folder)
     signal = _signal(config.method, eval_before, eval_after, trainer.state.log_history)
     for note in rl_common.signal_warnings(config.method, trainer.state.log_history):
         logging.getLogger("gym.train").warning(note)  # on the console as `gym: warning: ...`
@@ -380,6 +469,20 @@ def _train(
         **signal,
     )
     return result
+
+
+@contextlib.contextmanager
+def _disk_full_as_error(where: Path) -> Iterator[None]:
+    """A full disk while the trainer saves a checkpoint (OSError 28, or safetensors' own error saying so)
+    as one line naming the folder: a checkpoint cut short is skipped when the run resumes."""
+    try:
+        yield
+    except errors.GymError:
+        raise
+    except Exception as exc:
+        if errors.disk_full(exc) is None:
+            raise
+        raise errors.disk_full_error(exc, where) from exc
 
 
 def method_check(config: TrainConfig) -> None:

@@ -33,6 +33,12 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if state.is_local_process_zero and not self.verbose:
             self.bar = progress.Progress(self.stage, state.max_steps, start=state.global_step)
+            # Resumed: the run's first loss (logged before the interruption, as the stage's result and the
+            # JSON summary have it), not the resumed part's.
+            from gym.train.common import losses_from
+
+            if losses := losses_from(state.log_history):
+                self.bar.first_loss = losses[0][1]
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.bar is not None:
