@@ -8,6 +8,7 @@ base model, method, datasets with digests, hyperparameters, eval scores, and how
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from gym.lineage import Lineage
@@ -17,10 +18,14 @@ def _yaml_list(key: str, items: list[str]) -> list[str]:
     return [f"{key}:", *(f"- {json.dumps(i)}" for i in items)] if items else []
 
 
-def _table(header: tuple[str, str], rows: list[tuple[str, str]]) -> list[str]:
+def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
     if not rows:
         return ["(none recorded)"]
-    return [f"| {header[0]} | {header[1]} |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)]
+    return [_row(header), "|" + "---|" * len(header), *(_row(row) for row in rows)]
+
+
+def _row(cells: tuple[str, ...]) -> str:
+    return "| " + " | ".join(cells) + " |"
 
 
 def _system_row(system: str | None) -> list[tuple[str, str]]:
@@ -64,7 +69,10 @@ def render(name: str, lineage: Lineage, stop_tokens: list[str] | None = None) ->
         for role, d in lineage.datasets.items()
     ]
     hyper = [row for stage, cfg in lineage.hyperparameters.items() for row in _flat(stage, cfg)]
-    scores = [(k, f"{v:.4f}") for k, v in sorted(lineage.scores.items())]
+    # How each score was measured (benchmark shots and questions, held-out records), beside the number: a
+    # 0-shot score on 1 question per subject reads like a full benchmark's otherwise.
+    setups = lineage.score_setups
+    scores = [(k, f"{v:.4f}", setups.get(k.split(".", 1)[0], "")) for k, v in sorted(lineage.scores.items())]
     entry = "(not from gym's registry)"
     if lineage.registry_entry:
         entry = f"`{lineage.registry_entry}` (digest `{lineage.registry_digest}`)"
@@ -94,7 +102,7 @@ def render(name: str, lineage: Lineage, stop_tokens: list[str] | None = None) ->
         "",
         "## Evaluation",
         "",
-        *_table(("metric", "value"), scores),
+        *_table(("metric", "value", "measured"), scores),
         "",
         "## Hyperparameters",
         "",

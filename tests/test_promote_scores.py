@@ -72,7 +72,7 @@ def test_benchmark_scores_reach_tags_and_card_and_promote_only_when_measured_ali
         "mmlu_after.social_sciences": 0.7,
     }
     assert mv.tags["score_setup.mmlu_after"] == "gym, 5-shot, 8 questions"
-    assert "| mmlu_after.stem | 0.3000 |" in mv.description
+    assert "| mmlu_after.stem | 0.3000 | gym, 5-shot, 8 questions |" in mv.description  # how, beside it
     assert Lineage.from_tags(mv.tags).scores == scores
 
     assert promote(name, "mmlu_after").champion == "1"
@@ -134,7 +134,7 @@ def test_an_evaluation_after_registration_is_recorded_on_the_version(
         assert float(mv.tags["score.exact_match"]) == summary["exact_match"]
         assert mv.tags["score_setup.mmlu"] == "gym, 1-shot, 6 questions"
         assert mv.tags["gym.last_evaluated_by"] == summary["flow_run_id"]
-        assert f"| mmlu | {summary['mmlu']:.4f} |" in mv.description
+        assert f"| mmlu | {summary['mmlu']:.4f} | gym, 1-shot, 6 questions |" in mv.description
         assert float(mv.tags["score.mmlu_after"]) == 0.4  # what registration recorded stays
         measured[alias] = summary["mmlu"]
     decision = promote(name, "mmlu")  # on the later evaluation's scores
