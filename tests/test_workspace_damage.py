@@ -176,6 +176,26 @@ def test_a_damaged_ingested_dataset_is_made_again_by_ingest_and_refused_by_token
     assert json.loads(damaged_meta.read_text())["num_records"] == meta["num_records"]
 
 
+def test_every_reader_of_a_damaged_dataset_folder_says_which_in_one_line(gym_home):
+    """Splitting, held-out exact match and TF-GRPO's questions (and mixing, previewing, online RL's prompt
+    check) read the folder with load_from_disk and gave pyarrow's traceback, naming no folder."""
+    from gym.data.split import split
+    from gym.eval.exact_match import evaluate
+    from gym.tfgrpo.data import questions_from
+
+    data = ingest(resolve_dataset("demo_sft"))
+    cut(arrow_file(data.path), 20_000)
+    says = f"dataset folder {data.path} can't be read"
+    for read in (
+        lambda: split(data, 0.1, 0, "demo_sft"),
+        lambda: evaluate(tiny(), Path(data.path), limit=2),
+        lambda: questions_from(Path(data.path)),
+    ):
+        with pytest.raises(DamagedDataset, match=says):
+            read()
+    assert saved_problem(data.path) is not None
+
+
 @pytest.mark.parametrize("swap", [True, False], ids=["exchange", "two-renames"])
 def test_atomic_dir_with_replace_puts_the_new_folder_in_place_of_the_old(tmp_path, monkeypatch, swap):
     if not swap:

@@ -25,7 +25,7 @@ from typing import Any
 
 from gym import workspace
 from gym.data import ingest as ingest_module
-from gym.data.ingest import IngestResult, ingest
+from gym.data.ingest import IngestResult, ingest, load_saved
 from gym.data.registry import EMPTY_NAME, DatasetSpec, resolve_dataset
 from gym.errors import ConfigError
 from gym.hashing import hash_obj
@@ -108,7 +108,7 @@ def mix(results: list[IngestResult], parts: list[str]) -> IngestResult:
     if not (final / "meta.json").is_file():
         import datasets
 
-        rows = datasets.concatenate_datasets([datasets.load_from_disk(str(r.path)) for r in results])
+        rows = datasets.concatenate_datasets([load_saved(r.path) for r in results])
         meta = {
             "digest": digest,
             "kind": kind,

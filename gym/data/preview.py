@@ -51,10 +51,10 @@ def preview(
     as_json: bool = False,
     cutoff_len: int | None = None,
 ) -> str:
-    from datasets import load_from_disk
+    from gym.data.ingest import load_saved
 
     ingested = ingest_named(dataset)
-    records = load_from_disk(str(ingested.path)).select(range(min(n, ingested.num_records)))
+    records = load_saved(ingested.path).select(range(min(n, ingested.num_records)))
     header = f"{dataset}: {ingested.num_records} {ingested.kind} records (artifact {ingested.path})"
     if model is None:
         rows = [dict(r) for r in records]
@@ -70,7 +70,7 @@ def preview(
     cut = {} if cutoff_len is None else {"cutoff_len": cutoff_len}
     settings = TokenizeSettings(**cut) if ingested.kind == "text" else TokenizeSettings(max_samples=n, **cut)
     tokenized = tokenize(ingested.path, ref.path, ref.template, settings, revision=ref.revision)
-    blocks = load_from_disk(str(tokenized.path))
+    blocks = load_saved(tokenized.path)
     rows = [dict(r) for r in blocks.select(range(min(n, len(blocks))))]
     if as_json:
         return json.dumps(rows, ensure_ascii=False)

@@ -20,7 +20,7 @@ import math
 from typing import Any
 
 from gym import workspace
-from gym.data.ingest import IngestResult, load_meta
+from gym.data.ingest import IngestResult, load_meta, load_saved
 from gym.errors import ConfigError
 from gym.hashing import hash_obj
 
@@ -70,7 +70,7 @@ def split(
     }
     finals = {part: workspace.path("datasets", digest) for part, digest in digests.items()}
     if not all((final / "meta.json").is_file() for final in finals.values()):
-        rows = datasets.load_from_disk(str(data.path))
+        rows = load_saved(data.path)
         extra: dict[str, dict[str, Any]] = {"train": {}, "held_out": {}}
         if mixed:  # the train records stay in their datasets, in order (train_test_split shuffles them)
             drawn = datasets.Dataset.from_dict({"i": list(pool)}).train_test_split(test_size=count, seed=seed)

@@ -53,13 +53,13 @@ def evaluate(
     longest reference's length in tokens and a few more (ANSWER_ROOM, at most MAX_ANSWER): a fixed cap
     shorter than the references could never match them, and cut BLEU and ROUGE short."""
     import torch
-    from datasets import load_from_disk
 
+    from gym.data.ingest import load_saved
     from gym.templates import with_system
 
     check_metrics(metrics)
     system = model.default_system if system is None else system
-    records = load_from_disk(str(dataset_dir))
+    records = load_saved(dataset_dir)
     if limit is not None:
         records = records.select(range(min(limit, len(records))))
     shipped = shipped_library(model.path)

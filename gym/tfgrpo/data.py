@@ -114,9 +114,7 @@ def questions_from(
     dataset_dir: str | Path, limit: int | None = None, name: str | None = None
 ) -> list[Question]:
     """The questions of an ingested dataset folder (the first `limit`)."""
-    from datasets import load_from_disk
-
-    from gym.data.ingest import load_meta
+    from gym.data.ingest import load_meta, load_saved
 
     kind = load_meta(dataset_dir)["kind"]
     if kind not in ("sft", "prompt"):
@@ -124,7 +122,7 @@ def questions_from(
             "Training-Free GRPO needs questions (an sft dataset: alpaca, sharegpt, openai; or prompts: "
             f"prompt or question, answer for ground truth), but {name or dataset_dir!r} is {kind}"
         )
-    records = load_from_disk(str(dataset_dir))
+    records = load_saved(dataset_dir)
     n = len(records) if limit is None else min(limit, len(records))
     questions = []
     for i in range(n):

@@ -339,14 +339,13 @@ def check_prompt_data(
     loads (`config` concrete: gym.train.plan's)."""
     if config.method not in ONLINE_METHODS:
         return
-    from datasets import load_from_disk
-
+    from gym.data.ingest import load_saved
     from gym.models import load_config
 
     rewards, _ = load_rewards(config.rl.rewards, config.rl.reward_weights)
-    held_out = load_from_disk(str(eval_data)) if eval_data else None
+    held_out = load_saved(eval_data) if eval_data else None
     window = prompt_window(config, cutoff_len, load_config(model))
-    prompt_data(config, rewards, load_from_disk(str(train_data)), held_out, window, warn=False)
+    prompt_data(config, rewards, load_saved(train_data), held_out, window, warn=False)
 
 
 def signal_warnings(method: str, history: list[dict[str, Any]]) -> list[str]:

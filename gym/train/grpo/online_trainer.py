@@ -95,15 +95,13 @@ def prompt_records(dataset: Any, limit: int | None = None) -> Any:
         raise ConfigError("GRPOTrainer needs train_dataset (a dataset name or path, or records)")
     rows: list[dict[str, Any]]
     if isinstance(dataset, (str, Path)):
-        from datasets import load_from_disk
-
-        from gym.data.ingest import load_meta
+        from gym.data.ingest import load_meta, load_saved
         from gym.data.mix import ingest_named
         from gym.tfgrpo.data import dataset_spec
 
         ingested = ingest_named(str(dataset), resolve=dataset_spec)
         if load_meta(ingested.path)["kind"] == "prompt":
-            records = load_from_disk(ingested.path)
+            records = load_saved(ingested.path)
             rows = [{k: r[k] for k in ("prompt", "answer", "metadata")} for r in records]
             return Dataset.from_list(rows[:limit] if limit is not None else rows)
     from gym.train.grpo.trainer import questions_of
