@@ -13,7 +13,7 @@ from gym.data.split import split
 from gym.data.tokenize import TokenizeSettings, tokenize
 from gym.models import ModelRef
 from tasks._common import DATA_TIMEOUT_S, IO_RETRIES, gym_task
-from tasks.tracking import publish, table
+from tasks.tracking import artifact_key, publish, table
 
 
 @gym_task(
@@ -28,7 +28,7 @@ def ingest_dataset(name: str) -> Any:
     them: their records one after the other) into an artifact."""
     result = ingest_named(name)
     publish(
-        "ingest",
+        f"ingest-{artifact_key(name)}",  # one key per dataset: the Artifacts page keeps a key's latest
         f"## ingest {name}\n\n"
         + table(
             {"records": result.num_records, "kind": result.kind, "digest": result.digest, "path": result.path}
@@ -47,7 +47,7 @@ def split_dataset(
     train, held = split(dataset, val_size, seed, name, max_samples)
     counts = {"train records": train.num_records, "held-out records": held.num_records, "of": dataset.digest}
     publish(
-        "split",
+        f"split-{artifact_key(name)}",
         f"## hold out {val_size}\n\n" + table(counts),
         f"Held-out part of dataset {dataset.digest}",
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -34,6 +35,11 @@ def flow_run_url(flow_run_id: str | None) -> str | None:
 
 def in_run() -> bool:
     return TaskRunContext.get() is not None or FlowRunContext.get() is not None
+
+
+def artifact_key(text: str) -> str:
+    """`text` (a dataset's name or path) as part of an artifact key: lower-case letters, digits, dashes."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[-60:].strip("-") or "unnamed"
 
 
 def publish(key: str, markdown: str, description: str) -> None:

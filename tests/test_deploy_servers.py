@@ -217,6 +217,8 @@ def test_each_deployment_run_completes_and_registers_in_mlflow(runs: dict[str, s
         weekly_artifacts["gym-summary"].data
     )
     assert "/get-artifact?path=loss.png" in str(weekly_artifacts["stage-sft"].data)
+    # one key per dataset (all four shared `ingest`: the Artifacts page showed the last one only)
+    assert {"ingest-demo-sft", "ingest-demo-dpo"} <= {a.key for a in artifacts}
 
 
 def test_a_local_run_is_served_from_the_deployment_runs_cache(runs: dict[str, str], deployed: Stack):
