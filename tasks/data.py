@@ -54,7 +54,12 @@ def split_dataset(
     return train, held
 
 
-@gym_task(name="tokenize-dataset", task_run_name="tokenize {dataset.digest}", timeout_seconds=DATA_TIMEOUT_S)
+@gym_task(
+    name="tokenize-dataset",
+    # what a user recognises in the UI's task list (the digest alone named nothing); the digest follows
+    task_run_name="tokenize {dataset.num_records} {dataset.kind} records for {model.name} ({dataset.digest})",
+    timeout_seconds=DATA_TIMEOUT_S,
+)
 def tokenize_dataset(dataset: Any, model: ModelRef, settings: TokenizeSettings) -> Any:
     """Render with the model's chat template, tokenize and mask labels into an artifact."""
     return tokenize(Path(dataset.path), model.path, model.template, settings, revision=model.revision)

@@ -101,6 +101,20 @@ def test_training_shows_a_bar_not_log_dicts_and_its_mlflow_run_spans_it(
     assert child.data.tags["gym.stage_digest"] == result.digest
 
 
+def test_the_score_before_training_is_logged_as_such_not_as_step_0_of_0(caplog):
+    from types import SimpleNamespace
+
+    from gym.train.progress import ProgressCallback
+
+    callback = ProgressCallback("dpo")
+    with caplog.at_level(logging.INFO, logger="gym.train"):
+        for step, steps in ((0, 0), (5, 40)):  # the trainer's state before training, then during it
+            state = SimpleNamespace(is_local_process_zero=True, global_step=step, max_steps=steps)
+            callback.on_log(None, state, None, logs={"eval_loss": 1.5})
+    lines = [r.getMessage() for r in caplog.records if r.name == "gym.train"]
+    assert lines == ['dpo before training {"eval_loss": 1.5}', 'dpo step 5/40 {"eval_loss": 1.5}']
+
+
 def test_verbose_brings_back_every_log_line(tiny_sft_data, capfd, monkeypatch):
     monkeypatch.setenv(progress.VERBOSE_ENV, "1")
     model, data = tiny_sft_data

@@ -52,7 +52,9 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
         if not state.is_local_process_zero or not logs:
             return
         logs = {k: v for k, v in logs.items() if k != "total_flos"}
-        logger.info("%s step %d/%d %s", self.stage, state.global_step, state.max_steps, json.dumps(logs))
+        # The held-out score before training is logged before the trainer knows its steps (0/0)
+        at = f"step {state.global_step}/{state.max_steps}" if state.max_steps else "before training"
+        logger.info("%s %s %s", self.stage, at, json.dumps(logs))
         if self.verbose:
             print({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in logs.items()})
             return
