@@ -61,7 +61,7 @@ def check_names(register_as: str | None = None, alias: str | None = None) -> Non
         try:
             validate(value)
         except MlflowException as exc:
-            raise ConfigError(f"{field} {value!r}: {exc.message}") from None
+            raise ConfigError(f"{field} {value!r}: {exc.message.rstrip('.')}; give another") from None
 
 
 def register(

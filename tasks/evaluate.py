@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import json
-import re
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,7 +22,7 @@ from gym.hashing import stamp
 from gym.models import ModelRef
 from gym.plots import category_bars
 from tasks._common import EVAL_TIMEOUT_S, gym_task
-from tasks.tracking import cell, in_run, publish, stage_run, table
+from tasks.tracking import artifact_key, cell, in_run, publish, stage_run, table
 
 
 @gym_task(name="exact-match", task_run_name="exact match {label}", gpu=True, timeout_seconds=EVAL_TIMEOUT_S)
@@ -110,7 +109,7 @@ def benchmark_eval(
     if in_run():  # not under `task.fn()`
         headline = f"{result.metric} {result.overall:.4f} over {result.n_questions} questions"
         create_table_artifact(
-            key=_artifact_key(f"{result.benchmark}-{label}"),
+            key=artifact_key(f"{result.benchmark}-{label}"),
             table=[{"label": label, **row} for row in result.rows()],
             description=f"{result.benchmark} {label} ({model.name}): {headline}",
         )
@@ -160,7 +159,3 @@ def _log(run_id: str, result: EvalResult, label: str, uri: str | None, baseline:
             series, folder / f"{result.benchmark}-{label}-categories.png", f"{result.benchmark}"
         )
         tracking.log_artifact(run_id, plot, uri=uri)
-
-
-def _artifact_key(text: str) -> str:
-    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")

@@ -3,14 +3,13 @@ margin, and publish the decision (why, with both scores) as a Prefect markdown a
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from gym.promotion import ModeChoice, promote
-from tasks.tracking import publish
+from tasks.tracking import artifact_key, publish
 
 
 @task(name="promote-model", task_run_name="promote {name}", cache_policy=NO_CACHE)
@@ -25,7 +24,7 @@ def promote_model(
     """Judge the version `challenger` points to (the flow's `output.alias`: the version it registered)."""
     decision = promote(name, metric, margin, mode, challenger, uri=tracking_uri)
     publish(
-        f"promotion-{re.sub(r'[^a-z0-9-]+', '-', name.lower()).strip('-')}",
+        f"promotion-{artifact_key(name)}",
         decision.markdown(),
         f"Champion decision for {name} on {metric}",
     )

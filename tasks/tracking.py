@@ -38,7 +38,8 @@ def in_run() -> bool:
 
 
 def artifact_key(text: str) -> str:
-    """`text` (a dataset's name or path) as part of an artifact key: lower-case letters, digits, dashes."""
+    """`text` (a dataset's, benchmark's or model's name, a path) as part of an artifact key: lower-case
+    letters, digits and single dashes, as Prefect's keys take them."""
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[-60:].strip("-") or "unnamed"
 
 
