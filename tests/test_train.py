@@ -118,10 +118,14 @@ def test_a_finished_stage_whose_model_was_deleted_or_whose_workspace_moved(gym_h
     config = SFT.model_copy(update={"max_steps": 3, "save_steps": 1})
     first = train.run(config, model, data)
     weights_first = weights(first.model_dir)
+    files_first = {p.name: p.read_bytes() for p in Path(first.model_dir).iterdir()}
     shutil.rmtree(first.model_dir)  # its result.json stays: it was handed back naming a folder that is gone
     again = train.run(config, model, data)
     assert (Path(again.model_dir) / "config.json").is_file()
     assert all((weights(again.model_dir)[k] == w).all() for k, w in weights_first.items())  # the same run
+    # every file as the uninterrupted run wrote it (generation_config.json's eos was an int, not train()'s
+    # list): registration digests them all, and would add a version holding the same weights
+    assert {p.name: p.read_bytes() for p in Path(again.model_dir).iterdir()} == files_first
 
     moved = gym_home.parent / "moved_home"  # a workspace copied elsewhere keeps each stage's result.json
     shutil.copytree(gym_home, moved)

@@ -417,9 +417,14 @@ def _train(
     start = time.perf_counter()
     if resume and _finished(resume):
         # The process ended after the last step's checkpoint, before the final save. transformers would
-        # resume it by training one step more: take the checkpoint's weights and state as they are.
+        # resume it by training one step more: take the checkpoint's weights and state as they are, and
+        # the special tokens train() aligns before its first step (the saved generation_config would
+        # differ from an uninterrupted run's, so registration would add a version of the same weights).
         from transformers import TrainerState
+        from transformers.trainer_utils import align_special_tokens
 
+        if hasattr(trainer.model, "config") and trainer.processing_class is not None:
+            align_special_tokens(trainer.model, trainer.processing_class)
         with tied_keys_not_missing(trainer.model):
             trainer._load_from_checkpoint(resume)
         trainer.state = TrainerState.load_from_json(str(Path(resume) / "trainer_state.json"))
