@@ -62,9 +62,10 @@ CACHE_POLICY = _INPUTS + TASK_SOURCE + LIBRARY
 @dataclass
 class PresentArtifacts(CachePolicy):
     """`inner`'s key; but a result cached under it that names workspace files that are gone (deleted by
-    hand) is dropped first, so the task runs again, rebuilds them and records its result under the same
-    key, instead of handing on paths to nothing. Records in other result storage (a remote one) are
-    served as Prefect would: `--refresh-cache` rebuilds there."""
+    hand), or model folders whose weights can't be read (cut short: a cheap check of headers against
+    sizes), is dropped first, so the task runs again, rebuilds them and records its result under the same
+    key, instead of handing on paths to nothing or to damaged weights. Records in other result storage
+    (a remote one) are served as Prefect would: `--refresh-cache` rebuilds there."""
 
     inner: CachePolicy | None = None
 
@@ -82,7 +83,7 @@ class PresentArtifacts(CachePolicy):
 
 def _stale_record(store: Any, key: str) -> Path | None:
     """The file of the result recorded under `key` in local result storage, if it names workspace
-    artifacts that no longer exist."""
+    artifacts that no longer exist or model weights that can't be read."""
     from prefect.results import ResultRecord
 
     basepath = getattr(store.result_storage, "basepath", None)
@@ -93,29 +94,35 @@ def _stale_record(store: Any, key: str) -> Path | None:
         result = ResultRecord.deserialize(record.read_bytes()).result
     except Exception:  # none yet, or one Prefect itself will judge
         return None
-    return record if missing_files(result, workspace.home()) else None
+    return record if unusable_files(result, workspace.home()) else None
 
 
 # Fields of results that name a workspace artifact (datasets, tokenized data, training stages, runs).
 ARTIFACT_FIELDS = ("path", "stage_dir", "model_dir", "adapter_dir", "run_dir")
+# Those of them that name a folder of weights.
+WEIGHTS_FIELDS = ("model_dir", "adapter_dir")
 
 
-def missing_files(value: Any, root: Path) -> list[Path]:
+def unusable_files(value: Any, root: Path) -> list[Path]:
     """The artifacts under workspace `root` that a task's result names (`ARTIFACT_FIELDS` of the models in
-    it, at any depth) and that do not exist."""
+    it, at any depth) and that do not exist, or are weights folders whose weights can't be read."""
     if isinstance(value, BaseModel):
         found = []
         for name, field in dict(value).items():
             if name in ARTIFACT_FIELDS and isinstance(field, str | Path) and os.path.isabs(field):
-                if Path(field).is_relative_to(root) and not Path(field).exists():
-                    found.append(Path(field))
+                path = Path(field)
+                if path.is_relative_to(root) and (
+                    not path.exists()
+                    or (name in WEIGHTS_FIELDS and path.is_dir() and workspace.weights_problem(path))
+                ):
+                    found.append(path)
             else:
-                found += missing_files(field, root)
+                found += unusable_files(field, root)
         return found
     if isinstance(value, dict):
-        return [p for v in value.values() for p in missing_files(v, root)]
+        return [p for v in value.values() for p in unusable_files(v, root)]
     if isinstance(value, list | tuple):
-        return [p for v in value for p in missing_files(v, root)]
+        return [p for v in value for p in unusable_files(v, root)]
     return []
 
 

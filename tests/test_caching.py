@@ -241,3 +241,34 @@ def test_the_cached_count_waits_for_task_runs_the_api_has_not_recorded_yet(prefe
         assert cached_task_count(str(flow_run.id), timeout_s=30) == 2
     finally:
         recorder.join()
+
+
+@flow(name="test-train-cached")
+def train_flow() -> tuple[str, Any]:
+    from gym.data.tokenize import TokenizeSettings
+    from gym.train import TrainConfig
+    from tasks.data import tokenize_dataset
+    from tasks.train import train_stage
+
+    model = resolve_model("gym-tiny")
+    data = tokenize_dataset(ingest_dataset("demo_sft"), model, TokenizeSettings(max_samples=32))
+    state = train_stage(TrainConfig(method="sft", max_steps=2), model, data, return_state=True)
+    return state.name, state.result()[0]
+
+
+def test_a_cached_training_result_whose_weights_were_cut_short_is_trained_again(prefect_server, gym_home):
+    from gym import workspace
+
+    with workspace_settings():
+        state, first = train_flow()
+    weights = Path(first.model_dir) / "model.safetensors"
+    whole = weights.read_bytes()
+    with weights.open("r+b") as f:
+        f.truncate(len(whole) // 2)  # a copy or a full disk cut it short; Prefect's cache still names it
+    with workspace_settings():
+        state, again = train_flow()
+    assert state == "Completed", "was Cached: the damaged weights were handed on to register and serve"
+    assert again.model_dir == first.model_dir and weights.read_bytes() == whole
+    assert workspace.weights_problem(Path(again.model_dir)) is None
+    with workspace_settings():
+        assert train_flow()[0] == "Cached"
