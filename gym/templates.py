@@ -65,7 +65,7 @@ def list_templates() -> list[str]:
 
 def template_hint() -> str:
     """What to do about a model gym finds no chat template for."""
-    return f"pass --template (one of {', '.join(list_templates())})"
+    return f"pass --template (a flow run's `template` parameter; one of {', '.join(list_templates())})"
 
 
 def canonical_template(name: str) -> str:
