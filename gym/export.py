@@ -34,7 +34,7 @@ from gym.errors import ConfigError
 from gym.lineage import Lineage
 from gym.models import adapter_base, require_safetensors
 from gym.ollama import gguf_notes, modelfile
-from gym.templates import load_template, with_default_system
+from gym.templates import canonical_template, load_template, with_default_system
 from gym.tfgrpo.injection import EXPERIENCE_FILE
 
 MARKER = "gym_model.json"
@@ -163,13 +163,27 @@ def _local_lineage(
         default_system=meta.get("default_system"),
         method=meta.get("method"),
     )
-    if result.is_file():
-        facts = json.loads(result.read_text())
-        scores = {f"{facts['method']}_{k}": float(v) for k, v in facts.get("eval_after", {}).items()}
-        if facts.get("losses"):
-            scores[f"{facts['method']}_loss_last"] = float(facts["losses"][-1][1])
+    if result.is_file():  # the scores and hyperparameters a flow registering this stage records
+        from gym.lineage import eval_scores
+        from gym.tracking import redact
+        from gym.train.common import TrainResult
+
+        try:
+            facts = TrainResult.model_validate_json(result.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ConfigError(
+                f"{result} can't be read ({first}): run the stage's training again (gym trains it again)"
+            ) from None
+        scores, _ = eval_scores({facts.method: facts}, None, None)
+        hyper = {facts.method: redact(facts.hyperparameters)} if facts.hyperparameters else {}
         lineage = lineage.model_copy(
-            update={"method": facts["method"], "stages": {facts["method"]: facts["digest"]}, "scores": scores}
+            update={
+                "method": facts.method,
+                "stages": {facts.method: facts.digest},
+                "scores": scores,
+                "hyperparameters": hyper,
+            }
         )
     return lineage
 
@@ -212,6 +226,10 @@ def export_model(
         source.lineage = lineage
     if template is not None:
         source.lineage = source.lineage.model_copy(update={"template": template})
+    if source.lineage.template:  # gym's name for it (`qwen` is qwen2.5): the Modelfile, card and metadata
+        source.lineage = source.lineage.model_copy(
+            update={"template": canonical_template(source.lineage.template)}
+        )
     if settings.adapter_only and source.adapter is None:
         raise ConfigError(f"{model} has no adapter to export alone (--adapter-only needs a PEFT adapter)")
     if settings.adapter_only and settings.dtype != "auto":
@@ -429,6 +447,13 @@ def check_output_dir(output_dir: Path, ours: Callable[[Path], bool] = exported) 
             break
     if output_dir.exists() and not output_dir.is_dir():
         raise ConfigError(f"{output_dir} is a file, not a directory; choose an empty or new directory")
+    models = (workspace.home() / "models").resolve()
+    if output_dir.is_relative_to(models) and len(output_dir.relative_to(models).parts) > 1:
+        inside = models / output_dir.relative_to(models).parts[0]
+        raise ConfigError(
+            f"{output_dir} lies inside {inside}, a folder gym's workspace keeps (a training stage or a built "
+            "model), which an export must not change; choose a directory outside it"
+        )
     try:
         workspace.check_writable(output_dir.parent)  # where the folder is staged and renamed into place
     except OSError as exc:

@@ -148,6 +148,24 @@ def test_a_registered_version_exports_with_the_registry_card_ollama_and_gguf_fil
     assert "model_type: llama" in (out / "GGUF.md").read_text()
 
 
+def test_llamafactorys_template_names_export_as_the_templates_they_name(gym_home, tmp_path):
+    """`qwen` renders what gym's qwen2.5 does: its Modelfile, GGUF notes and metadata are qwen2.5's (the
+    Modelfile had no TEMPLATE and the notes said it had one)."""
+    from flows.cli import main
+
+    outs = {}
+    for name in ("qwen", "qwen2.5"):
+        outs[name] = tmp_path / name
+        argv = ["export", "--model", "gym-tiny", "--out", str(outs[name]), "--template", name]
+        assert main([*argv, "--ollama", "--gguf"]) == 0
+    alias, canonical = outs["qwen"], outs["qwen2.5"]
+    assert json.loads((alias / "gym_model.json").read_text())["template"] == "qwen2.5"
+    modelfile = (alias / "Modelfile").read_text()
+    assert "\nTEMPLATE " in modelfile and "You are Qwen" in modelfile
+    assert modelfile == (canonical / "Modelfile").read_text()
+    assert (alias / "GGUF.md").read_text() == (canonical / "GGUF.md").read_text()
+
+
 def test_gym_export_refuses_to_overwrite_foreign_folders(gym_home, tmp_path, capsys):
     from flows.cli import main
 
@@ -200,7 +218,7 @@ def test_only_an_earlier_export_is_replaced_never_a_trained_model_or_the_source(
     trained = Path(stage.model_dir)
     before = {p.name: p.read_bytes() for p in trained.iterdir()}
     assert main(["export", "--model", "gym-tiny", "--out", str(trained)]) == 2
-    assert "was not written by gym" in capsys.readouterr().err
+    assert f"lies inside {stage.stage_dir}, a folder gym's workspace keeps" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in trained.iterdir()} == before, "the trained model is untouched"
     copy = tmp_path / "copy"
     copy.mkdir()
@@ -213,9 +231,20 @@ def test_only_an_earlier_export_is_replaced_never_a_trained_model_or_the_source(
     # An export onto itself, or into the model it reads, would overwrite what it reads.
     out = tmp_path / "out"
     assert main(["export", "--model", str(stage.stage_dir), "--out", str(out)]) == 0
-    for model, target in ((out, out), (stage.stage_dir, Path(stage.stage_dir) / "model" / "x")):
+    for model, target in ((out, out), (out, out / "x")):
         assert main(["export", "--model", str(model), "--out", str(target)]) == 2
         assert "overlaps the model being exported" in capsys.readouterr().err
+    # Nor into a stage's folders, from it or another source (its adapter, written into its model/)
+    assert stage.adapter_dir is not None
+    for model, target in (
+        (stage.stage_dir, trained / "x"),
+        (stage.adapter_dir, trained / "x"),
+        (stage.adapter_dir, Path(stage.stage_dir) / "x"),
+    ):
+        assert main(["export", "--model", model, "--out", str(target)]) == 2
+        assert f"lies inside {stage.stage_dir}, a folder gym's workspace keeps" in capsys.readouterr().err
+        assert not target.exists()
+    assert {p.name: p.read_bytes() for p in trained.iterdir()} == before
     # A path below a file can't be made: one error line, no traceback.
     (tmp_path / "a_file").write_text("keep me")
     assert main(["export", "--model", "gym-tiny", "--out", str(tmp_path / "a_file" / "sub")]) == 2
@@ -302,6 +331,28 @@ def _lora_stage() -> Path:
     config = TrainConfig(method="sft", finetuning_type="lora", max_steps=2, logging_steps=1)
     stage = train.run(config, tiny(), tokenized("demo_sft", tiny(), max_samples=16))
     return Path(stage.stage_dir)
+
+
+def test_a_stage_folders_card_has_the_scores_and_hyperparameters_a_flow_registers(gym_home, tmp_path):
+    """It listed every Trainer number as a score (eval_runtime, epoch...) and no hyperparameters."""
+    from gym import train
+    from gym.lineage import eval_scores
+    from gym.train import TrainConfig
+    from gym.train.common import TrainResult
+    from tests.helpers import tiny, tokenized
+
+    config = TrainConfig(method="sft", finetuning_type="lora", max_steps=2, logging_steps=1)
+    held_out = tokenized("demo_sft_eval", tiny(), max_samples=8)
+    stage = Path(train.run(config, tiny(), tokenized("demo_sft", tiny(), max_samples=16), held_out).stage_dir)
+    facts = TrainResult.model_validate_json((stage / "result.json").read_text())
+    card = (export_model(stage, tmp_path / "out") / "README.md").read_text()
+    hyperparameters = card.split("## Hyperparameters", 1)[1]
+    assert "`sft.learning_rate`" in hyperparameters.split("##", 1)[0]
+    scores, _ = eval_scores({"sft": facts}, None, None)
+    assert set(scores) == {"sft_eval_loss", "sft_loss_last"}
+    assert all(name in card for name in scores)
+    for trainer_number in ("eval_runtime", "samples_per_second", "sft_epoch", "num_input_tokens_seen"):
+        assert trainer_number not in card
 
 
 def test_the_cards_use_snippet_runs_against_the_export(gym_home, tmp_path, capsys):
