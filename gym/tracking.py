@@ -586,7 +586,8 @@ def registered_uri_hint(name: str, uri: str | None = None) -> str | None:
 
 
 def resolve_model_uri(model_uri: str, uri: str | None = None) -> tuple[str, str, str, dict[str, str]]:
-    """`models:/name@alias` or `models:/name/version` -> (name, version, its run id, its tags).
+    """`models:/name@alias`, `models:/name/version` or `models:/name/latest` (its newest version, as in
+    MLflow) -> (name, version, its run id, its tags).
 
     A tracking server nothing answers at is said at once (MLflow would retry for minutes, then the
     model would be "not found")."""
@@ -597,12 +598,16 @@ def resolve_model_uri(model_uri: str, uri: str | None = None) -> tuple[str, str,
 
     client = _client(uri)
     body = model_uri.removeprefix("models:/")
+    name = body.split("@", 1)[0] if "@" in body else body.partition("/")[0]
     try:
         if "@" in body:
-            name, alias = body.split("@", 1)
-            mv = client.get_model_version_by_alias(name, alias)
+            mv = client.get_model_version_by_alias(name, body.split("@", 1)[1])
+        elif (number := body.partition("/")[2]).lower() == "latest":
+            newest = max(
+                (int(v.version) for v in client.search_model_versions(f"name = '{_quote(name)}'")), default=0
+            )
+            mv = client.get_model_version(name, str(newest))  # none: not found, as below
         else:
-            name, _, number = body.partition("/")
             mv = client.get_model_version(name, number)
     except MlflowException as exc:
         if "@" not in body and "/" not in body and (hint := registered_uri_hint(body, uri)):
@@ -610,11 +615,26 @@ def resolve_model_uri(model_uri: str, uri: str | None = None) -> tuple[str, str,
                 f"{model_uri!r} names a registered model, not one of its versions: give it as {hint} "
                 "(models:/NAME@ALIAS or models:/NAME/VERSION)"
             ) from None
+        if held := _held_versions(client, name):  # the model is there; its alias or version is not
+            raise ConfigError(f"MLflow model {model_uri!r} not found: {name!r} has {held}") from None
         raise ConfigError(
             f"MLflow model {model_uri!r} not found in {secrets.link_url(tracking_uri(uri))} "
             "(name@alias or name/version; `mlflow ui` lists the registered models)"
         ) from exc
     return str(mv.name), str(mv.version), str(mv.run_id), dict(mv.tags)
+
+
+def _held_versions(client: Any, name: str) -> str | None:
+    """What registered model `name` holds, in words (`aliases challenger -> 2, champion -> 1; versions 1,
+    2`), for a URI naming an alias or version it lacks; None when it isn't registered."""
+    try:
+        model = client.get_registered_model(name)
+        versions = sorted(int(v.version) for v in client.search_model_versions(f"name = '{_quote(name)}'"))
+    except Exception:  # not registered (or a store that can't say): the plain message
+        return None
+    aliases = ", ".join(f"{a} -> {v}" for a, v in sorted((model.aliases or {}).items()))
+    numbers = ", ".join(map(str, versions)) or "none"
+    return (f"aliases {aliases}; " if aliases else "no aliases; ") + f"versions {numbers}"
 
 
 def download_model_version(model_uri: str, target: Path, uri: str | None = None) -> Path:

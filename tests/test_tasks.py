@@ -90,3 +90,41 @@ def test_a_registered_version_resolves_by_alias_and_loads_the_same_weights(gym_h
         assert torch.equal(load_model(base)(ids).logits, load_model(ref)(ids).logits)
     with pytest.raises(ConfigError, match="not found"):
         resolve("models:/tiny-uri@champion")
+
+
+def test_a_model_uri_can_name_the_newest_version_and_a_missing_one_says_what_is_there(gym_home):
+    """`models:/NAME/latest` (MLflow's own form) was "not found"; so was an alias the model lacks, without
+    saying which it has."""
+    from gym import tracking
+    from gym.errors import ConfigError
+
+    base, other = tiny_copies(gym_home)
+    for folder in (base, other):
+        tracking.register_model(tracking.start_run("register"), folder, "tiny-latest", {"template": "chatml"})
+    assert tracking.resolve_model_uri("models:/tiny-latest/latest")[1] == "2"
+    assert tracking.resolve_model_uri("models:/tiny-latest/LATEST")[1] == "2"
+    for missing in ("models:/tiny-latest@nope", "models:/tiny-latest/7"):
+        with pytest.raises(ConfigError) as caught:
+            tracking.resolve_model_uri(missing)
+        assert str(caught.value) == (
+            f"MLflow model {missing!r} not found: 'tiny-latest' has aliases challenger -> 2; versions 1, 2"
+        )
+    with pytest.raises(ConfigError, match="not found in sqlite:"):
+        tracking.resolve_model_uri("models:/nobody/latest")
+
+
+def tiny_copies(root: Path) -> tuple[Path, Path]:
+    """gym-tiny's folder and a copy with one weight changed (distinct content)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from gym.models import resolve
+
+    base = Path(resolve("gym-tiny").path)
+    other = Path(shutil.copytree(base, root / "tiny-other"))
+    weights = load_file(other / "model.safetensors")
+    first = next(iter(weights))
+    weights[first] = weights[first] + 1
+    save_file(weights, other / "model.safetensors", metadata={"format": "pt"})
+    return base, other
