@@ -44,6 +44,7 @@ from gym.cli_options import (
     read_config_file,
 )
 from gym.errors import ConfigError
+from gym.serve.settings import Limits
 
 DEST = "llamafactory_tools"  # argparse dests are f"{DEST}.{name}"
 COMMANDS = ("export", "chat", "serve", "eval")
@@ -96,7 +97,7 @@ INFERENCE: dict[str, Parse] = {  # gym chat and gym serve
     "do_sample": bool,  # false: chat --temperature 0
     "temperature": float,  # chat --temperature
     "top_p": float,  # chat --top-p
-    "max_new_tokens": int,  # chat --max-tokens; serve --limits.max_tokens
+    "max_new_tokens": int,  # chat --max-tokens; serve --limits.default_max_tokens
     "default_system": str,  # chat and serve --system
     "top_k": int,  # chat --top-k
     "num_beams": int,
@@ -392,8 +393,11 @@ def _inference(command: str, values: dict[str, Any], own: Sequence[str], where: 
     if command == "serve":
         if "infer_backend" in values:
             argv += ["--backend", BACKENDS[values["infer_backend"]]]
-        if "max_new_tokens" in values:
-            argv += ["--limits.max_tokens", str(values["max_new_tokens"])]
+        if "max_new_tokens" in values:  # a request's max_tokens overrides it, as in LLaMA-Factory's API
+            default = values["max_new_tokens"]
+            argv += ["--limits.default_max_tokens", str(default)]
+            if default > Limits.model_fields["max_tokens"].default:
+                argv += ["--limits.max_tokens", str(default)]
         if values.get("default_system") is not None:
             argv += ["--system", values["default_system"]]
         return argv

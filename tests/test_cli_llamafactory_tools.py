@@ -164,7 +164,14 @@ def test_an_inference_yaml_gives_chat_and_serve_settings_with_the_adapter_merged
     settings = parse_settings(translate("serve", [yaml, "--port", "0"], serve_parser(), out=notes))
     assert settings.backend == "transformers" and settings.port == 0 and settings.trust_remote_code
     assert settings.system == "Answer in one word."  # LLaMA-Factory's api opens chats with it; so does gym
-    assert settings.template == "qwen3_nothink" and settings.limits.max_tokens == 64
+    assert settings.template == "qwen3_nothink" and settings.limits.default_max_tokens == 64
+    assert settings.limits.max_tokens == 1024  # LLaMA-Factory's API: a request's max_tokens overrides it
+    longer = write_yaml(
+        tmp_path / "longer.yaml",
+        INFERENCE.format(adapter=folder, backend="huggingface") + "max_new_tokens: 4096\n",
+    )
+    limits = parse_settings(translate("serve", [longer, "--port", "0"], serve_parser(), out=notes)).limits
+    assert (limits.default_max_tokens, limits.max_tokens) == (4096, 4096)
     assert settings.served_model_name == str(folder)  # clients name the adapter, not the merge's folder
     merged = Path(settings.model)
     assert torch.allclose(logits(AutoModelForCausalLM.from_pretrained(merged)), adapted, atol=1e-5)

@@ -1094,3 +1094,20 @@ def test_the_listening_socket_gives_connections_without_nagles_delay():
             server.close()
 
     assert asyncio.run(accepted_nodelay()) != 0
+
+
+def test_a_servers_default_max_tokens_is_what_a_chat_without_one_gets_and_a_request_may_ask_more(engine):
+    """LLaMA-Factory's max_new_tokens (an inference YAML's) was the server's cap: a request asking for more
+    got a 400. It is the default; a request's own max_tokens, up to the cap, overrides it."""
+    from pydantic import ValidationError
+
+    limits = Limits(max_tokens=64, default_max_tokens=3)
+    body = {"model": NAME, "messages": SAY_X, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    with serve_in_thread(build_app(engine, limits)) as base:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+        default = client.chat.completions.create(**body)
+        assert default.usage is not None and default.usage.completion_tokens == 3
+        asked = client.chat.completions.create(**body, max_tokens=10)
+        assert asked.usage is not None and asked.usage.completion_tokens == 10
+    with pytest.raises(ValidationError, match="default_max_tokens 65 is over max_tokens 64"):
+        Limits(max_tokens=64, default_max_tokens=65)

@@ -126,7 +126,7 @@ def build_app(
     async def chat(body: ChatCompletionRequest, request: Request) -> Any:
         _check_model(engine, body.model)
         prompt = engine.encode_chat([m.as_dict() for m in body.messages])
-        params = _params(engine, limits, body, len(prompt), default_budget=None)
+        params = _params(engine, limits, body, len(prompt), default_budget=limits.default_max_tokens)
         return await _respond(engine, gate, body, [prompt], [0], params, chat=True, request=request)
 
     @app.post("/v1/completions")
@@ -198,9 +198,9 @@ def _params(
             "invalid_request_error",
             field,
         )
-    if budget is None:  # chat: as much as fits; completions: OpenAI's 16
+    if budget is None:  # chat: --limits.default_max_tokens, else as much as fits; completions: OpenAI's 16
         room = (engine.context_length or limits.max_tokens + prompt_len) - prompt_len
-        budget = default_budget or max(1, min(limits.max_tokens, room))
+        budget = max(1, min(default_budget or limits.max_tokens, room))
     return SamplingParams(
         max_tokens=budget,
         temperature=1.0 if body.temperature is None else body.temperature,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gym import secrets
 
@@ -15,6 +15,12 @@ class Limits(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     max_tokens: int = Field(1024, ge=1, description="Largest max_tokens a request may ask for.")
+    default_max_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="max_tokens of a chat request that sends none (LLaMA-Factory's max_new_tokens); default: "
+        "as much as fits, up to max_tokens.",
+    )
     max_prompt_tokens: int = Field(4096, ge=1, description="Longest prompt accepted, in tokens.")
     max_prompts: int = Field(
         256, ge=1, description="Most prompts one /v1/completions request may carry (a list of prompts)."
@@ -22,6 +28,15 @@ class Limits(BaseModel):
     max_concurrent: int = Field(
         64, ge=1, description="Requests in progress at once (queued or generating); more get a 429."
     )
+
+    @model_validator(mode="after")
+    def _default_within_cap(self) -> Limits:
+        if self.default_max_tokens is not None and self.default_max_tokens > self.max_tokens:
+            raise ValueError(
+                f"default_max_tokens {self.default_max_tokens} is over max_tokens {self.max_tokens}, the "
+                "largest a request may ask for: lower it or raise --limits.max_tokens"
+            )
+        return self
 
 
 class ServeSettings(BaseModel):
