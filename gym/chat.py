@@ -55,6 +55,16 @@ def conversation(history: Sequence[dict[str, Any]], message: str) -> list[dict[s
     return [*kept, {"role": "user", "content": message}]
 
 
+def answered(history: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`history` without the user messages no reply followed: Gradio's page keeps a message that was
+    refused (too long) or whose reply was stopped before its first word. The terminal never keeps one."""
+    return [
+        m
+        for i, m in enumerate(history)
+        if m.get("role") != "user" or (i + 1 < len(history) and history[i + 1].get("role") == "assistant")
+    ]
+
+
 def fit(
     engine: Any, messages: list[dict[str, str]], max_tokens: int
 ) -> tuple[list[dict[str, str]], int, list[str]]:
@@ -192,10 +202,13 @@ def build_ui(
     ) -> Iterator[str]:
         try:
             messages, fitted, notes = fit(
-                engine, conversation([*opening(system), *history], message), max_tokens
+                engine, conversation([*opening(system), *answered(history)], message), max_tokens
             )
-        except RequestError as exc:  # shown as a pop-up; the conversation goes on
-            raise gr.Error(str(exc)) from exc
+        except RequestError as exc:  # a pop-up, and the conversation goes on without this message
+            # Not gr.Error: raised inside ChatInterface's generator it leaves the textbox disabled for good
+            # (Gradio 6.31) and prints a traceback, for a mistake of the user's.
+            gr.Warning(str(exc))
+            return
         for note in notes:
             gr.Info(note)
         yield from reply(engine, messages, temperature=temperature, max_tokens=fitted, top_p=top_p, **options)

@@ -6,7 +6,8 @@ the TF-GRPO experience block (gym.tfgrpo.injection's exact text) when the model 
 whole library, even one shipped with `retrieval_top_k` (the app has no embedding model to retrieve
 with; `gym serve` and `gym eval` inject the per-question top k as training did).
 A conversation longer than the model's context window keeps going as in `gym chat`: the oldest
-exchanges are left out and the reply is shortened to the room left (gym.chat.fit).
+exchanges are left out and the reply is shortened to the room left (gym.chat.fit); a message too long
+on its own is a warning pop-up, and the chat goes on (gr.Error would leave Gradio's textbox disabled).
 `MODEL_ID` (an environment variable) overrides which model it loads, so the same app runs on the
 Space against the hub repo and locally against the deploy folder's `model/`.
 """
@@ -53,13 +54,16 @@ def text(content):
 
 
 def conversation(history, message):
-    """Gradio's history (messages, or Gradio 5's [user, bot] pairs) and the new message."""
+    """Gradio's history (messages, or Gradio 5's [user, bot] pairs) and the new message. A user message
+    no reply followed (one refused as too long, or stopped before its first word) is left out."""
     messages = []
     for item in history:
         if isinstance(item, dict):
             messages.append({{"role": item["role"], "content": text(item["content"])}})
         else:
             messages += [{{"role": r, "content": text(c)}} for r, c in zip(("user", "assistant"), item) if c]
+    replied = [m["role"] == "assistant" for m in messages[1:]] + [False]
+    messages = [m for m, r in zip(messages, replied) if m["role"] != "user" or r]
     return [*messages, {{"role": "user", "content": message}}]
 
 
@@ -68,6 +72,10 @@ def prompt(messages):
     messages = with_experiences(messages)
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return tokenizer(text, return_tensors="pt", add_special_tokens=False)
+
+
+class TooLong(ValueError):
+    """A message the model's window cannot hold, even alone."""
 
 
 def fit(messages, max_tokens):
@@ -84,12 +92,16 @@ def fit(messages, max_tokens):
             break
         turns = turns[users[1]:]
     if room < 1:
-        raise gr.Error(f"This message is too long for the model's {{WINDOW}}-token window: shorten it.")
+        raise TooLong(f"This message is too long for the model's {{WINDOW}}-token window: shorten it.")
     return inputs, min(int(max_tokens), room)
 
 
 def respond(message, history, temperature=0.7, max_tokens=256):
-    inputs, max_tokens = fit(conversation(history, message), int(max_tokens))
+    try:
+        inputs, max_tokens = fit(conversation(history, message), int(max_tokens))
+    except TooLong as exc:  # a pop-up, and the chat goes on (gr.Error here would leave the textbox disabled)
+        gr.Warning(str(exc))
+        return
     inputs = inputs.to(model.device)
     streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     sampling = {{"do_sample": temperature > 0}}

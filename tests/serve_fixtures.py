@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 from gym.models import resolve
 
@@ -30,3 +31,24 @@ def noisy_tiny(out: Path, seed: int = 0, std: float = NOISE_STD) -> Path:
             param.add_(torch.randn(param.shape, generator=generator) * std)
     model.save_pretrained(out)
     return out
+
+
+# Debian's chromium, for the Gradio pages (playwright drives it headless)
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
+
+
+def module_noisy_tiny(factory: Any) -> Path:
+    """`noisy_tiny` for a module's fixtures (`tmp_path_factory`), built in a workspace of its own."""
+    import pytest
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GYM_HOME", str(factory.mktemp("home")))
+        return noisy_tiny(factory.mktemp("model") / "noisy")

@@ -26,7 +26,7 @@ from gym.serve.params import SamplingParams
 from gym.serve.scoring import plan
 from gym.serve.server import serve_in_thread
 from gym.serve.settings import Limits
-from tests.serve_fixtures import noisy_tiny
+from tests.serve_fixtures import module_noisy_tiny
 
 # One worker runs this module under pytest-xdist, so its engine and server are built once.
 pytestmark = pytest.mark.xdist_group("serve-http")
@@ -38,9 +38,7 @@ LIMITS = Limits(max_tokens=64, max_prompt_tokens=128, max_concurrent=64, max_pro
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("GYM_HOME", str(tmp_path_factory.mktemp("home")))
-        return noisy_tiny(tmp_path_factory.mktemp("model") / "noisy")
+    return module_noisy_tiny(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

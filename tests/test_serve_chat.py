@@ -3,24 +3,13 @@
 from __future__ import annotations
 
 import io
-from pathlib import Path
 
 import pytest
 
 from gym.chat import build_ui, terminal
 from gym.serve.engine import Engine
 from gym.serve.server import bind
-from tests.serve_fixtures import noisy_tiny
-
-CHROMIUM = Path("/usr/bin/chromium")
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-]
+from tests.serve_fixtures import CHROMIUM, CHROMIUM_FLAGS, noisy_tiny
 
 
 @pytest.fixture()
@@ -86,7 +75,7 @@ def test_the_web_chat_page_loads_takes_a_message_and_shows_a_reply(engine, monke
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     try:
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
+            browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS)
             page = browser.new_page()
             page.goto(f"http://127.0.0.1:{port}/", wait_until="domcontentloaded")
             expect(page.get_by_text("gym chat: tiny")).to_be_visible(timeout=60_000)

@@ -1,9 +1,14 @@
 """OpenAI's request bodies for /v1/chat/completions and /v1/completions, validated, and the JSON
 the endpoints answer with (the shapes the official `openai` client parses).
 
-Unknown fields are ignored as OpenAI's own API does (clients send `user`, `metadata`...); fields
-gym cannot honour (tools, response_format, vLLM's guided_json, min_tokens...: UNSUPPORTED) are
-refused with a 400 naming them rather than silently dropped. vLLM's `top_k`, `min_p`,
+The fields are an allow-list: those declared below are served, IGNORED ones (`user`, `store`,
+`metadata`...: no effect on what is generated) are accepted and dropped, and every other field is refused
+with a 400 naming it, as OpenAI refuses an unrecognized argument, rather than silently dropped:
+UNSUPPORTED lists those accepted only at the value that asks for nothing (tools, response_format,
+vLLM's min_tokens...), and a field gym has never heard of (`reasoning_effort`, `audio`, vLLM's
+`guided_decoding_backend`...) is refused whatever it holds, except null. Types are strict, as
+OpenAI's: `"max_tokens": "5"`, `"n": true` or `"stream": "yes"` are a 400, not 5, 1 or true (an
+integer is a number, so `"temperature": 1` is served). vLLM's `top_k`, `min_p`,
 `repetition_penalty` and `ignore_eos` (for benchmarks) are served. Log-probabilities are served
 (`logprobs`/`echo` on completions, `logprobs`/`top_logprobs` on chat: gym/serve/logprobs.py), except
 while streaming.
@@ -22,10 +27,28 @@ from gym.serve.params import Scoring
 
 MAX_STOPS = 4
 MAX_TOP_LOGPROBS = 20  # OpenAI's cap for chat's top_logprobs (vLLM's default for both endpoints)
-# Fields gym serve does not implement -> the values that mean "not asked for" (besides null, always);
-# any other value is refused with a 400 naming the field, never silently dropped: OpenAI's tools and
-# structured output, and vLLM's extensions that change what is generated or how the prompt is built
-# (clients send them through `extra_body`). Compared by type too: `best_of: 0` is not `false`.
+# Fields that change nothing gym serve generates, accepted (whatever they hold) and dropped: who the end
+# user is (`user`, `safety_identifier`: OpenAI's abuse monitoring), storing the exchange for OpenAI's
+# evals (`store`, `metadata`: nothing is stored here, as in vLLM), OpenAI's processing tier and prompt
+# cache routing (`service_tier`, `prompt_cache_key`), and `parallel_tool_calls`, which means something
+# only beside `tools` (refused unless empty). Clients such as the `openai` SDK, LangChain or LiteLLM send
+# these as a matter of course; refusing them would break clients for nothing.
+IGNORED = frozenset(
+    {
+        "user",
+        "safety_identifier",
+        "store",
+        "metadata",
+        "service_tier",
+        "prompt_cache_key",
+        "parallel_tool_calls",
+    }
+)
+# Fields gym serve does not implement -> the values that mean "not asked for" (besides null, always), which
+# clients send by default: OpenAI's tools and structured output, and vLLM's extensions that change what
+# is generated or how the prompt is built (clients send them through `extra_body`). Any other value is
+# refused with a 400 naming the field, never silently dropped, as is any field not declared, IGNORED or
+# here (vLLM's guided_json, allowed_token_ids...). Compared by type too: `best_of: 0` is not `false`.
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "tools": ([],),
     "tool_choice": ("none",),
@@ -38,23 +61,15 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "min_tokens": (0,),
     "stop_token_ids": ([],),
     "bad_words": ([],),
-    "allowed_token_ids": (),
     "include_stop_str_in_output": (False,),
     "use_beam_search": (False,),
     "skip_special_tokens": (True,),
     "spaces_between_special_tokens": (True,),
-    "truncate_prompt_tokens": (),
-    "prompt_logprobs": (),
-    "guided_json": (),
-    "guided_regex": (),
-    "guided_choice": (),
-    "guided_grammar": (),
-    "structured_outputs": (),
     "echo": (False,),  # chat's (vLLM); completions' own `echo` is served
     "add_generation_prompt": (True,),
     "continue_final_message": (False,),
-    "chat_template": (),
     "chat_template_kwargs": ({},),
+    "modalities": (["text"],),  # OpenAI's audio output; text alone is what every reply is
 }
 
 
@@ -76,6 +91,8 @@ def unicode_text(value: str) -> str:
 
 
 class TextPart(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     type: Literal["text"]
     text: str
 
@@ -84,7 +101,7 @@ class ChatMessage(BaseModel):
     """One message of a chat. Only an assistant's may go without content (OpenAI's rule: there it
     stands beside tool calls); its parts, when a list, are text: gym serves text-only models."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = Field(None, validate_default=True)  # checked when absent too
@@ -122,16 +139,19 @@ class ChatMessage(BaseModel):
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     include_usage: bool = False
 
 
 class GenerationRequest(BaseModel):
     """What both endpoints share. Numbers must be finite: JSON parsers that take NaN and Infinity (Python's
-    json writes them) would otherwise see a NaN fail every range check with a message about the range."""
+    json writes them) would otherwise see a NaN fail every range check with a message about the range.
+    Strict: a value of the wrong JSON type is refused, never coerced (`true` is no 1, `"5"` no 5).
+    Fields not declared land in `model_extra`, where `_refuse_unsupported` checks them against the
+    allow-list (IGNORED, UNSUPPORTED's neutral values, null)."""
 
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
 
     model: str
     temperature: float | None = Field(None, ge=0.0, le=2.0)
@@ -178,7 +198,7 @@ class GenerationRequest(BaseModel):
     @model_validator(mode="after")
     def _refuse_unsupported(self) -> GenerationRequest:
         for key, value in (self.model_extra or {}).items():
-            if key in UNSUPPORTED and not unasked(value, UNSUPPORTED[key]):
+            if key not in IGNORED and not unasked(value, UNSUPPORTED.get(key, ())):
                 raise PydanticCustomError(  # its own type: the error names `key` as its param
                     "unsupported", "{param} is not supported by this server; leave it unset", {"param": key}
                 )
@@ -229,6 +249,21 @@ class CompletionRequest(GenerationRequest):
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = False
     max_tokens: int | None = Field(None, ge=0)  # 0: nothing generated, the prompt echoed/scored (legacy)
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _shape(cls, value: Any) -> Any:
+        """A prompt of no shape the union takes is refused in one message naming `prompt`, not as the first
+        of the union's errors (`prompt.str: Input should be a valid string` for `[1.0, 2.0]`)."""
+
+        def ids(item: Any) -> bool:
+            return isinstance(item, list) and all(type(i) is int for i in item)
+
+        if isinstance(value, str) or ids(value):
+            return value
+        if isinstance(value, list) and (all(isinstance(p, str) for p in value) or all(ids(p) for p in value)):
+            return value
+        raise ValueError("send text, a list of texts, a list of token ids (integers) or a list of such lists")
 
     @field_validator("prompt")
     @classmethod

@@ -2,12 +2,15 @@
 background thread for in-process use and tests (`serve_in_thread`).
 
 The listening socket is bound here, before uvicorn starts, so port 0 works: the OS picks a free
-port and the real address is known (and printed) before the first request.
+port and the real address is known (and printed) before the first request. The log blanks the values
+of a request's query string (HideQueryValues): a key sent as `?api_key=...` is never logged.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import logging
 import signal
 import socket
 import threading
@@ -16,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import uvicorn
+from uvicorn.config import LOGGING_CONFIG
 
 from gym.errors import ConfigError
 
@@ -42,9 +46,40 @@ def url_of(sock: socket.socket) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
 
+class HideQueryValues(logging.Filter):
+    """Blanks every value of a logged request path's query string: `/v1/models?api_key=sk-1` is logged
+    as `/v1/models?api_key=***`. A client may send its key (or any secret) as a query parameter, and
+    uvicorn's access log (and its WebSocket lines) print the path with the query string as sent."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(hide_query_values(a) if isinstance(a, str) else a for a in record.args)
+        return True
+
+
+def hide_query_values(text: str) -> str:
+    """`text` with the values of its query string blanked, if it is a request path (`/...?...`); a part
+    with no `=` is blanked whole (it may be the secret itself)."""
+    path, sep, query = text.partition("?")
+    if not sep or not path.startswith("/"):
+        return text
+    parts = (p.partition("=") for p in query.split("&"))
+    return path + "?" + "&".join(f"{name}=***" if eq else "***" for name, eq, _ in parts)
+
+
+def _log_config() -> dict[str, Any]:
+    """uvicorn's logging setup, with HideQueryValues on its handlers (set up anew with each server)."""
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config.setdefault("filters", {})["hide_query_values"] = {"()": HideQueryValues}
+    for handler in config["handlers"].values():
+        handler["filters"] = [*handler.get("filters", []), "hide_query_values"]
+    return config
+
+
 def _config(app: Any, log_level: str) -> uvicorn.Config:
-    # The access log shows method, path and status only: never headers, so never the API key.
-    return uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=10)
+    # The access log shows method, path and status only: never headers, so never a bearer key; a key
+    # sent in the query string instead is blanked (HideQueryValues), so it is never logged either.
+    return uvicorn.Config(app, log_level=log_level, log_config=_log_config(), timeout_graceful_shutdown=10)
 
 
 def run(
