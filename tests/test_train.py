@@ -154,6 +154,51 @@ def test_wrong_data_kind_fails_before_loading_the_model():
         train.run(TrainConfig(method="dpo"), model, tokenized("demo_sft", model, max_samples=8))
 
 
+@pytest.mark.parametrize(
+    ("method", "data"), [("dpo", "demo_dpo"), ("simpo", "demo_dpo"), ("kto", "demo_kto")]
+)
+def test_prompts_that_fill_cutoff_len_leave_no_answer_so_training_is_refused_before_a_model_loads(
+    method, data, monkeypatch
+):
+    """KTO and SimPO/ORPO failed with TRL's traceback (an empty dataset); DPO trained on nothing, its loss
+    at log 2 throughout, and registered the result."""
+    from gym.errors import DataError
+
+    model = tiny()
+    short = tokenized(data, model, max_samples=16, cutoff_len=16)  # every prompt has 16 tokens or more
+    monkeypatch.setattr(train, "build_trainer", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(
+        DataError, match=rf"{method}: every training \w+'s prompt alone is cutoff_len=16 tokens"
+    ):
+        train.run(TrainConfig(method=method, max_steps=1), model, short)
+
+
+def test_pairs_whose_prompt_fills_cutoff_len_are_left_out_of_dpo_and_counted(capsys):
+    """DPO trained on them with no answer token (teaching nothing) and no word about it."""
+    from datasets import load_from_disk
+
+    model = tiny()
+    data = tokenized("demo_dpo", model, max_samples=32, cutoff_len=22)
+    over = sum(len(p) >= 22 for p in load_from_disk(str(data))["prompt_ids"])
+    assert 0 < over < 32
+    seen = {}
+    real = train.build_trainer
+
+    def build(*args, **kwargs):
+        built = real(*args, **kwargs)  # (trainer, tokenizer, loader, stretch)
+        seen["rows"] = len(built[0].train_dataset)
+        return built
+
+    train.build_trainer = build
+    try:
+        result = train.run(TrainConfig(method="dpo", max_steps=1), model, data)
+    finally:
+        train.build_trainer = real
+    assert seen["rows"] == 32 - over and result.global_step == 1
+    err = capsys.readouterr().err
+    assert f"{over} of 32 training pair(s) have a prompt of cutoff_len=22 tokens or more" in err
+
+
 def test_pretokenized_dpo_ids_equal_trl_conversational_tokenization():
     """gym hands DPOTrainer its own ids; they must be what TRL would compute from the messages."""
     from datasets import load_from_disk

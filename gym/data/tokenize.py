@@ -193,8 +193,8 @@ def data_notes(result: dict[str, Any], cutoff_len: int) -> list[str]:
         )
     if kind in ("preference", "kto") and (over := result.get("stats", {}).get("num_over_cutoff", 0)):
         notes.append(
-            f"{over} of {kept} record(s) longer than {cut} with their answers: training cuts them there, "
-            f"and what is cut teaches nothing ({fix})"
+            f"{over} of {kept} record(s) longer than {cut} with their answers: training cuts their answers "
+            f"there, and what is cut teaches nothing ({fix})"
         )
     if same := result.get("stats", {}).get("num_same_answers", 0):
         notes.append(

@@ -45,6 +45,7 @@ from gym.train import (
     kto,
     memory,
     orpo,
+    pairs,
     ppo,
     precision,
     pt,
@@ -191,6 +192,10 @@ def run(
     unused = adapters.unused_settings(config)  # the user's settings: plan fills in the rest
     config, choices = plan(config, model, meta["result"]["num_records"], n_eval, cutoff, longest)
     rl_common.check_prompt_data(config, model, train_data, eval_data, cutoff)  # before any model loads
+    kind = meta["result"]["kind"]
+    answerless = pairs.answer_room(
+        config.method, kind, Path(train_data), Path(eval_data) if eval_data else None, cutoff
+    )
     digest = stage_digest(config, model, train_data, eval_data)
     stage_dir = workspace.path("models", f"{config.method}-{digest}")
     stage_dir.mkdir(parents=True, exist_ok=True)
@@ -206,6 +211,7 @@ def run(
         notes = [
             unused,
             *data_notes(meta["result"], cutoff),
+            *answerless,
             rope.hint(config.rope_scaling, model, longest_trained),
         ]
         for note in filter(None, notes):

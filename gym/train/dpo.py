@@ -25,7 +25,7 @@ from gym.errors import ConfigError
 from gym.train import completion_logits, signals
 from gym.train.common import trl_args
 from gym.train.config import TrainConfig, filled
-from gym.train.pairs import ID_COLUMNS, require_ids
+from gym.train.pairs import ID_COLUMNS, drop_answerless, require_ids
 
 
 def build_trainer(
@@ -45,7 +45,8 @@ def build_trainer(
         """DPOTrainer over data gym already tokenized with the model's chat template."""
 
         def _prepare_dataset(self, dataset: Any, processing_class: Any, args: Any, dataset_name: str) -> Any:
-            return dataset.select_columns(list(ID_COLUMNS))
+            # a pair whose prompt fills max_length has no answer token left: trained on, it teaches nothing
+            return drop_answerless(dataset.select_columns(list(ID_COLUMNS)), max_length)
 
     require_ids(train_data, config.method)
     losses, weights = loss_terms(config)

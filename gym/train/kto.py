@@ -20,6 +20,7 @@ from gym.errors import ConfigError, DataError
 from gym.train import completion_logits, signals
 from gym.train.common import trl_args
 from gym.train.config import TrainConfig, filled
+from gym.train.pairs import drop_answerless
 
 ID_COLUMNS = ("prompt_ids", "completion_ids", "label")
 
@@ -41,9 +42,7 @@ def build_trainer(
         """KTOTrainer over data gym already tokenized with the model's chat template."""
 
         def _prepare_dataset(self, dataset: Any, processing_class: Any, args: Any, dataset_name: str) -> Any:
-            dataset = dataset.select_columns(list(ID_COLUMNS))
-            if max_length is not None:
-                dataset = dataset.filter(lambda row: len(row["prompt_ids"]) < max_length)
+            dataset = drop_answerless(dataset.select_columns(list(ID_COLUMNS)), max_length)
 
             def kl_completions(batch: dict[str, list]) -> dict[str, list]:
                 done = batch["completion_ids"]

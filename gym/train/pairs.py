@@ -7,19 +7,63 @@ trainers in gym.train.orpo and gym.train.simpo are built by `row_trainer`, whose
 method with `row_from_ids`, which lays
 gym's ids out as those trainers' collator expects: each answer after its prompt, labels -100 on the
 prompt. Answers are cut so that prompt + answer fits `max_length`; pairs whose prompt alone fills it
-are dropped beforehand (`fitting`), as TRL's DPOTrainer does. The subclass also counts the tokens it
+are dropped beforehand (`fitting`), as gym's DPO and KTO do (`drop_answerless`; `answer_room` says how
+many before any model loads, and refuses data where none is left). The subclass also counts the tokens it
 trains on (`count_pair_tokens`), for tokens/s: transformers' Trainer counts a batch's `input_ids`,
 which these batches don't have.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from gym.errors import DataError
 
 ID_COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids")
 IGNORE_INDEX = -100
+
+
+def answer_room(
+    method: str, kind: str, train_data: Path, eval_data: Path | None, cutoff: int | None
+) -> list[str]:
+    """Before any model loads: a pair or KTO record whose prompt alone is cutoff_len tokens or more has no
+    room left for an answer token, so the trainers leave it out. When every training (or held-out) record
+    is such, training can't run (TRL failed with a traceback, or DPO trained on nothing and said nothing):
+    a DataError saying what to change. Else the notes to print (how many are left out). The reward model
+    (rm) scores whole pairs and checks its own."""
+    if kind not in ("preference", "kto") or method == "rm" or not cutoff:
+        return []
+    import pyarrow.compute as pc
+
+    from gym.data.ingest import load_saved
+
+    unit = "pair" if kind == "preference" else "record"
+    notes = []
+    for role, path in (("training", train_data), ("held-out", eval_data)):
+        if path is None:
+            continue
+        lengths = pc.list_value_length(load_saved(path).data.column("prompt_ids"))
+        total, over = len(lengths), int(pc.sum(pc.greater_equal(lengths, cutoff)).as_py() or 0)
+        if total and over == total:
+            raise DataError(
+                f"{method}: every {role} {unit}'s prompt alone is cutoff_len={cutoff} tokens or more (the "
+                f"longest has {pc.max(lengths).as_py()}), which leaves no room for an answer token",
+                hint="raise --cutoff_len above the prompts' length, or shorten the prompts",
+            )
+        if over:
+            notes.append(
+                f"{over} of {total} {role} {unit}(s) have a prompt of cutoff_len={cutoff} tokens or more: no "
+                "answer token fits, so they are left out (raise cutoff_len to keep them)"
+            )
+    return notes
+
+
+def drop_answerless(data: Any, max_length: int | None) -> Any:
+    """The pairs or KTO records with room for at least one answer token after the prompt."""
+    if max_length is None:
+        return data
+    return data.filter(lambda row: len(row["prompt_ids"]) < max_length, desc="drop prompts over max_length")
 
 
 def require_ids(data: Any, method: str) -> None:
@@ -33,10 +77,7 @@ def require_ids(data: Any, method: str) -> None:
 
 def fitting(data: Any, max_length: int | None) -> Any:
     """The pairs with room for at least one answer token after the prompt, ids columns only."""
-    data = data.select_columns(list(ID_COLUMNS))
-    if max_length is None:
-        return data
-    return data.filter(lambda row: len(row["prompt_ids"]) < max_length, desc="drop prompts over max_length")
+    return drop_answerless(data.select_columns(list(ID_COLUMNS)), max_length)
 
 
 def row_from_ids(feature: dict[str, Any], max_length: int | None) -> dict[str, list[int]]:
