@@ -149,8 +149,27 @@ def test_content_addressing(tmp_path: Path):
     moved.write_text(moved.read_text(encoding="utf-8").replace('"5"', '"five"'), encoding="utf-8")
     assert ingest(resolve_dataset(moved)).digest != first.digest
     spec = resolve_dataset(DATA / "alpaca.jsonl")
-    for change in ({"num_samples": 1}, {"columns": {"output": "answer2"}}, {"split": "test"}):
+    for change in ({"num_samples": 1}, {"columns": {"output": "answer2"}}):
         assert ingest(spec.model_copy(update=change)).digest != first.digest, change
+
+
+def test_num_samples_over_the_files_size_repeats_its_records_in_order():
+    """It kept the 5 records a file has: LLaMA-Factory's way of weighting a small set up in a mix."""
+    whole = load(ingest(resolve_dataset(DATA / "alpaca.jsonl")))
+    n = len(whole)
+    spec = resolve_dataset(DATA / "alpaca.jsonl").model_copy(update={"num_samples": 2 * n + 1})
+    more = ingest(spec)
+    assert more.num_records == 2 * n + 1
+    assert list(load(more)) == [*whole, *whole, whole[0]]
+
+
+def test_a_split_other_than_train_of_a_plain_file_is_refused_not_ignored():
+    """A file has no test split: every record was read, as if it were the test split."""
+    spec = resolve_dataset(DATA / "alpaca.jsonl").model_copy(update={"split": "test"})
+    with pytest.raises(
+        DataError, match="field 'split': split 'test': a file or a folder of files is one split"
+    ):
+        ingest(spec)
 
 
 def test_demo_generators_write_a_jsonl_file_then_ingest_it():

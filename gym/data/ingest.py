@@ -17,6 +17,7 @@ import functools
 import json
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -129,16 +130,26 @@ def demo_file(name: str) -> Path:
 def read_records(spec: DatasetSpec, source: str, fmt: str, path: Path) -> int:
     """Read and normalize up to `num_samples` records into the Arrow file `path`, a batch at a time, so
     memory stays flat whatever the size of the source (the whole table in memory took ~7x the file);
-    returns how many records it wrote."""
+    returns how many records it wrote. A `num_samples` above the source's size repeats its records, in
+    order, until there are that many (LLaMA-Factory oversamples such an entry too, at random): how a
+    small set is weighted up in a mix."""
     from datasets.arrow_writer import ArrowWriter
 
     feats = features(FORMAT_KIND[fmt])
     schema = feats.arrow_schema
     guessed = fmt if spec.format is None or spec.format_guessed else None
     batch, count = [], 0
-    rows = readers.read_source(source, split=spec.split, revision=spec.revision, subset=spec.subset)
+
+    def passes() -> Iterator[tuple[str, int, Any]]:
+        first = True
+        while first or (spec.num_samples is not None and 0 < count < spec.num_samples):
+            first = False
+            yield from readers.read_source(
+                source, split=spec.split, revision=spec.revision, subset=spec.subset
+            )
+
     with ArrowWriter(features=feats, path=str(path)) as writer:
-        for file, no, raw in rows:
+        for file, no, raw in passes():
             if spec.num_samples is not None and count >= spec.num_samples:
                 break
             record = apply_tags(apply_columns(raw, spec.columns), spec.tags)

@@ -22,7 +22,9 @@ LLaMA-Factory reads it and becomes a gym dataset spec:
   `tags` (role_tag, content_tag, user_tag, assistant_tag, ...) say where the fields are; `system` and
   alpaca's `history` are read only when `columns` names them, as LLaMA-Factory reads them.
 
-`num_samples` keeps the first N records (LLaMA-Factory samples N at random). What gym cannot train
+`num_samples` keeps the first N records, and repeats them in order up to N when the file has fewer
+(LLaMA-Factory samples N at random, oversampling a smaller file); a `split` other than train of a
+local file is refused (it has one). What gym cannot train
 on (images, videos, audios, tool descriptions) or read (ModelScope/Modelers hubs, loading scripts,
 cloud files, hub folders) fails naming the file, the entry and the field.
 """

@@ -453,6 +453,14 @@ def read_source(
     numbered from 1), so errors can point at it.
     """
     path = Path(source).expanduser()
+    plain = path.is_file() or (path.is_dir() and not is_saved_dataset(path))
+    if plain and split != "train":  # read whole whatever `split` said, as if it had been honoured
+        raise DataError(
+            f"split {split!r}: a file or a folder of files is one split, train",
+            file=str(source),
+            field="split",
+            hint="drop `split`, or point to the file that holds that split",
+        )
     if path.is_file():
         for no, row in read_file(path):
             yield str(path), no, row

@@ -7,7 +7,8 @@ Entries look like LLaMA-Factory's dataset_info.json:
 
 One source per entry: `file` (absolute, or relative to the data dir: `data_dir=`, else
 `$GYM_DATA_DIR`, else the current directory), `hub_id` (+ `revision`, `subset`), or `generator` (a
-demo dataset of gym/data/demo.py). `num_samples` keeps the first N records, in file order. `tags`
+demo dataset of gym/data/demo.py). `num_samples` keeps the first N records, in file order
+(repeating them, in order, when there are fewer). `tags`
 reads conversations whose messages use other keys or role names (LLaMA-Factory's tags).
 Every entry is checked against registry/datasets.schema.json.
 
