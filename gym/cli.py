@@ -32,7 +32,7 @@ def cmd_registry(argv: Sequence[str]) -> int:
     parser = ArgumentParser(prog="gym registry", description="List or show models in the registry.")
     parser.add_argument("action", choices=["list", "show"], help="list (the default) or show NAME")
     parser.add_argument("name", nargs="?")
-    parser.add_argument("--json", action="store_true", help="Print JSON.")
+    parser.add_argument("--json", action="store_true", help="Print JSON (show always prints JSON).")
     # `gym registry` lists, `gym registry NAME` shows one; flags may come first (`--json NAME`)
     words = [a for a in argv if not a.startswith("-")]
     argv = [*words, *(a for a in argv if a.startswith("-"))]
@@ -40,6 +40,12 @@ def cmd_registry(argv: Sequence[str]) -> int:
     from gym import registry
 
     models = registry.load_models()
+    if args.action == "list" and args.name:
+        print(
+            f"error: gym registry list takes no name; `gym registry show {args.name}` shows one",
+            file=sys.stderr,
+        )
+        return 2
     if args.action == "list":
         if args.json:
             print(
@@ -62,9 +68,14 @@ def cmd_registry(argv: Sequence[str]) -> int:
 
 def cmd_data(argv: Sequence[str]) -> int:
     parser = ArgumentParser(prog="gym data", description="Look at a dataset the way gym reads it.")
-    parser.add_argument("action", choices=["preview"], help="preview (the default)")
+    parser.add_argument("action", choices=["preview", "show"], help="preview (the default; show is the same)")
     parser.add_argument("dataset", help="Dataset registry name, file, folder or hub id.")
-    parser.add_argument("-n", type=int, default=3, help="Records to show.")
+    parser.add_argument(
+        "-n",
+        type=whole_number(1, None, "a whole number of records, at least 1"),
+        default=3,
+        help="Records to show.",
+    )
     parser.add_argument(
         "--model", default=None, help="Also show templated text and trained-on tokens for this model."
     )
@@ -84,7 +95,19 @@ def cmd_data(argv: Sequence[str]) -> int:
         "(default: $GYM_DATA_DIR, else the current directory and its data/).",
     )
     parser.add_argument("--json", action="store_true", help="Print JSON.")
-    args = parser.parse_args(_with_action(argv, ("preview",), "preview"))  # `gym data FILE` previews it
+    args = parser.parse_args(
+        _with_action(argv, ("preview", "show"), "preview")
+    )  # `gym data FILE` previews it
+    if args.model is None and (
+        given := [f for f in ("template", "cutoff_len") if getattr(args, f) is not None]
+    ):
+        flags = " and ".join(f"--{f}" for f in given)
+        print(
+            f"error: {flags} {'shape' if len(given) > 1 else 'shapes'} the templated text, which only "
+            "--model shows: add --model NAME",
+            file=sys.stderr,
+        )
+        return 2
     from gym.cli_llamafactory import using_data_dir
     from gym.data.preview import preview
 

@@ -224,3 +224,31 @@ def test_every_command_help_opens_with_whole_sentences(capsys):
         out = capsys.readouterr().out
         description = out.split("\n\n")[1]
         assert description.rstrip().endswith((".", ")", ":")), (name, description)
+
+
+def test_options_that_would_do_nothing_are_refused_not_ignored(capsys):
+    """`gym data FILE --cutoff_len 5` (no --model), `-n 0` and `gym registry list NAME` ran as if the option
+    were not there; `gym data show X` read `show` as the dataset."""
+    for argv, message in (
+        (
+            ["data", "demo_sft", "--cutoff_len", "5"],
+            "--cutoff_len shapes the templated text, which only --model",
+        ),
+        (
+            ["data", "demo_sft", "--template", "chatml", "--cutoff_len", "5"],
+            "--template and --cutoff_len shape",
+        ),
+        (["registry", "list", "gym-tiny"], "gym registry list takes no name; `gym registry show gym-tiny`"),
+    ):
+        assert main(argv) == 2, argv
+        assert message in capsys.readouterr().err, argv
+    for n in ("0", "-1"):
+        try:
+            main(["data", "demo_sft", "-n", n])
+        except SystemExit as exc:  # argparse's usage error
+            assert exc.code == 2
+        assert "a whole number of records, at least 1" in capsys.readouterr().err
+    assert main(["data", "show", "demo_sft", "-n", "1"]) == 0
+    shown = capsys.readouterr().out
+    assert main(["data", "preview", "demo_sft", "-n", "1"]) == 0
+    assert shown == capsys.readouterr().out and "6000 sft records" in shown
