@@ -120,6 +120,22 @@ def test_mask_history_trains_only_the_last_turn(tok):
     assert "再来一个。" in text and text.endswith("11<|im_end|>\n") and "Name a prime" not in text
 
 
+def test_mask_history_keeps_the_latest_turns_when_the_last_one_would_be_cut_away(tok):
+    """The start was kept: the last turn (the only one trained on) was cut off and the record dropped
+    ("no record has a trainable token"). The oldest exchanges go first, as in LLaMA-Factory."""
+    messages = datasets.load_from_disk(str(chat_dataset()))[0]["messages"]
+    system = [m for m in messages[:1] if m["role"] == "system"]
+    last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
+    latest = [*system, *messages[last_user:]]
+    whole, short = (templates.encode(tok, m, "chatml").input_ids for m in (messages, latest))
+    cutoff = len(short)  # room for the latest exchange (and the system message), not for the whole
+    assert cutoff < len(whole) - 2
+    result = tokenize(chat_dataset(), TINY, "chatml", TokenizeSettings(mask_history=True, cutoff_len=cutoff))
+    row = rows(result)[0]
+    assert row["input_ids"] == short and trained(tok, row) == "11<|im_end|>"
+    assert "Name a prime" not in tok.decode(row["input_ids"])
+
+
 def test_default_system_opens_each_conversation_that_has_none(tok, tmp_path: Path):
     said = "Answer with digits only."
     data = tmp_path / "chat.jsonl"

@@ -5,7 +5,8 @@ Columns by record kind (no padding: collators pad each batch):
 - sft: `input_ids`, `labels` (-100 on tokens the loss skips). By default only assistant tokens
   (their end-of-turn token included) carry labels; `train_on_prompt` trains every token;
   `mask_history` trains only the last assistant turn. Sequences are cut to `cutoff_len` (the
-  start is kept) and records left with no trainable token are dropped and counted.
+  start is kept; under `mask_history`, the oldest exchanges are left out first when the last turn
+  would be cut away) and records left with no trainable token are dropped and counted.
 - preference: `prompt` (the prompt rendered with the generation prompt), `chosen`, `rejected` (the
   exact text the template renders for that assistant turn, end-of-turn token included, trailing
   whitespace after it removed) and `prompt_ids`, `chosen_ids`, `rejected_ids`.
@@ -270,6 +271,8 @@ def _sft_batch(tokenizer: Any, template: str, settings: TokenizeSettings) -> Bat
                 mask_history=settings.mask_history,
             )
             cut = settings.cutoff_len
+            if settings.mask_history and all(x == IGNORE_INDEX for x in labels[:cut]):
+                enc, labels = _recent_turns(tokenizer, template, settings, messages, enc, labels)
             if all(x == IGNORE_INDEX for x in labels[:cut]):
                 continue  # nothing left to learn from once cut: dropped and counted
             out["input_ids"].append(enc.input_ids[:cut])
@@ -279,6 +282,34 @@ def _sft_batch(tokenizer: Any, template: str, settings: TokenizeSettings) -> Bat
         return out
 
     return fn
+
+
+def _recent_turns(
+    tokenizer: Any,
+    template: str,
+    settings: TokenizeSettings,
+    messages: list[dict],
+    enc: Any,
+    labels: list[int],
+) -> tuple[Any, list[int]]:
+    """Under mask_history, a conversation whose last turn (the one trained on) lies past cutoff_len keeps
+    its most recent turns instead (the system message stays): the oldest exchanges are left out, one at a
+    time, until the last assistant turn starts within it, as LLaMA-Factory keeps the latest turns. The
+    conversation as it was when even the last exchange alone does not fit (the record is then dropped)."""
+    system = [m for m in messages[:1] if m.get("role") == "system"]
+    rest = messages[len(system) :]
+    starts = [i for i, m in enumerate(rest) if m.get("role") == "user"]
+    for start in starts[1:]:
+        shorter = templates.encode(tokenizer, [*system, *rest[start:]], template)
+        trained = sft_labels(
+            shorter.input_ids,
+            shorter.assistant_mask,
+            train_on_prompt=settings.train_on_prompt,
+            mask_history=True,
+        )
+        if any(x != IGNORE_INDEX for x in trained[: settings.cutoff_len]):
+            return shorter, trained
+    return enc, labels
 
 
 def _pair_batch(tokenizer: Any, template: str, kind: str, file: str, system: str | None) -> BatchFn:
