@@ -125,18 +125,25 @@ class Progress:
             percent = 100 * step // self.total
             self._write(f"{self.stage}: {percent}% ({self.unit} {step}/{self.total}){self.numbers(now)}\n")
 
-    def done(self, now: float | None = None) -> None:
+    def done(self, now: float | None = None, tokens: float | None = None) -> None:
+        """The closing line. `tokens`: those this run processed, for its average tokens/s over the time
+        shown (the live rate `update` got covers the last interval only, not the stage: none is shown
+        without them)."""
         now = time.monotonic() if now is None else now
         if self.tty:
             self._write("\r" + self.bar(now) + "\x1b[K\n")
         losses = ""
         if self.first_loss is not None and self.loss is not None:
             losses = f", loss {self.first_loss:.4g} -> {self.loss:.4g}"
-        speed = f", {rate(self.tokens_per_s)} tok/s" if self.tokens_per_s else ""
+        speed = ""
+        if tokens and now > self.began:
+            since = " since the resume" if self.start else ""
+            speed = f", {rate(tokens / (now - self.began))} tok/s{since}"
         note = f", {self.note}" if self.note else ""
         # The steps this run took in the time shown: after a resume, those since it (the others ran
-        # before the interruption); `first_loss` is the stage's first, which the caller may set from the
-        # history the resume brought back (gym.train), as the stage's result and summary have it.
+        # before the interruption), and so its tokens/s; `first_loss` is the stage's first, which the
+        # caller may set from the history the resume brought back (gym.train), as the stage's result and
+        # summary have it.
         ran = self.step - self.start
         resumed = f" (resumed at {self.start})" if self.start else ""
         took = f"{ran} {self.unit}{'s' * (ran != 1)}{resumed} in {clock(now - self.began)}"

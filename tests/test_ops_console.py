@@ -27,7 +27,7 @@ def test_not_a_terminal_gets_a_line_per_quarter_with_loss_speed_and_eta():
     bar = progress.Progress("sft", 100, stream=out, now=0.0)
     for step in range(1, 101):
         bar.update(step, loss=10.0 / step, tokens_per_s=2500.0, now=step * 0.5)
-    bar.done(now=50.0)
+    bar.done(now=50.0, tokens=125_000)  # the run's tokens: 2.5k a second over its 50 s
     lines = out.getvalue().splitlines()
     assert lines[0] == "sft: 100 steps"
     assert [line.split(" (")[0] for line in lines[1:4]] == ["sft: 25%", "sft: 50%", "sft: 75%"]

@@ -34,6 +34,8 @@ from gym.train.config import LORA_TYPES, LoraSettings, TrainConfig
 
 PISSA_INIT = "pissa_init"  # the stage's copy of PiSSA's initial adapter (to save a plain LoRA at the end)
 LORAPLUS_RATIO = 16.0  # LoRA+ paper (Hayou et al. 2024): eta_B / eta_A = 2^4 works across their tasks
+NOTHING_TO_FREEZE = "freeze trains nothing: set freeze.layers to a non-zero N, or freeze.extra_modules"
+HEADED_METHODS = ("rm",)  # methods whose model has a new head (task_head), which trains under freeze too
 
 
 def lora_settings(config: TrainConfig) -> LoraSettings:
@@ -68,6 +70,12 @@ def check(config: TrainConfig, model_ref: ModelRef) -> None:
                 f"freeze.layers={config.freeze.layers}, but {model_ref.name} has {n} decoder layers; "
                 f"use a value between -{n} and {n}"
             )
+        # What freeze_selection trains besides layers and extra modules: a reward model's new head (rm),
+        # and new token rows' embeddings; without any of them, it would end after the model loaded.
+        if not (config.freeze.layers or config.freeze.extra_modules or model_ref.new_token_ids) and (
+            config.method not in HEADED_METHODS
+        ):
+            raise ConfigError(NOTHING_TO_FREEZE)
 
 
 def check_modules(config: TrainConfig, model_ref: ModelRef) -> None:
@@ -100,19 +108,39 @@ def check_modules(config: TrainConfig, model_ref: ModelRef) -> None:
             freeze_selection(skeleton, config)
 
 
+# What each adapter section of TrainConfig sets up, and the finetuning_types that read it: one a type
+# doesn't read, set all the same, gets a note (`unused_settings`) naming the type that would.
+SECTION_TYPES: dict[str, tuple[str, ...]] = {
+    "lora": LORA_TYPES,
+    "freeze": ("freeze",),
+    "longlora": ("longlora",),
+    "quant": ("qlora",),
+}
+
+
 def unused_settings(config: TrainConfig) -> str | None:
     """A note when the user set adapter settings the stage's finetuning_type does not read (LoRA settings
-    for full or freeze, freeze settings for anything else); else None. Before `plan`, which sets them."""
-    from gym.train.config import FreezeSettings, LoraSettings
-
+    for full or freeze, freeze settings for anything else, LongLoRA's for any type but longlora, QLoRA's
+    quantization for any type but qlora), naming the type that reads them; else None. The stage trains
+    as its type says. Before `plan`, which sets them."""
     kind = config.finetuning_type
-    if kind in ("full", "freeze") and "lora" in config.model_fields_set and config.lora != LoraSettings():
-        return (
-            f"the lora settings are unused: finetuning_type {kind} trains the weights themselves, no adapter"
-        )
-    if kind != "freeze" and "freeze" in config.model_fields_set and config.freeze != FreezeSettings():
-        return f"the freeze settings are unused: they choose what finetuning_type freeze trains, not {kind}"
-    return None
+    why = {
+        "lora": f"finetuning_type {kind} trains the weights themselves, no adapter (the LoRA family's "
+        "types read them: --finetuning_type lora, dora, qlora...)",
+        "freeze": f"they choose what finetuning_type freeze trains, not {kind}",
+        "longlora": "they set up finetuning_type longlora (--finetuning_type longlora: LoRA with shifted "
+        f"sparse attention and trained embeddings and norms), not {kind}",
+        "quant": "they quantize the frozen base under finetuning_type qlora's adapter (--finetuning_type "
+        f"qlora); finetuning_type {kind} loads the model unquantized",
+    }
+    unused = [
+        f"the {section} settings are unused: {why[section]}"
+        for section, kinds in SECTION_TYPES.items()
+        if kind not in kinds
+        and section in config.model_fields_set
+        and getattr(config, section) != type(getattr(config, section))()  # as good as unset: no note
+    ]
+    return "; ".join(unused) or None
 
 
 def new_rows(config: TrainConfig, model_ref: ModelRef) -> dict[str, str]:
@@ -341,7 +369,7 @@ def freeze_selection(model: Any, config: TrainConfig, new_tokens: bool = False) 
         embeddings = (model.get_input_embeddings(), model.get_output_embeddings())
         selected += [m for m in embeddings if m is not None]
     if not selected:
-        raise ConfigError("freeze trains nothing: set freeze.layers to a non-zero N, or freeze.extra_modules")
+        raise ConfigError(NOTHING_TO_FREEZE)
     return selected
 
 

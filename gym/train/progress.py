@@ -1,8 +1,9 @@
 """The Trainer's progress for people and for logs (replaces transformers' PrinterCallback).
 
 On the console: one bar per stage on a terminal, a few lines otherwise (gym.progress), with steps,
-loss, tokens/s and ETA; with GYM_VERBOSE=1 every log dict, as transformers prints it. Always: each
-log dict as a line on the `gym.train` logger, which the task layer sends to Prefect's run logs.
+loss, tokens/s (between the last two logs; on the closing line, the run's average) and ETA; with
+GYM_VERBOSE=1 every log dict, as transformers prints it. Always: each log dict as a line on the
+`gym.train` logger, which the task layer sends to Prefect's run logs.
 
 The last step is always logged (transformers logs every `logging_steps` only), so a stage's loss
 curve, MLflow's metrics and the JSON line's `loss_last`/`metric_last` end where training ended.
@@ -29,10 +30,13 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
         self.bar: progress.Progress | None = None
         # (time, tokens seen) at the previous log, for tokens/s between logs
         self._tokens: tuple[float, float] | None = None
+        # The Trainer's count of tokens seen when this run began (a resume brings the stage's back)
+        self._tokens_at_start = 0
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if state.is_local_process_zero and not self.verbose:
             self.bar = progress.Progress(self.stage, state.max_steps, start=state.global_step)
+            self._tokens_at_start = state.num_input_tokens_seen or 0
             # Resumed: the run's first loss (logged before the interruption, as the stage's result and the
             # JSON summary have it), not the resumed part's.
             from gym.train.common import losses_from
@@ -63,7 +67,9 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.bar is not None:
-            self.bar.done()
+            # The run's average over the tokens the Trainer counted, as the stage's result
+            # (TrainResult.tokens_per_second: tokens_seen / train_seconds); none where it counts none.
+            self.bar.done(tokens=(state.num_input_tokens_seen or 0) - self._tokens_at_start)
             self.bar = None
 
     def _rate(self, logs: dict[str, Any]) -> float | None:
