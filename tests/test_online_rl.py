@@ -103,10 +103,13 @@ def test_gspo_raises_held_out_mean_reward_with_sequence_clipping(warm: ModelRef)
     assert logged(result, "kl")[-1] > 0
 
 
-def test_ppo_raises_held_out_mean_reward(warm: ModelRef):
+def test_ppo_raises_held_out_mean_reward(warm: ModelRef, capsys):
     data = tokenized("demo_prompts", warm)
     config = rl_config("ppo", 8)
+    capsys.readouterr()
     result = train.run(config, warm, data, held_out(warm))
+    done = [line for line in capsys.readouterr().err.splitlines() if line.startswith("ppo: done")]
+    assert done and " tok/s" in done[-1], done  # its rate, as the other methods' lines give theirs
     assert_learned(result)
     assert result.global_step == 8 and result.resumed_from is None
     # It counts the tokens its rollouts sampled (TRL's PPO counts none): 8 x 64 prompts and their answers

@@ -295,6 +295,9 @@ def trainer_class() -> type:
             if step % args.logging_steps == 0 or step >= self.state.max_steps:  # the last step too, as TRL's
                 self.sample_log.write(step, reward.rows)  # logging does: a short run had no samples
             self.sample_log.write_metrics(self.state.global_step, logs)
+            # this process's sampled tokens so far, for the progress line's tok/s (train() sums every
+            # process's at the end)
+            self.state.num_input_tokens_seen = int(cast(Any, self.reward_model).tokens)
             super().log(logs, start_time)
 
         def train(
