@@ -60,7 +60,77 @@ METHOD_KEYS = ("method", "stage", "pref_loss", "finetuning_type", "training_free
 
 def method_of(argv: Sequence[str]) -> tuple[str, str | None, list[str]]:
     """(method, finetuning_type, the other arguments) from `gym train`'s command line."""
-    pre = argparse.ArgumentParser(add_help=False)
+    known, rest = _method_parser().parse_known_args(argv)
+    method = _picked(known)
+    if method == "tf_grpo":
+        rest = [_renamed(a, TF_GRPO_FLAGS) for a in rest]
+    return method, known.finetuning_type, rest
+
+
+def methods_of(
+    in_file: Sequence[str], argv: Sequence[str], path: Path | None
+) -> tuple[str, str | None, list[str]]:
+    """(method, adaptation type, the other arguments) from a config file's method-choosing settings (as
+    flags, `in_file`) and the command line `argv`, whose choice wins.
+
+    Each is refused on its own where it contradicts itself. When the command line picks the method
+    (--method, --stage, --pref_loss or a method as --finetuning_type, `name=value` too), the file's
+    choice of it gives way, except what only refines a command line's `--stage dpo` within that stage
+    (`pref_loss: simpo`, `method: cdpo`); a file's pref_loss or training_free_grpo that doesn't apply to the
+    method the command line picks is ignored, with a note (as LLaMA-Factory ignores pref_loss outside dpo).
+    """
+    parser = _method_parser()
+    file_keys, _ = parser.parse_known_args(in_file)
+    cli_keys, rest = parser.parse_known_args(argv)
+    _picked(file_keys)  # a file that contradicts itself is refused, as a command line is
+    method = _picked(cli_keys)
+    types = [ns.finetuning_type for ns in (cli_keys, file_keys) if ns.finetuning_type in FINETUNING_TYPES]
+    adaptation = types[0] if types else None
+    picks = ("method", "stage", "pref_loss")
+    if not any(getattr(cli_keys, k) is not None for k in picks) and _method_form(cli_keys) is None:
+        merged = argparse.Namespace(**vars(file_keys))  # the file picks the method
+        merged.finetuning_type = _method_form(file_keys)
+        merged.training_free = file_keys.training_free or cli_keys.training_free
+        method = _picked(merged)
+    else:
+        merged = argparse.Namespace(**vars(cli_keys))
+        merged.finetuning_type = _method_form(cli_keys)
+        # Only a `--stage dpo` leaves the method open (its pref_loss, or a method of the stage, picks it).
+        open_stage = cli_keys.method is None and cli_keys.pref_loss is None and merged.finetuning_type is None
+        refines = cli_keys.stage == "dpo" and open_stage
+        from_file = {
+            "method": file_keys.method,
+            "finetuning_type": _method_form(file_keys),
+            "pref_loss": file_keys.pref_loss,
+            "training_free": file_keys.training_free or None,
+        }
+        for key, value in from_file.items():
+            if value is None or getattr(merged, key):
+                continue
+            trial = argparse.Namespace(**{**vars(merged), key: value})
+            try:
+                got = _picked(trial)
+            except ConfigError:
+                got = None
+            applies = got == method or (key == "training_free" and (method, got) == ("grpo", "tf_grpo"))
+            if got is not None and (refines or applies):
+                merged, method = trial, got
+            elif key in ("pref_loss", "training_free"):  # not the method's: ignored, as LLaMA-Factory does
+                shown = f"pref_loss {value}" if key == "pref_loss" else "training_free_grpo"
+                where = f" (in {path})" if path else ""
+                print(
+                    f"note: {shown}{where} does not apply to method {method}, which the command line "
+                    "picks: ignored",
+                    file=sys.stderr,
+                )
+    if method == "tf_grpo":
+        rest = [_renamed(a, TF_GRPO_FLAGS) for a in rest]
+    return method, adaptation, rest
+
+
+def _method_parser() -> argparse.ArgumentParser:
+    """The flags that choose the method, spelled in full (`--meth` is not `--method`)."""
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--method")
     pre.add_argument("--stage")
     pre.add_argument("--pref_loss")
@@ -68,9 +138,20 @@ def method_of(argv: Sequence[str]) -> tuple[str, str | None, list[str]]:
     pre.add_argument(
         "--training_free_grpo", "--grpo_training_free", dest="training_free", action="store_true"
     )
-    known, rest = pre.parse_known_args(argv)
+    return pre
+
+
+def _method_form(known: argparse.Namespace) -> str | None:
+    """The method --finetuning_type names in the papers' form (`--finetuning_type dpo`), if it names one."""
+    value = known.finetuning_type
+    return value if value and value not in FINETUNING_TYPES else None
+
+
+def _picked(known: argparse.Namespace) -> str:
+    """The method the method-choosing flags `known` pick (a ConfigError where they disagree)."""
     method = _llamafactory_method(known.method, known.stage, known.pref_loss)
     if known.finetuning_type and known.finetuning_type not in FINETUNING_TYPES:
+        _check_type_or_method(known.finetuning_type)  # a misspelled type is no method that disagrees
         named = known.method is not None or known.stage is not None or known.pref_loss is not None
         if named and method != known.finetuning_type:  # one of them would be dropped, silently
             raise ConfigError(
@@ -85,9 +166,24 @@ def method_of(argv: Sequence[str]) -> tuple[str, str | None, list[str]]:
             f"--training_free_grpo makes GRPO training-free (method tf_grpo); method {method!r} has no "
             "training-free form: drop the flag, or use --method grpo with it"
         )
-    if method == "tf_grpo":
-        rest = [_renamed(a, TF_GRPO_FLAGS) for a in rest]
-    return method, known.finetuning_type, rest
+    return method
+
+
+def _method_names() -> str:
+    from gym.train import METHODS
+
+    return ", ".join(dict.fromkeys([*METHODS, *PIPELINES]))  # tf_grpo is in both
+
+
+def _check_type_or_method(finetuning_type: str) -> None:
+    """A ConfigError listing the adaptation types and methods, unless --finetuning_type names one."""
+    from gym.train import METHODS
+
+    if finetuning_type not in (*FINETUNING_TYPES, *METHODS, *PIPELINES):
+        raise ConfigError(
+            f"unknown --finetuning_type {finetuning_type!r}; adaptation types: "
+            f"{', '.join(FINETUNING_TYPES)} (or a method: {_method_names()})"
+        )
 
 
 def _llamafactory_method(method: str | None, stage: str | None, pref_loss: str | None) -> str:
@@ -154,7 +250,7 @@ def train_plan(argv: Sequence[str]) -> TrainPlan:
     settings = read_config_file(path) if path else {}
     llamafactory = "stage" in settings  # a LLaMA-Factory training YAML (its keys are read below)
     argv = dotlist(argv, [f"--{key}" for key in METHOD_KEYS])  # `stage=dpo`, as after LLaMA-Factory's YAML
-    method, finetuning_type, rest = method_of([*_method_flags(settings), *argv])
+    method, finetuning_type, rest = methods_of(_method_flags(settings), argv, path)
     if method == "tf_grpo":  # the papers' names in the file too
         settings = {_renamed(f"--{key}", TF_GRPO_FLAGS)[2:]: value for key, value in settings.items()}
     elif method not in PIPELINES and llamafactory:
@@ -163,14 +259,8 @@ def train_plan(argv: Sequence[str]) -> TrainPlan:
     named = [*rest, *(f"--{key}" for key in settings)]  # set on the command line or in the file
     from gym.train import METHODS
 
-    names = ", ".join(dict.fromkeys([*METHODS, *PIPELINES]))  # tf_grpo is in both
-    if finetuning_type and finetuning_type not in (*FINETUNING_TYPES, *METHODS, *PIPELINES):
-        raise ConfigError(
-            f"unknown --finetuning_type {finetuning_type!r}; adaptation types: "
-            f"{', '.join(FINETUNING_TYPES)} (or a method: {names})"
-        )
     if method not in METHODS and method not in PIPELINES:
-        raise ConfigError(f"method {method!r} is not available; available: {names}")
+        raise ConfigError(f"method {method!r} is not available; available: {_method_names()}")
     if finetuning_type in FINETUNING_TYPES:
         rest = [*rest, "--finetuning_type", finetuning_type]
     prog = f"gym train --method {method}"

@@ -8,7 +8,8 @@ is `--train.learning_rate` for `gym train`, `--sft.learning_rate` and `--dpo.lea
 sft_then_dpo); gym's own flag for the same setting wins. As in LLaMA-Factory, `lora_alpha` defaults
 to twice `lora_rank`, LoRA settings imply a LoRA adapter and `quantization_bit` a quantized one
 (QLoRA). Settings gym handles by itself (loss plots, caching, resuming) are accepted with a note.
-`--stage` and `--pref_loss`, which choose the method, are read by `gym train` (flows/commands.py).
+`--stage` and `--pref_loss`, which choose the method, are read by `gym train` (flows/commands.py); a
+flow of one training stage (flows/train.py) takes `gym train`'s `--method` as `--train.method`.
 Model, dataset, template, output and epoch names (`model_name_or_path`, `dataset`, `template`,
 `output_dir`, `num_train_epochs`, `val_size`, `eval_dataset`, `new_special_tokens`) are gym's own flags
 already.
@@ -34,6 +35,15 @@ def _modules(text: str) -> list[str] | None:
     """`q_proj,v_proj` -> its names; `all` -> None (gym's default: every projection of the model)."""
     names = [n.strip() for n in text.split(",") if n.strip()]
     return None if names in ([], ["all"]) else names
+
+
+ALL_MODULES = "all"  # lora_target's value for gym's default modules: given, so it still means a LoRA adapter
+
+
+def _lora_target(text: str) -> list[str] | str:
+    """`q_proj,v_proj` -> its names; `all` -> ALL_MODULES (a LoRA setting given, with gym's default modules:
+    every projection of the model, as LLaMA-Factory's `all` is every linear module)."""
+    return _modules(text) or ALL_MODULES
 
 
 def _floats(text: str) -> list[float]:
@@ -93,7 +103,7 @@ STAGE: dict[str, tuple[str, Callable[[str], Any] | type[bool]]] = {
     "lora_rank": ("lora.r", int),
     "lora_alpha": ("lora.alpha", int),
     "lora_dropout": ("lora.dropout", float),
-    "lora_target": ("lora.target_modules", _modules),
+    "lora_target": ("lora.target_modules", _lora_target),
     "use_rslora": ("lora.use_rslora", bool),
     "use_dora": ("lora.use_dora", bool),
     "loraplus_lr_ratio": ("lora.loraplus_lr_ratio", float),
@@ -286,6 +296,10 @@ def add_options(parser: argparse.ArgumentParser, stages: Sequence[str]) -> None:
     for name, why in REFUSED.items():  # a bare flag (a YAML `true`) is refused too
         kwargs = {"nargs": "?", "const": True, "metavar": "VALUE"}
         group.add_argument(f"--{name}", dest=f"{DEST}.{name}", help=f"refused: {why}", **kwargs)
+    if list(stages) == ["train"]:  # a flow of one method (flows/train.py) takes gym train's --method too
+        group.add_argument(
+            "--method", dest=f"{DEST}.method", metavar="METHOD", help="= --train.method (as gym train's)"
+        )
     group.add_argument(
         "--dataset_dir",
         dest=f"{DEST}.dataset_dir",
@@ -328,12 +342,14 @@ def overrides(
     top: dict[str, Any] = {}
     for name, value in values.items():
         if name in STAGE:
-            _put(stage, STAGE[name][0], value)
+            _put(stage, STAGE[name][0], None if name == "lora_target" and value == ALL_MODULES else value)
         elif name in TRANSLATED:
             path, translate, _ = TRANSLATED[name]
             _put(stage, path, translate(value))
         elif name in TOP:
             _put(top, TOP[name][0], value)
+        elif name == "method":  # only a flow of one training stage has it
+            stage["method"] = value
     if "lora_rank" in values and not alpha_given and values["lora_rank"] >= 1:  # a bad rank: its own error
         _put(stage, "lora.alpha", 2 * values["lora_rank"])  # LLaMA-Factory's default: lora_rank * 2
     if "quantization_bit" in values:

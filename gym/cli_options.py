@@ -29,11 +29,20 @@ USAGE_LINES = 12  # a longer usage (a flow's hundreds of flags) is shown as one 
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse, with a bad flag reported as `error: <message>` on the last line (status 2, as argparse),
-    after the usage when it is short, else after one line saying where the options are listed."""
+    after the usage when it is short, else after one line saying where the options are listed.
+
+    A long flag is taken only as spelled in full (argparse's allow_abbrev off): `--learning 0.5` is not
+    `--learning_rate`, as a config file's `learning: 0.5` is not, and a new flag can't make an
+    abbreviation someone relied on ambiguous (`--method` once failed against `--method_eval_dataset`).
+    """
 
     source: Path | None = None  # a config file being read: its errors name it
 
     argv: Sequence[str] = ()  # the arguments being parsed
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
         self.argv = [str(a) for a in (sys.argv[1:] if args is None else args)]
