@@ -4,6 +4,9 @@
     python benchmarks/gpu_train.py --finetuning-type qlora   # QLoRA on both sides, ~2.5 minutes
     python benchmarks/gpu_train.py --smoke        # tiny model on CPU: proves the script end to end
 
+Without a CUDA GPU it stops at once (exit 2) unless --smoke is given; --skip must be at least 1 and
+below --steps. Its temporary folder (~1 GB for the full model) is deleted at the end, also on SIGTERM.
+
 Self-contained: it builds a Llama-shaped model (~0.5B parameters, vocab 32k) from a config with
 a fixed seed and a synthetic learnable corpus (arithmetic token sequences of 900-1024 tokens), so
 nothing is downloaded. It needs only torch, transformers, TRL (with datasets) and gym.train, and
@@ -18,11 +21,16 @@ setting's own):
 With `--finetuning-type qlora`: gym's qlora stage (NF4 base, its default LoRA, paged 8-bit AdamW,
 activation checkpointing) against TRL as its documentation sets QLoRA up (the model loaded 4-bit NF4
 with double quantization and bf16 compute, a LoraConfig of gym's rank, alpha and target modules, TRL's
-defaults otherwise); MFU counts 4N per token there (a frozen base has no weight gradients).
+defaults otherwise).
 Same model, data, order, learning rate and batch. Tokens/s counts real tokens after the first
-`--skip` steps; MFU = 6 * params * tokens/s (+ attention) over the GPU's peak bf16 FLOP/s; peak
-memory from torch.cuda, beside gym.train.memory's estimate of it for full fine-tuning (gym's
-settings: "memory_estimate_gib"). "loss_gap" is the largest gap between the two loss curves (smoothed).
+`--skip` steps. MFU = tokens/s * (6 * N + 12 * layers * hidden * seq_len) / the GPU's peak bf16
+FLOP/s, with N the matmul parameters: every layer's linear weights and the LM head (untied here; a
+tied one would count once, as the head), not the input embedding (a lookup, no FLOPs) nor the norms;
+QLoRA counts 4 * N (a frozen base has no weight gradients). The JSON's "params" is all parameters,
+"matmul_params" N. Each side's settings name the optimizer its Trainer built ("optim", in
+TrainingArguments' words, and "optimizer", its class). Peak memory from torch.cuda, beside
+gym.train.memory's estimate of it for full fine-tuning (gym's settings: "memory_estimate_gib").
+"loss_gap" is the largest gap between the two loss curves (smoothed).
 Goal: gym/trl tokens/s >= 1.6 with the same loss curve.
 
 On a lent GPU whose image lacks TRL and friends (Python 3.12 there), benchmarks/gpu_checks.sh
@@ -37,6 +45,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -190,7 +199,7 @@ def worker(a: argparse.Namespace) -> dict[str, Any]:
         # model loaded (float32 master weights, bf16 autocast; QLoRA: a 4-bit base), adapted and wrapped.
         config, choices = train.plan(config, ref, len(data), 0, cutoff_len=a.max_len, longest=a.max_len)
         trainer = train.build_trainer(config, ref, data, None, out, out, a.max_len)[0]
-        settings = {**dataclasses.asdict(speed.resolve(config)), **choices, "optim": config.optim}
+        settings = {**dataclasses.asdict(speed.resolve(config)), **choices}
         if qlora:
             lora = config.lora.model_dump(include={"r", "alpha", "dropout"})
             settings["lora"] = {
@@ -243,12 +252,12 @@ def worker(a: argparse.Namespace) -> dict[str, Any]:
             "gradient_checkpointing": args.gradient_checkpointing,
             "attn_implementation": trainer.model.config._attn_implementation,
             "loss_type": args.loss_type,
-            "optim": args.optim,
         }
     trainer.add_callback(clock.callback)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     trainer.train()
+    settings.update(optimizer_used(trainer))
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     return {
@@ -261,11 +270,33 @@ def worker(a: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def mfu(
-    tok_s: float, params: int, shape: dict[str, int], seq_len: float, frozen: bool = False
-) -> float | None:
-    """Model FLOPs utilisation: 6N per token plus attention (12 * layers * hidden * seq), over peak;
+def optimizer_used(trainer: Any) -> dict[str, str]:
+    """The optimizer the Trainer built: TrainingArguments' name for it and its class (under accelerate's
+    wrapper), not the config's field, which is None where the default applies."""
+    optim = trainer.args.optim
+    inner = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+    return {"optim": getattr(optim, "value", str(optim)), "optimizer": type(inner).__name__}
+
+
+def matmul_params(shape: dict[str, int]) -> int:
+    """Weights that multiply activations per token: attention (q, k, v, o), the MLP (gate, up, down) in every
+    layer and the LM head; not the input embedding (a lookup) nor the norms (elementwise)."""
+    h, layers = shape["hidden_size"], shape["num_hidden_layers"]
+    kv = h // shape["num_attention_heads"] * shape["num_key_value_heads"]
+    per_layer = 2 * h * h + 2 * h * kv + 3 * h * shape["intermediate_size"]
+    return layers * per_layer + shape["vocab_size"] * h
+
+
+def flops_per_token(shape: dict[str, int], seq_len: float, frozen: bool = False) -> float:
+    """Training FLOPs per token: 6N (forward 2N, backward 4N) plus attention, 12 * layers * hidden * seq_len;
     4N for a frozen base (QLoRA: no weight gradients, only the activations' backward)."""
+    attention = 12 * shape["num_hidden_layers"] * shape["hidden_size"] * seq_len
+    return (4 if frozen else 6) * matmul_params(shape) + attention
+
+
+def mfu(tok_s: float, shape: dict[str, int], seq_len: float, frozen: bool = False) -> float | None:
+    """Model FLOPs utilisation: tokens/s * flops_per_token over the GPU's peak bf16 FLOP/s (None off CUDA
+    or on a GPU not in PEAK_FLOPS)."""
     import torch
 
     if not torch.cuda.is_available():
@@ -274,21 +305,22 @@ def mfu(
     peak = next((v for k, v in PEAK_FLOPS.items() if k in name), None)
     if peak is None:
         return None
-    flops_per_token = (4 if frozen else 6) * params + 12 * shape["num_hidden_layers"] * shape[
-        "hidden_size"
-    ] * seq_len
-    return round(tok_s * flops_per_token / peak, 4)
+    return round(tok_s * flops_per_token(shape, seq_len, frozen) / peak, 4)
 
 
 def smooth(xs: list[float], k: int = 5) -> list[float]:
     return [sum(xs[max(0, i - k + 1) : i + 1]) / len(xs[max(0, i - k + 1) : i + 1]) for i in range(len(xs))]
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with --steps, --skip and --batch resolved to their defaults (smoke or full) and
+    checked: --skip (the warm-up left out of tokens/s) at least 1 and below --steps."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="Tiny model on CPU, a few steps (tests use it).")
     p.add_argument("--steps", type=int, help="Optimiser steps per setting (default 60; smoke 8).")
-    p.add_argument("--skip", type=int, help="Warm-up steps left out of tokens/s (default 10; smoke 2).")
+    p.add_argument(
+        "--skip", type=int, help="Warm-up steps left out of tokens/s, 1 to steps - 1 (default 10; smoke 2)."
+    )
     p.add_argument("--batch", type=int, help="Sequences per step (default 16; smoke 4).")
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument(
@@ -303,14 +335,39 @@ def main() -> None:
     p.add_argument("--shape", default="full", help=argparse.SUPPRESS)
     p.add_argument("--min-len", type=int, help=argparse.SUPPRESS)
     p.add_argument("--max-len", type=int, help=argparse.SUPPRESS)
-    a = p.parse_args()
+    a = p.parse_args(argv)
+    a.steps = a.steps if a.steps is not None else (8 if a.smoke else 60)
+    a.skip = a.skip if a.skip is not None else (2 if a.smoke else 10)
+    a.batch = a.batch if a.batch is not None else (4 if a.smoke else 16)
+    if a.batch < 1:
+        p.error(f"--batch must be at least 1 (got {a.batch})")
+    if not 1 <= a.skip < a.steps:
+        p.error(
+            f"--skip {a.skip} with --steps {a.steps}: tokens/s counts the steps after the first --skip, "
+            "so --skip must be at least 1 and --steps larger than --skip"
+        )
+    return a
+
+
+def main() -> None:
+    a = parse_args()
     if a.worker:
         print("RESULT " + json.dumps(worker(a)), flush=True)
         return
+    import torch
+
+    if not a.smoke and not torch.cuda.is_available():
+        print(
+            "gpu_train.py: no CUDA GPU here (it would train a 0.5B model in bf16 on the CPU for hours); "
+            "run it on a CUDA GPU, or add --smoke for the tiny CPU check",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+    # A SIGTERM (a job's time limit, `kill`) unwinds like Ctrl-C: the running worker is killed
+    # (subprocess.run does that on any exception) and the temporary folder deleted.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     shape = "smoke" if a.smoke else "full"
-    steps = a.steps or (8 if a.smoke else 60)
-    skip = a.skip if a.skip is not None else (2 if a.smoke else 10)
-    batch = a.batch or (4 if a.smoke else 16)
+    steps, skip, batch = a.steps, a.skip, a.batch
     min_len, max_len = (24, 48) if a.smoke else (900, 1024)
     root = Path(tempfile.mkdtemp(prefix="gym-gpu-bench-"))
     env = {
@@ -357,6 +414,7 @@ def main() -> None:
         "device": _device(),
         "finetuning_type": a.finetuning_type,
         "params": params,
+        "matmul_params": matmul_params(SHAPES[shape]),
         "trainable": [gym["trainable"], trl["trainable"]],
         "steps": steps,
         "batch": batch,
@@ -364,8 +422,8 @@ def main() -> None:
         "gym_tok_s": gym["tok_s"],
         "trl_tok_s": trl["tok_s"],
         "speedup": round(gym["tok_s"] / trl["tok_s"], 3),
-        "gym_mfu": mfu(gym["tok_s"], params, SHAPES[shape], seq_len, frozen=qlora),
-        "trl_mfu": mfu(trl["tok_s"], params, SHAPES[shape], seq_len, frozen=qlora),
+        "gym_mfu": mfu(gym["tok_s"], SHAPES[shape], seq_len, frozen=qlora),
+        "trl_mfu": mfu(trl["tok_s"], SHAPES[shape], seq_len, frozen=qlora),
         "gym_peak_gb": gym["peak_gb"],
         "trl_peak_gb": trl["peak_gb"],
         "gym_loss_first_last": [gym["losses"][0], gym["losses"][-1]],

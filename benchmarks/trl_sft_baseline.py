@@ -6,11 +6,15 @@ No gym, no Prefect, no MLflow:
 
 Reads alpaca-format JSON Lines, lets TRL apply the model's chat template and mask the prompt
 (assistant_only_loss), trains with SFTTrainer and saves the model: what a user would write by hand.
+Its last line is JSON for the benchmarks: {"train_seconds": trainer.train()'s wall seconds (timed as
+gym times its own `train_seconds`), "tokens": the real tokens TRL counted (its `num_tokens`)}.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import time
 
 from datasets import load_dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -55,8 +59,12 @@ def main() -> None:
         gradient_checkpointing=False,  # gym trains gym-tiny in fp32 without them, so must the baseline
     )
     trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok)
+    start = time.perf_counter()
     trainer.train()
+    seconds = time.perf_counter() - start
     trainer.save_model(a.out)
+    tokens = [e["num_tokens"] for e in trainer.state.log_history if "num_tokens" in e]
+    print(json.dumps({"train_seconds": round(seconds, 3), "tokens": int(tokens[-1]) if tokens else None}))
 
 
 if __name__ == "__main__":

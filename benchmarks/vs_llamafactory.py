@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/vs_llamafactory.py [--repeats 1] [--setup-only]
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/vs_llamafactory.py --stage dpo
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/vs_llamafactory.py --skip-lf [--keep]
 
 The same SFT run for each: a 2.5M-parameter Llama built from a config (saved once, untimed),
 2,000 alpaca records (gym's demo_sft), 100 steps at batch 8, fp32, cosine schedule, lr 3e-3.
@@ -15,8 +16,11 @@ the same pairs, reference-free, with gym's defaults (ORPO lambda 0.1; SimPO beta
 weights 1.0, each tool's default reference.
 - LLaMA-Factory: `llamafactory-cli train config.yaml` from its own virtual environment,
   benchmarks/.venv-lf (git-ignored), which this script creates on first use: llamafactory==0.9.5
-  with the CPU torch this project pins; its CUDA torchvision is uninstalled and torchaudio's
-  compiled libraries are moved aside, as it won't import on a CPU machine otherwise.
+  with the torch version this project pins as PyTorch's CPU build (`torch==X+cpu`, PyTorch's CPU
+  index as an extra index: PyPI's own torch is the CUDA build); its CUDA torchvision is uninstalled
+  and torchaudio's compiled libraries are moved aside, as it won't import on a CPU machine otherwise.
+  If the install fails (no network...), the script says so in one line with the commands to run by
+  hand; `--skip-lf` leaves LLaMA-Factory out (TRL and gym only, ratios against TRL).
 - plain TRL: benchmarks/trl_sft_baseline.py (the script a user would write).
 - gym: `gym train` (python -m flows.cli train) with Prefect's temporary API ("ephemeral") and
   against a running `prefect server` ("server"), each in a workspace whose first run (which
@@ -24,8 +28,11 @@ weights 1.0, each tool's default reference.
 Each run's training tokens/s comes from the tool's own log (real tokens over train_runtime);
 whole-process seconds are timed from launch to exit, and CPU seconds (the process and the children
 it waited for, e.g. Prefect's temporary API) are reported beside them: on a shared machine they
-move less than wall time. Goals: gym train tok/s >= 1.0x LF's; whole `gym train`
-<= 1.3x LF (<= 1.0x against a running server). Prints a table and one JSON line.
+move less than wall time. Each tool's count of training tokens is reported beside its tokens/s
+(`*_tokens`: the same data should count the same). Goals: gym train tok/s >= 1.0x LF's; whole `gym train`
+<= 1.3x LF (<= 1.0x against a running server). Prints a table and one JSON line. The temporary folder
+(models, outputs) is deleted at the end; each tool's log is kept, and its folder named, when a run fails
+or with `--keep`.
 """
 
 from __future__ import annotations
@@ -37,7 +44,9 @@ import json
 import os
 import re
 import resource
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -49,6 +58,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 LF_VENV = REPO / "benchmarks" / ".venv-lf"
 LF_VERSION = "0.9.5"
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"  # PyTorch's CPU wheels (PyPI's torch is CUDA's)
 STEPS, BATCH, CUTOFF = 100, 8, 256
 PAIRED = ("dpo", "orpo", "simpo")  # LLaMA-Factory's stage dpo with its pref_loss
 LR = {"sft": 3e-3, "kto": 1e-4} | {m: 1e-4 for m in PAIRED}
@@ -72,20 +82,49 @@ MODEL_SHAPE = {
 }
 
 
-def setup_llamafactory() -> Path:
-    """Create benchmarks/.venv-lf with LLaMA-Factory on CPU torch; return its llamafactory-cli."""
-    cli = LF_VENV / "bin" / "llamafactory-cli"
-    if cli.is_file():
-        return cli
+def lf_install_commands() -> list[list[str]]:
+    """The commands that create benchmarks/.venv-lf: a virtual environment, LLaMA-Factory with PyTorch's
+    CPU build of the torch this project pins, and PyPI's CUDA torchvision uninstalled (it breaks the
+    `import transformers` paths LF takes on CPU)."""
     torch_pin = _pin("torch")
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(LF_VENV)], check=True)
-    pip = [str(LF_VENV / "bin" / "python"), "-m", "pip", "install", "-q"]
-    subprocess.run([*pip, f"llamafactory=={LF_VERSION}", f"torch=={torch_pin}"], check=True)
-    # PyPI's torchvision is a CUDA build and breaks `import transformers` paths LF takes on CPU.
-    subprocess.run(
-        [str(LF_VENV / "bin" / "python"), "-m", "pip", "uninstall", "-y", "-q", "torchvision"], check=True
-    )
-    # torchaudio's compiled extensions need CUDA libraries: move them aside so its import fails cleanly.
+    torch_cpu = torch_pin if "+" in torch_pin else f"{torch_pin}+cpu"
+    python = str(LF_VENV / "bin" / "python")
+    pip = [python, "-m", "pip"]
+    return [
+        [sys.executable, "-m", "venv", "--clear", str(LF_VENV)],
+        [
+            *pip,
+            "install",
+            "-q",
+            "--extra-index-url",
+            TORCH_CPU_INDEX,
+            f"llamafactory=={LF_VERSION}",
+            f"torch=={torch_cpu}",
+        ],
+        [*pip, "uninstall", "-y", "-q", "torchvision"],
+    ]
+
+
+def setup_llamafactory() -> Path:
+    """Create benchmarks/.venv-lf with LLaMA-Factory on CPU torch; return its llamafactory-cli.
+    A failed step removes the half-made environment and ends the script with one line saying what
+    failed and how to install it by hand (or to leave LLaMA-Factory out with --skip-lf)."""
+    cli = LF_VENV / "bin" / "llamafactory-cli"
+    commands = [] if cli.is_file() else lf_install_commands()
+    for cmd in commands:
+        try:
+            subprocess.run(cmd, check=True)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            shutil.rmtree(LF_VENV, ignore_errors=True)
+            why = f"exit {exc.returncode}" if isinstance(exc, subprocess.CalledProcessError) else str(exc)
+            by_hand = " && ".join(shlex.join(c).replace(" --clear", "") for c in commands)
+            raise SystemExit(
+                f"vs_llamafactory.py: installing LLaMA-Factory {LF_VERSION} into {LF_VENV} failed "
+                f"({shlex.join(cmd[:4])}...: {why}; pip's messages above); install it by hand: "
+                f"{by_hand}; or run without it: --skip-lf"
+            ) from None
+    # torchaudio's compiled extensions need CUDA libraries: move them aside so its import fails cleanly
+    # (every time: an environment installed by hand gets the same treatment).
     for lib in glob.glob(str(LF_VENV / "lib" / "python*" / "site-packages" / "torchaudio" / "lib" / "*.so")):
         os.rename(lib, lib + ".disabled")
     return cli
@@ -180,7 +219,8 @@ def lf_config(root: Path, model: Path, data: Path, stage: str) -> Path:
 
 
 def timed(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, float]:
-    """Wall seconds and CPU seconds (user + system, the process and the children it waited for)."""
+    """Wall seconds and CPU seconds (user + system, the process and the children it waited for). A failed
+    process ends the script with its log's tail (the whole log is kept, see main)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     with open(log, "w") as f:
@@ -188,7 +228,7 @@ def timed(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, float]
     elapsed = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
-        sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{log.read_text()[-3000:]}")
+        sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{log.read_text()[-3000:]}\n(log: {log})")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return elapsed, cpu
 
@@ -219,21 +259,58 @@ def gym_summary(log: Path, stage: str) -> tuple[float | None, int | None]:
     return last.get(f"{stage}_tokens_per_second"), tokens
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--setup-only", action="store_true", help="Create benchmarks/.venv-lf and stop.")
     p.add_argument(
         "--stage", choices=("sft", *PAIRED, "kto"), default="sft", help="The method all tools run."
     )
-    a = p.parse_args()
-    lf_cli = setup_llamafactory()
+    p.add_argument(
+        "--skip-lf",
+        action="store_true",
+        help="Leave LLaMA-Factory out (no install): plain TRL and gym only, ratios against TRL (sft only).",
+    )
+    p.add_argument(
+        "--keep", action="store_true", help="Keep each tool's log (always kept when a run fails); says where."
+    )
+    a = p.parse_args(argv)
+    if a.repeats < 1:
+        p.error("--repeats must be at least 1")
+    if a.skip_lf and a.setup_only:
+        p.error("--setup-only installs LLaMA-Factory, which --skip-lf leaves out")
+    if a.skip_lf and a.stage != "sft":
+        p.error(
+            f"--skip-lf with --stage {a.stage}: no TRL column for that stage, nothing to compare gym with"
+        )
+    return a
+
+
+def main() -> None:
+    a = parse_args()
+    lf_cli = None if a.skip_lf else setup_llamafactory()
     if a.setup_only:
         return
+    # A SIGTERM (a job's time limit, `kill`) unwinds like Ctrl-C: the temporary folder goes, the logs stay.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    root = Path(tempfile.mkdtemp(prefix="gym-vs-lf-"))
+    logs = Path(tempfile.mkdtemp(prefix="gym-vs-lf-logs-"))  # apart from root: models and outputs go
+    failed = True
+    try:
+        run(a, lf_cli, root, logs)
+        failed = False
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        if failed or a.keep:
+            print(f"logs kept in {logs}", file=sys.stderr)
+        else:
+            shutil.rmtree(logs, ignore_errors=True)
+
+
+def run(a: argparse.Namespace, lf_cli: Path | None, root: Path, logs: Path) -> None:
     sys.path.insert(0, str(REPO / "benchmarks"))
     from overhead import prefect_server
 
-    root = Path(tempfile.mkdtemp(prefix="gym-vs-lf-"))
     env = {
         **os.environ,
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
@@ -280,62 +357,75 @@ def main() -> None:
     with prefect_server(root / "server-home", env) as api_url:
         for r in range(a.repeats):
             row: dict[str, Any] = {}
-            log = root / f"lf-{r}.log"
-            row["lf_s"], row["lf_cpu_s"] = timed(
-                [str(lf_cli), "train", str(lf_yaml)], {**env, "PATH": _path(lf_cli)}, log
-            )
-            row["lf_tok_s"], row["lf_tokens"] = trainer_tok_s(log), tokens_seen(log)
+            if lf_cli is not None:
+                log = logs / f"lf-{r}.log"
+                row["lf_s"], row["lf_cpu_s"] = timed(
+                    [str(lf_cli), "train", str(lf_yaml)], {**env, "PATH": _path(lf_cli)}, log
+                )
+                row["lf_tok_s"], row["lf_tokens"] = trainer_tok_s(log), tokens_seen(log)
             if trl_cmd is not None:
-                log = root / f"trl-{r}.log"
+                log = logs / f"trl-{r}.log"
                 row["trl_s"], row["trl_cpu_s"] = timed(trl_cmd, env, log)
-                row["trl_tok_s"] = trainer_tok_s(log)
+                row["trl_tok_s"], row["trl_tokens"] = trainer_tok_s(log), tokens_seen(log)
             for mode, extra in (("ephemeral", {}), ("server", {"PREFECT_API_URL": api_url})):
                 home = {**env, **extra, "GYM_HOME": str(root / f"gym-{mode}-{r}")}
                 home["PREFECT_HOME"] = str(root / f"prefect-{mode}-{r}")
                 # A workspace's first run creates its MLflow and Prefect databases (once per machine):
                 # timed apart, on other data, so the measured run is a new config in a workspace in use.
                 first = [*gym_cmd, f"--dataset={root / 'first-use.jsonl'}", "--max-steps=1"]
-                first_log = root / f"gym-first-{mode}-{r}.log"
+                first_log = logs / f"gym-first-{mode}-{r}.log"
                 row[f"gym_{mode}_first_use_s"], _ = timed(first, home, first_log)
-                log = root / f"gym-{mode}-{r}.log"
+                log = logs / f"gym-{mode}-{r}.log"
                 row[f"gym_{mode}_s"], row[f"gym_{mode}_cpu_s"] = timed(gym_cmd, home, log)
                 row[f"gym_{mode}_tok_s"], row[f"gym_{mode}_tokens"] = gym_summary(log, a.stage)
             rows.append(row)
             print("run", r, json.dumps(row), flush=True)
-    best = {k: _best(k, [x[k] for x in rows]) for k in rows[0]}
-    summary: dict[str, Any] = {
-        "stage": a.stage,
-        "steps": STEPS,
-        "batch": BATCH,
-        "records": RECORDS[a.stage],
-        "repeats": a.repeats,
-    }
-    summary.update({k: round(v, 2) if isinstance(v, float) else v for k, v in best.items()})
-    with contextlib.suppress(TypeError, ZeroDivisionError):
-        summary["gym_vs_lf_train_tok_s"] = round(best["gym_ephemeral_tok_s"] / best["lf_tok_s"], 3)
-    summary["gym_ephemeral_vs_lf_process"] = round(best["gym_ephemeral_s"] / best["lf_s"], 3)
-    summary["gym_server_vs_lf_process"] = round(best["gym_server_s"] / best["lf_s"], 3)
-    if trl_cmd is not None:
-        summary["trl_vs_lf_process"] = round(best["trl_s"] / best["lf_s"], 3)
-    # CPU seconds move less than wall seconds when other work shares the machine.
-    for mode in ("ephemeral", "server"):
-        summary[f"gym_{mode}_vs_lf_process_cpu"] = round(best[f"gym_{mode}_cpu_s"] / best["lf_cpu_s"], 3)
-    print(f"{'':24s}{'process s':>12s}{'process cpu s':>15s}{'train tok/s':>14s}")
-    for name in (
-        ("lf", "trl", "gym_ephemeral", "gym_server") if trl_cmd else ("lf", "gym_ephemeral", "gym_server")
-    ):
-        tok = best.get(f"{name}_tok_s")
+    summary = summarize(rows, a.stage, a.repeats)
+    names = [n for n in ("lf", "trl", "gym_ephemeral", "gym_server") if f"{n}_s" in summary]
+    print(f"{'':24s}{'process s':>12s}{'process cpu s':>15s}{'train tok/s':>14s}{'tokens':>10s}")
+    for name in names:
+        tok, tokens = summary.get(f"{name}_tok_s"), summary.get(f"{name}_tokens")
         print(
-            f"{name:24s}{best[f'{name}_s']:12.1f}{best[f'{name}_cpu_s']:15.1f}"
-            f"{tok if tok is None else round(tok):>14}"
+            f"{name:24s}{summary[f'{name}_s']:12.1f}{summary[f'{name}_cpu_s']:15.1f}"
+            f"{tok if tok is None else round(tok):>14}{tokens if tokens is not None else '-':>10}"
         )
+    base = "lf" if "lf_s" in summary else "trl"
+    goals = {"lf": (" (goal >= 1.0)", " (goal <= 1.3)", " (goal <= 1.0)"), "trl": ("", "", "")}[base]
     print(
-        f"gym/LF train tok/s {summary.get('gym_vs_lf_train_tok_s')} (goal >= 1.0); whole gym train / LF: "
-        f"{summary['gym_ephemeral_vs_lf_process']} (goal <= 1.3), with a running server "
-        f"{summary['gym_server_vs_lf_process']} (goal <= 1.0)"
+        f"gym/{base.upper()} train tok/s {summary.get(f'gym_vs_{base}_train_tok_s')}{goals[0]}; whole gym "
+        f"train / {base.upper()}: {summary[f'gym_ephemeral_vs_{base}_process']}{goals[1]}, with a running "
+        f"server {summary[f'gym_server_vs_{base}_process']}{goals[2]}"
     )
     print(json.dumps(summary))
-    shutil.rmtree(root, ignore_errors=True)
+
+
+def summarize(rows: list[dict[str, Any]], stage: str, repeats: int) -> dict[str, Any]:
+    """Each measurement's best over the repeats (least seconds, most tokens/s), and gym's ratios to each
+    other tool present (LF, TRL): train tokens/s, whole-process wall and CPU seconds; TRL's to LF's."""
+    best = {k: _best(k, [x[k] for x in rows]) for k in rows[0]}
+    summary: dict[str, Any] = {
+        "stage": stage,
+        "steps": STEPS,
+        "batch": BATCH,
+        "records": RECORDS[stage],
+        "repeats": repeats,
+    }
+    summary.update({k: round(v, 2) if isinstance(v, float) else v for k, v in best.items()})
+    for base in ("lf", "trl"):
+        if f"{base}_s" not in best:
+            continue
+        with contextlib.suppress(TypeError, ZeroDivisionError):
+            summary[f"gym_vs_{base}_train_tok_s"] = round(
+                best["gym_ephemeral_tok_s"] / best[f"{base}_tok_s"], 3
+            )
+        for mode in ("ephemeral", "server"):
+            summary[f"gym_{mode}_vs_{base}_process"] = round(best[f"gym_{mode}_s"] / best[f"{base}_s"], 3)
+            # CPU seconds move less than wall seconds when other work shares the machine.
+            cpu = best[f"gym_{mode}_cpu_s"] / best[f"{base}_cpu_s"]
+            summary[f"gym_{mode}_vs_{base}_process_cpu"] = round(cpu, 3)
+    if "lf_s" in best and "trl_s" in best:
+        summary["trl_vs_lf_process"] = round(best["trl_s"] / best["lf_s"], 3)
+    return summary
 
 
 def _best(key: str, values: list[Any]) -> Any:

@@ -37,6 +37,9 @@ def test_gpu_train_smoke_compares_gym_and_trl_on_the_same_loss_curve():
     assert result["trl_settings"]["gradient_checkpointing"] is True
     assert result["gym_settings"]["liger"] is False, "no Liger without CUDA"
     assert result["gym_settings"]["memory_estimate_gib"] > 0  # beside peak_gb (None on a CPU)
+    for side in ("gym_settings", "trl_settings"):  # the optimizer each Trainer built, not the config's None
+        assert result[side]["optim"] and result[side]["optimizer"]
+    assert 0 < result["matmul_params"] < result["params"]  # the input embedding does no matmul
     assert result["loss_gap"] < 1e-3
     assert result["gym_loss_first_last"] == pytest.approx(result["trl_loss_first_last"], abs=1e-3)
 
