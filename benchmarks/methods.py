@@ -3,11 +3,19 @@
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/methods.py [--steps 40] [--repeats 2] [--methods sft,dpo]
 
 For every method in `gym.train.METHODS` that trains offline on a dataset, on gym-tiny and the
-method's demo data:
+method's demo data (pt: demo_text, in blocks of 512 tokens, gym-tiny's context):
 - gym: `gym.train.run` (the path every flow takes), its trainer's time and real tokens;
 - TRL: the TRL trainer class gym uses for that method, called as a user would (model from
-  `from_pretrained`, TRL's conversational data format, TRL tokenizing), with the same
-  hyperparameters and gym's speed options reset to TRL's defaults.
+  `from_pretrained`, TRL tokenizing), with the same hyperparameters and gym's speed options reset
+  to TRL's defaults. Both sides train on the same tokens (each row prints both counts): SFT and
+  RM get TRL's conversational format; DPO-family, ORPO, SimPO and KTO get, in TRL's standard
+  format, the prompt and answer texts gym rendered with the same chat template, since from
+  conversations TRL would keep the newline ChatML writes after each answer's `<|im_end|>` (one
+  token more per answer, two for ORPO and SimPO, which add eos after it: 4-8% more tokens); pt
+  gets the raw texts, which TRL joins and cuts into rows of 512 tokens itself ("wrapped" packing).
+Ratios are tokens/s over each timed `train()`, fixed per-run costs included, so few steps inflate
+them (sft 3.6x at 5 steps, 2.6x at 10, 2.1x at 20, 1.9x at 40 in one run here): below 20 steps a
+warning says so. A name in --methods that is not in `gym.train.METHODS` is an error (exit 2).
 Then SFT batching on the demo data: padded, padding-free and packed, as useful (non-padding)
 tokens per second (without flash-attn, the last two run through gym's per-sequence SDPA,
 gym/train/varlen.py), on demo_sft (20-32 tokens) and on all of gym's demo SFT data mixed
@@ -44,40 +52,78 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 # The demo dataset of each data kind (gym.data.formats.METHOD_KIND maps a method to its kind).
-DEMO = {"sft": "demo_sft", "preference": "demo_dpo", "kto": "demo_kto"}
+DEMO = {"sft": "demo_sft", "preference": "demo_dpo", "kto": "demo_kto", "text": "demo_text"}
 # Every demo SFT dataset, mixed: the demo data's whole length spread (demo_sft alone is 20-32 tokens).
 DEMO_SFT_ALL = "demo_sft,demo_format_sft,demo_chat"
-# Batch sizes per kind: gym-tiny's registry defaults (SFT 32, DPO 16).
-BATCH = {"sft": 32, "preference": 16, "kto": 16}
+# Batch sizes per kind: gym-tiny's registry defaults (SFT 32, DPO 16); pt 4 blocks (its default, 8, made
+# pt alone take ~6 min at 40 steps, best of 3; 40 steps of 4 are one pass over demo_text's 160 blocks).
+BATCH = {"sft": 32, "preference": 16, "kto": 16, "text": 4}
+# pt's block length: gym-tiny's context (the registry's context_length), not the default cutoff_len of
+# 1,024, which would train positions the model never saw.
+PT_BLOCK = 512
+# Why a method of gym.train.METHODS has no row of its own here.
+NOT_HERE = {
+    "prompt": "online RL: measured by benchmarks/online_methods.py (its rows follow)",
+    None: "trains no weights (the library loop against an endpoint): measured by benchmarks/tf_grpo.py",
+}
+# Below this many steps, fixed per-run costs distort the ratios (see --steps).
+MIN_STEPS = 20
 # gym's own speed choices, reset to TRL's defaults for the baseline.
 SPEED_FIELDS = {"use_liger_kernel": False, "torch_compile": False, "padding_free": False, "packing": False}
 
 
-def tokenized(name: str, model: Any) -> Path:
-    """`name` (a dataset, or a comma-separated mix of them) tokenized for `model`."""
+def tokenized(name: str, model: Any, cutoff_len: int | None = None) -> Path:
+    """`name` (a dataset, or a comma-separated mix of them) tokenized for `model` (gym's default
+    cutoff_len unless given)."""
     from gym.data.mix import ingest_named
     from gym.data.tokenize import TokenizeSettings, tokenize
 
-    return Path(tokenize(ingest_named(name).path, model.path, model.template, TokenizeSettings()).path)
+    settings = TokenizeSettings(**({} if cutoff_len is None else {"cutoff_len": cutoff_len}))
+    return Path(tokenize(ingest_named(name).path, model.path, model.template, settings).path)
 
 
-def trl_records(name: str, kind: str) -> Any:
-    """The demo data in TRL's conversational format (TRL applies the chat template itself)."""
+def trl_records(name: str, kind: str, trainer: str, data: Path) -> Any:
+    """The demo data as TRL takes it, for TRL to tokenize itself.
+
+    SFT and RM: TRL's conversational format (TRL applies the chat template: the same tokens as gym's).
+    The other preference trainers and KTO: the texts gym rendered with the same template (`data`'s
+    `prompt` with the generation prompt, each answer ending with its end-of-turn token), in TRL's
+    standard format. From conversations TRL would render each answer as a whole turn, keeping the
+    newline ChatML writes after `<|im_end|>` (`984<|im_end|>\\n`, gym: `984<|im_end|>`): one token more
+    per answer (DPO, KTO; ORPO and SimPO also append eos after it: two), ~4-8% more tokens per step.
+    pt: the raw texts ({"text": ...}); TRL packs them itself (run_trl)."""
     from datasets import load_from_disk
 
     from gym.data.ingest import ingest
     from gym.data.registry import resolve_dataset
+
+    if kind in ("preference", "kto") and trainer != "RewardTrainer":
+        ds = load_from_disk(str(data))
+        return ds.select_columns([c for c in ds.column_names if not c.endswith("_ids")])
 
     ds = load_from_disk(ingest(resolve_dataset(name)).path)
 
     def turn(text: str) -> list[dict[str, str]]:
         return [{"role": "assistant", "content": text}]
 
-    if kind == "preference":
+    if kind == "preference":  # RM: gym's pairs end with the template's tail after the turn too (gym.train.rm)
         return ds.map(lambda r: {"chosen": turn(r["chosen"]), "rejected": turn(r["rejected"])})
-    if kind == "kto":
-        return ds.map(lambda r: {"completion": turn(r["completion"])})
-    return ds  # sft: {"messages": [...]}
+    return ds  # sft: {"messages": [...]}; text: {"text": ...}
+
+
+def trl_options(kind: str, data: Path) -> dict[str, Any]:
+    """TRL arguments that make its side train on what gym's does: SFT masks the prompt as gym does;
+    pt packs the texts joined by eos into rows of cutoff_len tokens, as gym's blocks are (TRL's
+    "wrapped" packing, the one for raw text; it cuts each map batch of 1,000 texts on its own, so
+    its rows may include two short tail blocks that gym drops)."""
+    from gym.data.ingest import load_meta
+
+    if kind == "sft":
+        return {"assistant_only_loss": True}
+    if kind == "text":
+        cutoff = load_meta(data)["settings"]["cutoff_len"]
+        return {"packing": True, "packing_strategy": "wrapped", "max_length": cutoff}
+    return {}
 
 
 def gym_trainer_spec(config: Any, model: Any, data: Path, out: Path) -> tuple[type, Any]:
@@ -112,15 +158,16 @@ def run_gym(config: Any, model: Any, data: Path) -> tuple[float, int]:
     return result.train_seconds, result.tokens_seen
 
 
-def run_trl(trl_class: type, args: Any, model: Any, records: Any, kind: str, out: Path) -> tuple[float, int]:
+def run_trl(
+    trl_class: type, args: Any, model: Any, records: Any, extra: dict[str, Any], out: Path
+) -> tuple[float, int]:
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     from gym.models import load_tokenizer
 
-    extra = {"assistant_only_loss": True} if kind == "sft" else {}  # TRL masks the prompt as gym does
     fields = {f.name for f in dataclasses.fields(args)}
     reset = {k: v for k, v in SPEED_FIELDS.items() if k in fields}
-    trl_args = dataclasses.replace(args, output_dir=str(out), **reset, **extra)
+    trl_args = dataclasses.replace(args, output_dir=str(out), **{**reset, **extra})
     if trl_class.__name__ == "RewardTrainer":  # a reward model: one score per sequence
         loaded = AutoModelForSequenceClassification.from_pretrained(model.path, num_labels=1)
     else:
@@ -159,23 +206,24 @@ def bench_methods(a: argparse.Namespace, model: Any, root: Path) -> list[dict[st
     rows = []
     for method in a.methods or list(METHODS):
         kind = METHOD_KIND.get(method)
-        if kind is None or kind not in DEMO:
-            print(f"skip {method}: no offline demo data for it here", flush=True)
+        if kind not in DEMO:
+            print(f"skip {method}: {NOT_HERE.get(kind, 'no offline demo data for it here')}", flush=True)
             continue
-        data = tokenized(DEMO[kind], model)
-        records = trl_records(DEMO[kind], kind)
+        data = tokenized(DEMO[kind], model, PT_BLOCK if kind == "text" else None)
         base = TrainConfig(
             method=method, per_device_train_batch_size=BATCH[kind], save_steps=10**6, logging_steps=10**6
         )
         config = with_defaults(base.model_copy(update={"max_steps": a.steps}), model.train_defaults)
         trl_class, args = gym_trainer_spec(config, model, data, root / "spec")
+        records = trl_records(DEMO[kind], kind, trl_class.__name__, data)
+        extra = trl_options(kind, data)
         warm = config.model_copy(update={"max_steps": 2, "seed": 1})
         run_gym(warm, model, data)
-        run_trl(trl_class, dataclasses.replace(args, max_steps=2), model, records, kind, root / "warm")
+        run_trl(trl_class, dataclasses.replace(args, max_steps=2), model, records, extra, root / "warm")
         gym_s, trl_s = [], []
         for _ in range(a.repeats):
             gym_s.append(run_gym(config, model, data))
-            trl_s.append(run_trl(trl_class, args, model, records, kind, root / f"trl-{method}"))
+            trl_s.append(run_trl(trl_class, args, model, records, extra, root / f"trl-{method}"))
         g, t = best(gym_s), best(trl_s)
         rows.append(
             {
@@ -187,6 +235,8 @@ def bench_methods(a: argparse.Namespace, model: Any, root: Path) -> list[dict[st
                 "trl_tok_s": t["tok_s"],
                 "gym_s": g["seconds"],
                 "trl_s": t["seconds"],
+                "gym_tokens": g["tokens"],
+                "trl_tokens": t["tokens"],
                 "ratio": round(g["tok_s"] / t["tok_s"], 3) if t["tok_s"] else None,
             }
         )
@@ -326,9 +376,47 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def measure(a: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
+    """Every row, measured in a workspace under `root`."""
+    os.environ["GYM_HOME"] = str(root / "gym")
+
+    from gym.models import resolve
+
+    model = resolve("gym-tiny")
+    rows = bench_methods(a, model, root)
+    if not a.skip_batching:
+        rows += bench_batching(a, model, "demo_sft", tokenized("demo_sft", model))
+        # All of gym's demo SFT data at once: single-turn 20-32 and 36-51 tokens, multi-turn 40-99.
+        rows += bench_batching(a, model, DEMO_SFT_ALL, tokenized(DEMO_SFT_ALL, model))
+        mmlu = mmlu_sft(root) if a.mmlu_batching else None
+        if mmlu is not None:
+            rows += bench_batching(a, model, "mmlu_sft", tokenized(str(mmlu), model))
+    return rows + online_rows(a)
+
+
+def check_methods(names: list[str] | None) -> None:
+    """Exit 2 with one error line when --methods names something not in gym.train.METHODS."""
+    from gym.train import METHODS
+
+    unknown = [m for m in names or [] if m not in METHODS]
+    if unknown:
+        print(
+            f"error: --methods: unknown method(s) {', '.join(unknown)}; "
+            f"expected names from {', '.join(METHODS)}",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=40, help="Optimiser steps per measured run.")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=40,
+        help=f"Optimiser steps per measured run; below {MIN_STEPS} the ratios come out inflated (a warning "
+        "says why).",
+    )
     p.add_argument("--repeats", type=int, default=2, help="Measured runs per side; the best is kept.")
     p.add_argument(
         "--batching-steps",
@@ -346,24 +434,24 @@ def main() -> None:
         help="Skip the batching comparison on MMLU questions as SFT data (a real length spread).",
     )
     a = p.parse_args()
+    check_methods(a.methods)
+    if a.steps < MIN_STEPS:
+        print(
+            f"warning: --steps {a.steps} is below {MIN_STEPS}: fixed per-run costs inside each timed train() "
+            "(the first steps' warm-up, the trainer's set-up and clean-up: ~0.2-0.5 s more on TRL's side) "
+            "weigh more the fewer steps there are, so the gym/TRL ratios come out inflated (sft 3.6x at 5 "
+            "steps, 2.6x at 10, 2.1x at 20, 1.9x at 40); use these rows to check that methods run, not speed",
+            file=sys.stderr,
+            flush=True,
+        )
     root = Path(tempfile.mkdtemp(prefix="gym-bench-methods-"))
-    os.environ["GYM_HOME"] = str(root / "gym")
-
-    from gym.models import resolve
-
-    model = resolve("gym-tiny")
-    rows = bench_methods(a, model, root)
-    if not a.skip_batching:
-        rows += bench_batching(a, model, "demo_sft", tokenized("demo_sft", model))
-        # All of gym's demo SFT data at once: single-turn 20-32 and 36-51 tokens, multi-turn 40-99.
-        rows += bench_batching(a, model, DEMO_SFT_ALL, tokenized(DEMO_SFT_ALL, model))
-        mmlu = mmlu_sft(root) if a.mmlu_batching else None
-        if mmlu is not None:
-            rows += bench_batching(a, model, "mmlu_sft", tokenized(str(mmlu), model))
-    rows += online_rows(a)
+    try:
+        rows = measure(a, root)
+    finally:  # an error or Ctrl-C leaves no workspace behind either
+        shutil.rmtree(root, ignore_errors=True)
     print(table(rows))
     methods = [r for r in rows if r.get("bench") == "method"]
-    batching = {}  # per dataset: the two ratios and the ceiling
+    batching: dict[str, dict[str, Any]] = {}  # per dataset: the two ratios and the ceiling
     for r in rows:
         if r.get("bench") == "batching":
             key = {"ceiling": "padding_free_ceiling"}.get(r["mode"], f"{r['mode']}_vs_padded")
@@ -383,7 +471,6 @@ def main() -> None:
         "rows": rows,
     }
     print(json.dumps(summary))
-    shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

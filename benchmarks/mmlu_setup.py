@@ -5,9 +5,11 @@ those questions (gym/eval/lm_eval_tasks.py)."""
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import logging
 import os
+import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -67,7 +69,9 @@ class Setup:
 
 
 def prepare(args: argparse.Namespace) -> Setup:
-    """The questions, or exit saying where to point --data."""
+    """The questions, or exit saying where to point --data. lm-eval reads the questions from files in
+    a temporary folder for as long as the script runs (every `Setup.lm_eval` call): removed when the
+    process exits."""
     if not Path(args.data).exists():
         sys.exit(f"MMLU not found at {args.data}: pass --data (a folder or zip in the original layout)")
     sys.path.insert(0, str(REPO))
@@ -79,4 +83,5 @@ def prepare(args: argparse.Namespace) -> Setup:
     keys = [s.info.key for s in data.subjects]
     chunks = [keys[i :: args.chunks] for i in range(min(args.chunks, len(keys)))]
     work = Path(tempfile.mkdtemp(prefix="mmlu-lm-eval-"))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)
     return Setup(args, keys, chunks, {c["task"]: c for c in local_task_configs(data, work)})

@@ -3,7 +3,7 @@ critical path (the longest chain of dependent calls x the latency). Goal: within
 holds if rollouts and the stage calls really run concurrently (serially the step would take
 ~calls x latency).
 
-    OMP_NUM_THREADS=1 python benchmarks/tf_grpo.py [--latency 0.2] [--repeats 3] [--no-flow]
+    OMP_NUM_THREADS=1 python benchmarks/tf_grpo.py [--latency 0.2] [--repeats 3] [--no-flow] [--home DIR]
 
 The endpoint is a real HTTP server on loopback answering as the simulated environment's policy and
 optimizer (gym.tfgrpo.sim) after sleeping `latency` seconds per call. Measured twice: the library
@@ -12,6 +12,12 @@ from its first rollout task's start to its apply task's end, so Prefect's start-
 Prints one JSON line. The critical path is read from the step's manifest: per group, rollout (its
 chunks run in parallel) -> summaries (in parallel, informative groups only) -> the extract calls
 (1, or 2 with the repair retry); the slowest group, then the consolidation calls.
+
+Everything it writes (the data, each library loop's run, the flow's workspace: MLflow runs, Prefect's
+database, under PREFECT_HOME) goes to a temporary folder of its own, removed at the end: GYM_HOME,
+PREFECT_HOME, MLFLOW_TRACKING_URI and PREFECT_API_URL set in the environment are ignored, so no
+benchmark run lands in a user's workspace, store or server. `--home DIR` puts the flow's workspace
+(Prefect's home in DIR/prefect-home) in DIR instead, left in place.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -72,18 +79,20 @@ def settings_for(url: str, seed: int):
     )
 
 
-def engine_step(url: str, env, seed: int) -> tuple[float, int, int]:
+def engine_step(url: str, env, seed: int, scratch: Path) -> tuple[float, int, int]:
     from gym.tfgrpo.engine import train
     from gym.tfgrpo.runtime import Runtime
     from gym.tfgrpo.step import load_manifest
 
     questions, _ = env.questions()
-    root = Path(tempfile.mkdtemp(prefix="tfgrpo-bench-"))
+    root = Path(tempfile.mkdtemp(prefix="engine-", dir=scratch))
     rt = Runtime(settings_for(url, seed), model="policy", run_dir=root / "run", cache_dir=root / "calls")
     start = time.perf_counter()
     train(rt, questions)
     wall = time.perf_counter() - start
     manifest = load_manifest(rt.run_dir, 0)
+    assert manifest is not None, "the step wrote no manifest"
+    shutil.rmtree(root, ignore_errors=True)
     return wall, critical_calls(manifest), manifest.calls
 
 
@@ -108,6 +117,7 @@ def flow_step(url: str, data: Path, seed: int) -> tuple[float, int, int]:
     ends = [r.end_time for r in runs if r.name == "apply s0" and r.end_time]
     wall = (max(ends) - min(starts)).total_seconds()
     manifest = load_manifest(Path(summary["run_dir"]), 0)
+    assert manifest is not None, "the step wrote no manifest"
     return wall, critical_calls(manifest), manifest.calls
 
 
@@ -129,16 +139,35 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.2, help="Seconds the endpoint waits per call.")
     parser.add_argument("--repeats", type=int, default=3, help="Fresh runs per mode (other seeds).")
     parser.add_argument("--no-flow", action="store_true", help="Measure the library loop only.")
+    parser.add_argument(
+        "--home",
+        type=Path,
+        help="Workspace (GYM_HOME) for the flow's runs, kept afterwards; default: a temporary one, removed.",
+    )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         return serve(args.latency)
-    os.environ.setdefault("GYM_HOME", tempfile.mkdtemp(prefix="tfgrpo-bench-home-"))
+    scratch = Path(tempfile.mkdtemp(prefix="tfgrpo-bench-"))  # everything this run writes, removed at the end
+    try:
+        measure_all(args, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def measure_all(args: argparse.Namespace, scratch: Path) -> None:
+    # its own workspace, tracking store and Prefect API and database, never the user's (set before gym and
+    # Prefect are imported: Prefect reads its settings then)
+    home = args.home.resolve() if args.home else scratch / "home"
+    os.environ["GYM_HOME"] = str(home)
+    os.environ["PREFECT_HOME"] = str(home / "prefect-home")
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    os.environ.pop("PREFECT_API_URL", None)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from gym.tfgrpo.sim import SimEnv
 
     env = SimEnv(**ENV)
-    data = Path(tempfile.mkdtemp()) / "puzzles.jsonl"
+    data = scratch / "puzzles.jsonl"
     questions, _ = env.questions()
     data.write_text("".join(json.dumps({"question": q.text, "answer": q.answer}) + "\n" for q in questions))
     out: dict[str, object] = {"latency_s": args.latency}
@@ -150,7 +179,7 @@ def main() -> None:
     )
     try:
         url = server.stdout.readline().strip()  # type: ignore[union-attr]
-        modes = {"engine": lambda seed: engine_step(url, env, seed)}
+        modes = {"engine": lambda seed: engine_step(url, env, seed, scratch)}
         if not args.no_flow:
             modes["flow"] = lambda seed: flow_step(url, data, seed)
         for mode, measure in modes.items():
