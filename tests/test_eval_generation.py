@@ -57,7 +57,7 @@ def test_metrics_score_what_they_should():
     ("metric", "message"),
     [
         ("blue", "unknown metric 'blue'"),
-        ("no_such_pkg.metrics:f1", "cannot import 'no_such_pkg.metrics'"),
+        ("no_such_pkg.metrics:f1", "cannot import module 'no_such_pkg.metrics'"),
         ("tests.test_eval_generation:missing", "has no function 'missing'"),
     ],
 )

@@ -185,7 +185,8 @@ def detect_source_format(
                 f"cannot tell the dataset format from the fields {sorted(record)}",
                 file=file,
                 record=no,
-                hint="expected messages, conversations, chosen/rejected, label, instruction/output or text; "
+                hint="expected messages, conversations, chosen/rejected, label, instruction/output, prompt "
+                "(online RL's prompts, with an optional answer) or text; "
                 "rename the fields, or describe the file (its format and `columns`) in an entry of "
                 "registry/datasets.json or of a dataset_info.json in the data dir (LLaMA-Factory's "
                 "`formatting` and `columns`), and pass that entry's name",

@@ -13,11 +13,11 @@ Every name is resolved by `check_metrics` before any model loads.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from gym.errors import ConfigError, MissingExtraError
+from gym.user_code import load_callable
 
 BUILTIN = ("exact_match", "bleu", "bleu_zh", "rouge")
 Metric = Callable[[Sequence[str], Sequence[str]], Any]
@@ -68,14 +68,7 @@ def resolve_metric(name: str) -> Metric:
             f"unknown metric {name!r}: use one of {', '.join(BUILTIN)} "
             "or a dotted path like my_pkg.metrics:f1"
         )
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"metric {name!r}: cannot import {module_name!r} ({exc})") from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ConfigError(f"metric {name!r}: {module_name} has no function {attr!r}")
-    return fn  # type: ignore[no-any-return]
+    return load_callable(name, "metric", "my_pkg.metrics:f1")
 
 
 def check_metrics(names: Sequence[str]) -> dict[str, Metric]:

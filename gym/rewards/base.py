@@ -35,7 +35,6 @@ exception and the completion; the exception itself is its cause).
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import math
@@ -48,6 +47,7 @@ from typing import Any
 from gym.errors import ConfigError, GymError
 from gym.rewards import answer as answer_rewards
 from gym.rewards import match
+from gym.user_code import load_callable, split_spec
 
 # Arguments a per-completion reward may name, besides the completion and the answer.
 CONTEXT = ("prompt", "metadata", "completion_ids")
@@ -263,25 +263,13 @@ FACTORIES: dict[str, Callable[[str], Reward]] = {
 
 
 def _import(spec: str) -> Callable[..., Any]:
-    module_name, sep, attr = spec.partition(":")
-    if not sep:
-        module_name, _, attr = spec.rpartition(".")
+    module_name, attr = split_spec(spec)
     if not module_name or not attr:
         raise ConfigError(
             f"unknown reward {spec!r}: not a built-in ({', '.join([*BUILTINS, *FACTORIES])}) "
             "nor a dotted path to a function (pkg.module:function)"
         )
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ConfigError(
-            f"reward {spec!r}: cannot import module {module_name!r} ({e}); install it or put its folder on "
-            "PYTHONPATH"
-        ) from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ConfigError(f"reward {spec!r}: module {module_name!r} has no function {attr!r}")
-    return fn  # type: ignore[no-any-return]
+    return load_callable(spec, "reward")
 
 
 def identity(specs: Sequence[str]) -> list[Any]:
@@ -332,9 +320,7 @@ def _module_sources(fn: Callable[..., Any], spec: str) -> dict[str, str | None]:
     (None for a module without a source file: a builtin, an extension, one made in memory)."""
     from gym.hashing import hash_file
 
-    module_name, sep, _ = spec.partition(":")
-    if not sep:
-        module_name = spec.rpartition(".")[0]
+    module_name = split_spec(spec)[0]
     names = dict.fromkeys([getattr(fn, "__module__", None), module_name])
     out: dict[str, str | None] = {}
     for name in filter(None, names):

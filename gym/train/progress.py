@@ -62,8 +62,11 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
         if self.verbose:
             print({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in logs.items()})
             return
-        if self.bar is not None and "loss" in logs:
-            self.bar.update(state.global_step, loss=float(logs["loss"]), tokens_per_s=self._rate(logs))
+        from gym.train.common import LOSS_KEYS
+
+        key = next((k for k in LOSS_KEYS if k in logs), None)  # PPO's policy loss under its own name
+        if self.bar is not None and key is not None:
+            self.bar.update(state.global_step, loss=float(logs[key]), tokens_per_s=self._rate(logs))
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.bar is not None:

@@ -31,6 +31,8 @@ from gym.rewards import Reward, load_rewards
 from gym.rewards.evaluate import reward_eval
 from gym.train.config import TrainConfig
 from gym.train.rl_config import GROUP_ONLY, ONLINE_METHODS, PPO_ONLY, RLSettings
+from gym.user_code import load_callable
+from gym.workspace import atomic_write_text
 
 METRIC = "mean_reward"
 SAMPLES_FILE = "samples.jsonl"
@@ -75,16 +77,7 @@ def _number(value: Any) -> bool:
 
 def load_environment(spec: str) -> Callable[..., Any]:
     """The multi-turn environment callback named `pkg.module:function`."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep:
-        module_name, _, attr = spec.rpartition(".")
-    try:
-        fn = getattr(importlib.import_module(module_name), attr, None) if module_name else None
-    except ImportError as e:
-        raise ConfigError(f"environment {spec!r}: cannot import {module_name!r} ({e})") from None
-    if not callable(fn):
-        raise ConfigError(f"environment {spec!r}: expected pkg.module:function naming a callable")
-    return fn  # type: ignore[no-any-return]
+    return load_callable(spec, "environment")
 
 
 def check(config: TrainConfig) -> None:
@@ -389,24 +382,40 @@ def signal_warnings(method: str, history: list[dict[str, Any]]) -> list[str]:
 
 
 class SampleLog:
-    """Appends each logging step's metrics, and a few sampled completions, to JSON Lines files."""
+    """Appends each logging step's metrics, and a few sampled completions, to JSON Lines files.
+
+    A run that resumes (GRPO, GSPO) or starts again (PPO) after an interrupted one logs its steps again:
+    its first write to a file drops that file's rows from the step it writes on, rows an attempt that was
+    thrown away logged (the same logging schedule reaches the same steps), so the MLflow curves and the
+    samples table show this run's only."""
 
     def __init__(self, output_dir: Path, keep: int):
         self.path = Path(output_dir) / SAMPLES_FILE
         self.metrics_path = Path(output_dir) / METRICS_FILE
         self.keep = keep
+        self._begun: set[Path] = set()
 
-    def _append(self, path: Path, rows: list[dict[str, Any]]) -> None:
+    def _append(self, path: Path, step: int, rows: list[dict[str, Any]]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        if path not in self._begun:
+            self._begun.add(path)
+            kept = [row for row in _read_jsonl(path) if int(row.get("step", 0)) < step]
+            if path.is_file():
+                atomic_write_text(path, "".join(_line(row) for row in kept))
         with path.open("a", encoding="utf-8") as f:
-            f.writelines(json.dumps(row, ensure_ascii=False, default=float) + "\n" for row in rows)
+            f.writelines(_line(row) for row in rows)
 
     def write(self, step: int, rows: list[dict[str, Any]]) -> None:
         if self.keep and rows:
-            self._append(self.path, [{"step": step, **row} for row in rows[: self.keep]])
+            self._append(self.path, step, [{"step": step, **row} for row in rows[: self.keep]])
 
     def write_metrics(self, step: int, logs: dict[str, Any]) -> None:
-        self._append(self.metrics_path, [{"step": step, **{k: v for k, v in logs.items() if _number(v)}}])
+        row = {"step": step, **{k: v for k, v in logs.items() if _number(v)}}
+        self._append(self.metrics_path, step, [row])
+
+
+def _line(row: dict[str, Any]) -> str:
+    return json.dumps(row, ensure_ascii=False, default=float) + "\n"
 
 
 class RewardEval:
