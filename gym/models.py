@@ -362,12 +362,23 @@ def remake_advice(folder: str | Path) -> str:
     return f"delete {path} {again}: gym makes it again"
 
 
+# What a tokenizer loads from (one of them is enough; older folders hold only a slow tokenizer's
+# vocabulary); a folder with none of them has no tokenizer.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+
+
 def load_tokenizer(ref: ModelRef) -> Any:
     """The tokenizer, with gym's chat template for this model set on it."""
     from transformers import AutoTokenizer
 
     _require_local(ref)
 
+    folder = Path(ref.path)
+    if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(
+            f"model folder {ref.path} has no tokenizer files (none of {', '.join(TOKENIZER_FILES)}): "
+            f"{remake_advice(ref.path)}, or save the tokenizer there too (tokenizer.save_pretrained)"
+        )
     with _loading(ref, (OSError, ValueError)):
         tok = AutoTokenizer.from_pretrained(
             ref.path, revision=ref.revision, trust_remote_code=ref.trust_remote_code

@@ -84,7 +84,7 @@ def test_damaged_data_a_bad_device_or_output_stop_before_the_model_loads(tmp_pat
 @pytest.mark.parametrize(
     ("broken", "message"),
     [
-        ("tokenizer", "can't be loaded (Couldn't instantiate the backend tokenizer"),
+        ("tokenizer", "has no tokenizer files (none of tokenizer.json"),
         ("weights", "can't be loaded (Error no file named model.safetensors"),
         ("config", "can't be loaded (It looks like the config file"),
         ("cut_weights", "can't be loaded (Error while deserializing header"),

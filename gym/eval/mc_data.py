@@ -3,11 +3,13 @@
     load_benchmark("mmlu", "/data/mmlu")            # a folder, a .zip, or a hub dataset id
 
 Accepted layouts (EVAL.md), in a folder or a zip, at any depth (e.g. `data/` inside mmlu.zip):
-the original CSVs (`<split>/<subject>_<split>.csv`, or `<split>/<subject>.csv` for CMMLU) and
-the hub's parquet files (`<subject>/<split>-*.parquet`). A hub id is downloaded with
-huggingface_hub and read the same way. Subject names and categories come from a mapping.json
-beside the data (or inside the zip), else from the copy gym ships. Every error names the file,
-the record and what to do; nothing is loaded or logged before the whole benchmark has been read.
+the original CSVs (`<split>/<subject>_<split>.csv`, or `<split>/<subject>.csv` for CMMLU),
+the hub's parquet files (`<subject>/<split>-*.parquet`) and a `datasets` save_to_disk copy of them
+(`<subject>/<split>/data-*.arrow`). A hub id is downloaded with huggingface_hub and read the same
+way; a path starting with `/`, `./`, `../` or `~` is always local. Subject names and categories come
+from a mapping.json beside the data (or inside the zip), else from the copy gym ships. Every error
+names the file, the record and what to do; nothing is loaded or logged before the whole benchmark
+has been read.
 """
 
 from __future__ import annotations
@@ -62,6 +64,17 @@ class BenchmarkData:
         return sum(len(s.questions) for s in self.subjects)
 
 
+TABLE_SUFFIXES = (".csv", ".parquet", ".arrow")
+# The hub's layouts, as a subject's file name pattern (glob) and a regex matching it.
+HUB_LAYOUTS = {
+    ".parquet": ("{subject}/{split}-*.parquet", r"(?P<subject>[^/]+)/(?P<split>[a-z]+)-[^/]*\.parquet"),
+    ".arrow": (  # `datasets` save_to_disk of a subject's splits (load_from_disk reads the same)
+        "{subject}/{split}/data-*.arrow",
+        r"(?P<subject>[^/]+)/(?P<split>[a-z]+)/data-[^/]*\.arrow",
+    ),
+}
+
+
 class _Tree:
     """Files of a folder or a zip as relative POSIX paths."""
 
@@ -113,7 +126,7 @@ def load_benchmark(
     tree = _Tree(root)
     table, mapped = _mapping(spec, root, tree, mapping)
     zips = [f for f in tree.files if f.endswith(".zip")]
-    if tree.zip is None and len(zips) == 1 and not any(f.endswith((".csv", ".parquet")) for f in tree.files):
+    if tree.zip is None and len(zips) == 1 and not any(f.endswith(TABLE_SUFFIXES) for f in tree.files):
         tree = _Tree(root / zips[0])  # a folder holding the zip and its mapping.json (shared/data/eval/mmlu)
     chosen = list(table) if not subjects else list(subjects)
     unknown = [s for s in chosen if s not in table]
@@ -160,27 +173,79 @@ def _local_root(spec: BenchmarkSpec, data_dir: str | Path | None) -> Path:
     local = Path(target).expanduser()
     if local.exists():
         return local
-    if data_dir is not None and (Path(target).is_absolute() or target.count("/") != 1):
-        raise ConfigError(f"{spec.name} data {target} does not exist (a folder, a .zip or a hub dataset id)")
+    if data_dir is not None and not _hub_id_like(data_dir):
+        raise _does_not_exist(spec, target)
     return _download(spec, target)
 
 
-def _download(spec: BenchmarkSpec, repo_id: str) -> Path:
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
+def _hub_id_like(data_dir: str | Path) -> bool:
+    """`owner/name`: one `/`, not a path written as one (absolute, or starting with ./ ../ ~)."""
+    text = str(data_dir)
+    if isinstance(data_dir, Path) or Path(text).is_absolute() or text.startswith((".", "~")):
+        return False
+    return text.count("/") == 1
 
+
+def _does_not_exist(spec: BenchmarkSpec, target: str) -> ConfigError:
+    return ConfigError(f"{spec.name} data {target} does not exist (a folder, a .zip or a hub dataset id)")
+
+
+def _download(spec: BenchmarkSpec, repo_id: str) -> Path:
+    import os
+
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+    )
+
+    per_subject = " and ".join(spec.file_name("<subject>", s) for s in spec.splits)
+    give = (
+        f"give the files ({per_subject} per subject) as a folder or .zip: --data-dir DIR (gym eval) or "
+        f"{spec.name}=DIR (--benchmarks)"
+    )
     try:  # offline (HF_HUB_OFFLINE=1), a copy downloaded earlier is found in the hub cache
         return Path(
             snapshot_download(
-                repo_id, repo_type="dataset", allow_patterns=["*.csv", "*.parquet", "*.zip", "*.json"]
+                repo_id,
+                repo_type="dataset",
+                allow_patterns=["*.csv", "*.parquet", "*.arrow", "*.zip", "*.json"],
             )
         )
-    except LocalEntryNotFoundError:
+    except HFValidationError:  # not a valid repo id either (`a b/c`)
+        raise _does_not_exist(spec, repo_id) from None
+    except LocalEntryNotFoundError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, OfflineModeIsEnabled) or (cause is None and constants.HF_HUB_OFFLINE):
+            value = os.environ.get("HF_HUB_OFFLINE")
+            why = f"offline mode is on (HF_HUB_OFFLINE={value})" if value else "offline mode is on"
+            retry = f"unset HF_HUB_OFFLINE to download {repo_id}"
+        else:
+            why = "the hub could not be reached" + (f" ({_first_line(cause)})" if cause is not None else "")
+            retry = f"run again where huggingface.co can be reached to download {repo_id}"
         raise ConfigError(
-            f"{spec.name}: {repo_id} is not a local folder nor in the hub cache, and HF_HUB_OFFLINE=1: pass "
-            f"--data-dir with the files ({' and '.join(spec.file_name('<subject>', s) for s in spec.splits)}"
-            f" per subject), or go online to download {repo_id}"
+            f"{spec.name}: {repo_id} is not a local folder nor in the hub cache, and {why}: {give}, "
+            f"or {retry}"
         ) from None
+    except RepositoryNotFoundError as exc:  # online: no such dataset, or one that is private or gated
+        if not isinstance(exc, GatedRepoError):
+            raise _does_not_exist(spec, repo_id) from None
+        failed: HfHubHTTPError = exc
+    except HfHubHTTPError as exc:  # unauthorized, the hub down
+        failed = exc
+    raise ConfigError(
+        f"{spec.name}: hub dataset {repo_id} could not be downloaded ({_first_line(failed)}): {give}, or "
+        "log in (hf auth login) if it is gated"
+    ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
 def _mapping(
@@ -204,14 +269,13 @@ def _mapping(
 def _layout(
     spec: BenchmarkSpec, tree: _Tree, table: dict[str, SubjectInfo], every: bool = True
 ) -> dict[tuple[str, str], str]:
-    """(subject, split) -> file, for the CSV layout or the hub's parquet layout, whichever is there.
+    """(subject, split) -> file, for the CSV layout, the hub's parquet layout or its save_to_disk copy.
     `every`: all the mapping's subjects are scored, so files of a subject it lacks are an error (a
     mapping that misses one); with chosen subjects they are left alone."""
     pattern = re.escape(spec.file_pattern).replace(r"\{split\}", "(?P<split>[a-z]+)", 1)
     pattern = pattern.replace(r"\{split\}", "(?P=split)").replace(r"\{subject\}", r"(?P<subject>[^/]+?)")
-    csv_re = re.compile(rf"(?P<prefix>(?:.*/)?){pattern}")
-    parquet_re = re.compile(r"(?P<prefix>(?:.*/)?)(?P<subject>[^/]+)/(?P<split>[a-z]+)-[^/]*\.parquet")
-    for regex in (csv_re, parquet_re):
+    regexes = [pattern, *(regex for _, regex in HUB_LAYOUTS.values())]
+    for regex in (re.compile(rf"(?P<prefix>(?:.*/)?){r}") for r in regexes):
         found: dict[str, dict[tuple[str, str], str]] = {}
         for rel in tree.files:
             m = regex.fullmatch(rel)
@@ -232,11 +296,19 @@ def _layout(
             return files
     sample = ", ".join(tree.files[:3]) or "no files"
     example = spec.file_name("<subject>", spec.scored_split)
+    hub = " or ".join(_file_name(spec, kind, "<subject>", spec.scored_split) for kind in HUB_LAYOUTS)
     raise DataError(
         f"not in a {spec.name} layout: expected {example} and {spec.file_name('<subject>', 'dev')} "
-        f"(original CSVs) or <subject>/{spec.scored_split}-*.parquet (hub); found {sample}",
+        f"(original CSVs), or {hub} (hub parquet, datasets save_to_disk); found {sample}",
         file=str(tree.root),
     )
+
+
+def _file_name(spec: BenchmarkSpec, kind: str, subject: str, split: str) -> str:
+    """A subject's file for one split, in the layout of files ending in `kind`."""
+    if kind in HUB_LAYOUTS:
+        return HUB_LAYOUTS[kind][0].format(subject=subject, split=split)
+    return spec.file_name(subject, split)
 
 
 def _missing(
@@ -247,9 +319,11 @@ def _missing(
     split: str,
     mapped: bool = False,
 ) -> DataError:
-    names = ((spec.file_name(s, p), r) for (s, p), r in files.items())
-    prefix = next((r.removesuffix(name) for name, r in names if r.endswith(name)), "")
-    expected = prefix + spec.file_name(key, split)
+    (subject, part), rel = next(iter(files.items()))
+    kind = next((k for k in HUB_LAYOUTS if rel.endswith(k)), ".csv")
+    depth = _file_name(spec, kind, subject, part).count("/") + 1  # path parts of a subject's file
+    prefix = rel.rsplit("/", depth)[0] + "/" if rel.count("/") >= depth else ""
+    expected = prefix + _file_name(spec, kind, key, split)
     if not any(s == key for s, _ in files):
         present = sorted({s for s, _ in files})
         which = "the mapping" if mapped else f"gym's {spec.name} mapping (no mapping.json here)"
@@ -265,8 +339,8 @@ def _missing(
 
 
 def _read_split(spec: BenchmarkSpec, tree: _Tree, rel: str) -> list[Question]:
-    if rel.endswith(".parquet"):
-        return _read_parquet(spec, tree, rel)
+    if rel.endswith((".parquet", ".arrow")):
+        return _read_table(spec, tree, rel)
     shown = tree.show(rel)
     try:
         text = tree.read(rel).decode("utf-8-sig")
@@ -327,14 +401,26 @@ def _other_benchmark(spec: BenchmarkSpec, first: list[str] | None) -> str:
     return ""
 
 
-def _read_parquet(spec: BenchmarkSpec, tree: _Tree, rel: str) -> list[Question]:
+def _read_table(spec: BenchmarkSpec, tree: _Tree, rel: str) -> list[Question]:
+    """A hub parquet file or a save_to_disk arrow file (Arrow's IPC stream, as `datasets` writes it)."""
+    import pyarrow as pa
+
     from gym.data.readers import parquet_file
 
     shown = tree.show(rel)
+    kind = "parquet" if rel.endswith(".parquet") else "arrow"
     try:
-        rows: list[dict[str, Any]] = parquet_file(tree.read(rel)).read(use_threads=False).to_pylist()
+        data = tree.read(rel)
+        if kind == "parquet":
+            table = parquet_file(data).read(use_threads=False)
+        else:
+            options = pa.ipc.IpcReadOptions(use_threads=False)
+            table = pa.ipc.open_stream(pa.BufferReader(data), options=options).read_all()
+        rows: list[dict[str, Any]] = table.to_pylist()
+    except DataError:
+        raise
     except Exception as exc:  # pyarrow raises several types for a damaged file
-        raise DataError(f"not a readable parquet file ({exc})", file=shown) from None
+        raise DataError(f"not a readable {kind} file ({exc})", file=shown) from None
     out = []
     for number, row in enumerate(rows, start=1):
         hub_mmlu = "choices" in row  # cais/mmlu: question, subject, choices[4], answer 0..3

@@ -73,6 +73,8 @@ def requests_for(
 
 
 def resolve_device(device: str) -> str:
+    """`device` checked before any model loads: one torch knows, that can hold weights (not `meta`)
+    and that this machine has (cuda, mps, xpu... available, the index within its count)."""
     import torch
 
     from gym.errors import ConfigError
@@ -80,11 +82,32 @@ def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        torch.device(device)
-    except RuntimeError:
-        raise ConfigError(f"device {device!r}: not a torch device (auto, cpu, cuda, cuda:1...)") from None
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device {device!r} asked for, but torch sees no CUDA GPU here")
+        kind = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ConfigError(
+            f"device {device!r}: not a torch device (auto, cpu, cuda, cuda:1, mps...)"
+        ) from None
+    if kind.type == "cpu":
+        return device
+    backend = getattr(torch, kind.type, None)
+    available = getattr(backend, "is_available", None)
+    if kind.type == "mps":
+        available = torch.backends.mps.is_available
+    if not callable(available):  # meta holds no weights; lazy, xla... need what gym doesn't set up
+        raise ConfigError(
+            f"device {device!r}: gym can't score on it; use auto, cpu, cuda, cuda:1, mps or xpu"
+        )
+    name = {"cuda": "CUDA GPU", "mps": "MPS GPU"}.get(kind.type, f"{kind.type.upper()} device")
+    if not available():
+        raise ConfigError(
+            f"device {device!r} asked for, but torch sees no {name} here: use --device auto or cpu"
+        )
+    count = getattr(backend, "device_count", None)
+    if kind.index is not None and callable(count) and kind.index >= count():
+        raise ConfigError(
+            f"device {device!r} asked for, but torch sees {count()} {name}(s) here "
+            f"({kind.type}:0 to {kind.type}:{count() - 1})"
+        )
     return device
 
 
