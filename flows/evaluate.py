@@ -112,7 +112,7 @@ def evaluate(config: EvaluateConfig = DEFAULTS) -> dict[str, Any]:
     check_inputs(config)  # model, template, held-out data: fails in a second, before any model
     uri, run_label, options = config.output.tracking_uri, flow_run.get_id(), config.benchmark_options
     benchmarks = check_benchmarks_task(config.benchmarks, options)
-    parent = start_tracking("evaluate", config.model_dump(), run_label, uri)
+    parent = start_tracking("evaluate", config.model_dump(), run_label, uri, config.output.experiment)
 
     model = resolve_model(config.model, config.template, config.trust_remote_code)
     scores = {b.label: benchmark_eval(model, b.entry, options, "eval", parent, uri) for b in benchmarks}

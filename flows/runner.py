@@ -332,7 +332,8 @@ def _open_tracking(config: BaseModel) -> None:
 
     output = getattr(config, "output", None)
     with contextlib.suppress(Exception):
-        tracking.experiment_id(uri=getattr(output, "tracking_uri", None))
+        name = getattr(output, "experiment", None) or tracking.EXPERIMENT
+        tracking.experiment_id(name, uri=getattr(output, "tracking_uri", None))
 
 
 def run_flow(flow_fn: Any, config: BaseModel, refresh_cache: bool = False) -> dict[str, Any]:

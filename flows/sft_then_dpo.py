@@ -44,7 +44,7 @@ def sft_then_dpo(config: SftThenDpoConfig = DEFAULTS) -> dict[str, Any]:
     uri, run_label = config.output.tracking_uri, flow_run.get_id()
     options = config.benchmark_options  # benchmarks: data and names checked before anything runs
     benchmarks = check_benchmarks_task(config.benchmarks, options) if config.benchmarks else []
-    parent = start_tracking("sft-then-dpo", config.model_dump(), run_label, uri)
+    parent = start_tracking("sft-then-dpo", config.model_dump(), run_label, uri, config.output.experiment)
 
     sft_raw = ingest_dataset(config.sft_dataset)
     dpo_raw = ingest_dataset(config.dpo_dataset)

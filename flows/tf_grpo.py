@@ -125,7 +125,7 @@ def tf_grpo(config: TfGrpoFlowConfig = DEFAULTS) -> dict[str, Any]:
     options = config.benchmark_options  # benchmark files and names, checked before any LLM call
     benchmarks = check_benchmarks_task(config.benchmarks, options) if config.benchmarks else []
     started, uri, run_label = time.time(), config.output.tracking_uri, flow_run.get_id()
-    parent = start_tracking("tf-grpo", config.model_dump(), run_label, uri)
+    parent = start_tracking("tf-grpo", config.model_dump(), run_label, uri, config.output.experiment)
 
     run = prepare_run(config)
     tracked = start_stage_tracking(run, parent, uri)

@@ -43,7 +43,7 @@ def train(config: TrainFlowConfig = DEFAULTS) -> dict[str, Any]:
         return tf_grpo(TfGrpoFlowConfig.from_train_flow(config))
     options = config.benchmark_options  # benchmarks: data and names checked before anything runs
     benchmarks = check_benchmarks_task(config.benchmarks, options) if config.benchmarks else []
-    parent = start_tracking(f"train-{method}", config.model_dump(), run_label, uri)
+    parent = start_tracking(f"train-{method}", config.model_dump(), run_label, uri, config.output.experiment)
 
     raw = ingest_dataset(config.dataset)
     method_eval_raw = ingest_dataset(config.method_eval_dataset) if config.method_eval_dataset else None

@@ -289,17 +289,22 @@ def start_run(
     tags: Mapping[str, str] | None = None,
     parent_run_id: str | None = None,
     uri: str | None = None,
+    experiment: str | None = None,
 ) -> str:
-    """Create a run (nested under `parent_run_id` if given) and return its id. Its `gym.process` tag
-    names the process that made it, so that a run the process could not end (killed) is ended by the
-    next flow run on the machine (`end_orphaned_runs`)."""
+    """Create a run in `experiment` (default: gym's), or nested under `parent_run_id` in its parent's
+    experiment, and return its id. Its `gym.process` tag names the process that made it, so that a run
+    the process could not end (killed) is ended by the next flow run on the machine
+    (`end_orphaned_runs`)."""
     from gym import liveness
 
     client = _client(uri)
     all_tags = {"mlflow.runName": run_name, PROCESS_TAG: liveness.this_process(), **(tags or {})}
     if parent_run_id:
         all_tags["mlflow.parentRunId"] = parent_run_id
-    run = client.create_run(experiment_id(uri=uri), tags=all_tags, run_name=run_name)
+        where = client.get_run(parent_run_id).info.experiment_id
+    else:
+        where = experiment_id(experiment or EXPERIMENT, uri=uri)
+    run = client.create_run(where, tags=all_tags, run_name=run_name)
     if params:
         log_params(run.info.run_id, params, uri=uri)
     return run.info.run_id
@@ -411,17 +416,16 @@ def end_open_runs(tag: str, value: str, status: str = "FAILED", uri: str | None 
     """End every still-running run tagged `tag=value` (and their nested runs) with `status`: for a flow
     run that failed or crashed before it could close its MLflow runs."""
     client = _client(uri)
-    found = client.get_experiment_by_name(EXPERIMENT)
-    if found is None:  # nothing was ever tracked here
+    exps = _experiment_ids(client)
+    if not exps:  # nothing was ever tracked here
         return []
-    exp = found.experiment_id
     open_runs = client.search_runs(
-        [exp], filter_string=f"tags.`{tag}` = '{value}' and attributes.status = 'RUNNING'"
+        exps, filter_string=f"tags.`{tag}` = '{value}' and attributes.status = 'RUNNING'"
     )
     ended = []
     for run in open_runs:
         children = client.search_runs(
-            [exp],
+            [run.info.experiment_id],
             filter_string=f"tags.mlflow.parentRunId = '{run.info.run_id}' and attributes.status = 'RUNNING'",
         )
         for child in [*children, run]:
@@ -456,15 +460,16 @@ def end_failed_runs(tag: str, value: str, status: str = "FAILED", uri: str | Non
 
 
 def end_orphaned_runs(uri: str | None = None) -> list[str]:
-    """End as KILLED every RUNNING run of gym's experiment whose process is certainly gone (killed with
+    """End as KILLED every RUNNING run of the store whose process is certainly gone (killed with
     SIGKILL, out of memory, the machine's power: nothing ended its runs, so MLflow showed them running
     for good). Only runs made on this machine are judged (gym.liveness); others are left as they are."""
     from gym import liveness
 
     client = _client(uri)
-    running = client.search_runs(
-        [experiment_id(uri=uri)], filter_string="attributes.status = 'RUNNING'", max_results=1000
-    )
+    exps = _experiment_ids(client)
+    if not exps:
+        return []
+    running = client.search_runs(exps, filter_string="attributes.status = 'RUNNING'", max_results=1000)
     ended = []
     for run in running:
         owner = run.data.tags.get(PROCESS_TAG)
@@ -492,7 +497,14 @@ def ui_url(uri: str | None = None) -> str | None:
 def run_url(run_id: str, uri: str | None = None) -> str | None:
     """The run's page in the MLflow UI (None without a server, see `ui_url`)."""
     base = ui_url(uri)
-    return f"{base}/#/experiments/{experiment_id(uri=uri)}/runs/{run_id}" if base else None
+    if not base:
+        return None
+    return f"{base}/#/experiments/{_client(uri).get_run(run_id).info.experiment_id}/runs/{run_id}"
+
+
+def _experiment_ids(client: Any) -> list[str]:
+    """Every active experiment of the store: gym's runs may be in any (`--output.experiment`)."""
+    return [e.experiment_id for e in client.search_experiments()]
 
 
 def model_version_url(name: str, version: str, uri: str | None = None) -> str | None:

@@ -112,10 +112,14 @@ def run_logs(name: str = "gym") -> Iterator[None]:
 
 @task(name="start-tracking", cache_policy=NO_CACHE)
 def start_tracking(
-    flow_name: str, config: dict[str, Any], flow_run_id: str | None, tracking_uri: str | None
+    flow_name: str,
+    config: dict[str, Any],
+    flow_run_id: str | None,
+    tracking_uri: str | None,
+    experiment: str | None = None,
 ) -> str:
-    """Create the parent run of this flow run (params = the flow's config, secrets redacted), after
-    ending the runs a killed process left RUNNING on this machine (best effort)."""
+    """Create the parent run of this flow run in `experiment` (params = the flow's config, secrets
+    redacted), after ending the runs a killed process left RUNNING on this machine (best effort)."""
     try:
         tracking.end_orphaned_runs(uri=tracking_uri)
     except tracking.TrackingServerDown:
@@ -128,7 +132,7 @@ def start_tracking(
         if url := flow_run_url(flow_run_id):
             tags[FLOW_RUN_URL_TAG] = url
             tags["mlflow.note.content"] = f"Prefect flow run: {url}"
-    run_id = tracking.start_run(flow_name, params=config, tags=tags, uri=tracking_uri)
+    run_id = tracking.start_run(flow_name, params=config, tags=tags, uri=tracking_uri, experiment=experiment)
     if in_run() and (url := tracking.run_url(run_id, tracking_uri)):
         create_link_artifact(
             key="mlflow-run", link=url, link_text=f"MLflow run {run_id}", description="MLflow run"
