@@ -33,7 +33,10 @@ LLM_TASK: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False, "
 
 @task(name="tfgrpo-prepare", **LLM_TASK)
 def prepare_run(config: TfGrpoFlowConfig) -> TfGrpoRun:
-    """Load the questions, check the settings, name the run directory by the config hash."""
+    """Load the questions, check the settings, name the run directory by the config hash. With
+    `--refresh-cache` (Prefect's refresh setting), every LLM call is asked again and every step redone."""
+    from prefect.settings import PREFECT_TASKS_REFRESH_CACHE
+
     return tf_grpo.prepare_from_datasets(
         config.settings(),
         config.model,
@@ -42,6 +45,7 @@ def prepare_run(config: TfGrpoFlowConfig) -> TfGrpoRun:
         config.template,
         config.trust_remote_code,
         max_steps=config.steps,
+        refresh=bool(PREFECT_TASKS_REFRESH_CACHE.value()),
     )
 
 

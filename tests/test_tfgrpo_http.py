@@ -285,3 +285,11 @@ def test_gym_train_run_selects_tf_grpo_and_ships_the_library_with_the_model(tiny
     assert (shipped / "model.safetensors").is_file() and load_shipped(shipped) is not None
     assert json.loads((shipped / "gym_model.json").read_text())["method"] == "tf_grpo"
     assert resolve(str(shipped)).template == tiny_ref.template  # loads like any gym model
+
+
+def test_gym_serve_names_what_it_serves_and_the_client_keys_its_calls_by_it(served, tmp_path):
+    """Another model served under the same URL and name reused the first one's cached calls: gym serve
+    lists a digest of what answers (weights, template, library), and the client's identity holds it."""
+    assert served.engine.digest
+    client = OpenAIClient(served.url, "gym-tiny")
+    assert client.identity == f"openai:{served.url}#gym-tiny@{served.engine.digest}"

@@ -155,10 +155,13 @@ def build_app(
 
 
 def _model_card(engine: Engine) -> dict[str, Any]:
-    """The served model as OpenAI's `model` object (with vLLM's `max_model_len` when it is known)."""
+    """The served model as OpenAI's `model` object (with vLLM's `max_model_len` when it is known, and
+    gym's `digest` of what answers: weights, template, injected experience library)."""
     card: dict[str, Any] = {"id": engine.name, "object": "model", "created": 0, "owned_by": "gym"}
     if engine.context_length:
         card["max_model_len"] = engine.context_length
+    if engine.digest:
+        card["digest"] = engine.digest
     return card
 
 

@@ -15,12 +15,16 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from gym.cli_options import ArgumentParser, add_config_options, flag_error, overrides_from
 from gym.errors import ConfigError
 from gym.serve.settings import ServeSettings
+
+if TYPE_CHECKING:
+    from gym.tfgrpo.injection import ShippedLibrary
 
 
 def build_parser(prog: str = "gym serve") -> argparse.ArgumentParser:
@@ -51,6 +55,20 @@ def api_key(env_var: str | None) -> str | None:
     return key
 
 
+def experience_line(library: ShippedLibrary) -> str:
+    """The startup line of a TF-GRPO model: the library its chat requests get, and how much of it."""
+    k = library.retrieval_top_k
+    which = (
+        f"the {k} most similar to each request's question (retrieval_top_k {k})"
+        if library.retrieves
+        else "all of them"
+    )
+    return (
+        f"TF-GRPO experience library: {len(library.texts)} experiences (version {library.version}, hash "
+        f"{(library.hash or '?')[:12]}), injected into every chat request's system message: {which}"
+    )
+
+
 def cmd_serve(argv: Sequence[str]) -> int:
     from gym.cli_llamafactory_tools import translate
 
@@ -79,6 +97,8 @@ def cmd_serve(argv: Sequence[str]) -> int:
         print(f"gym serve: {engine.name} at {url}/v1 (OpenAI-compatible{auth}); Ctrl-C stops", flush=True)
         # where its tokenizer is, for clients that tokenize themselves (lm-eval's `tokenizer=`)
         print(f"  model files: {engine.source}", flush=True)
+        if engine.library is not None:  # a TF-GRPO model: what every chat prompt gets
+            print(f"  {experience_line(engine.library)}", flush=True)
 
     try:
         app = build_app(engine, settings.limits, key, settings.completion_experiences)

@@ -33,6 +33,7 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 
 from gym import attention
 from gym.errors import GymError
+from gym.hashing import hash_obj
 from gym.models import context_window
 from gym.serve import scoring
 from gym.serve.params import SamplingParams
@@ -80,10 +81,15 @@ class Engine:
         max_batch_size: int = 32,
         default_system: str | None = None,
         source: str | None = None,
+        digest: str | None = None,
     ) -> None:
         attention.use(model)  # grouped-query heads shared inside SDPA under the batch's padding mask
         self.model, self.name, self.chat_template = model.eval(), name, chat_template
         self.source = source  # the folder the weights and tokenizer were loaded from (None: given objects)
+        # What decides the answers behind `name` (weights, template, default system, injected library):
+        # /v1/models shows it, so that a client caching answers (TF-GRPO's call cache) tells two models
+        # served under one name apart. None: unknown (a model given as objects).
+        self.digest = digest
         self.default_system = default_system  # conversations without a system message open with it
         if isinstance(experiences, list):
             experiences = ShippedLibrary(texts=experiences)
@@ -142,6 +148,15 @@ class Engine:
         from gym.serve.loading import resolve_served
 
         served = resolve_served(model, template, trust_remote_code, system)
+        library = served.library
+        digest = hash_obj(
+            {
+                "weights": served.ref.digest,
+                "template": served.chat_template,
+                "system": served.ref.default_system,
+                "library": [library.hash, library.texts, library.retrieval_top_k] if library else None,
+            }
+        )
         tokenizer = AutoTokenizer.from_pretrained(
             served.path, revision=served.ref.revision, trust_remote_code=served.ref.trust_remote_code
         )
@@ -154,6 +169,7 @@ class Engine:
             max_batch_size=max_batch_size,
             default_system=served.ref.default_system,
             source=str(served.path),
+            digest=digest,
         )
 
     # ---- prompts --------------------------------------------------------------------------------------

@@ -54,17 +54,18 @@ def call_key(
 
 
 class CallCache:
-    """`<root>/<key[:2]>/<key>.json`: the request and its completion."""
+    """`<root>/<key[:2]>/<key>.json`: the request and its completion. `read=False` reads nothing (every
+    call is made again) and still records the new answers."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = Path(root)
+    def __init__(self, root: Path, read: bool = True) -> None:
+        self.root, self.read = Path(root), read
 
     def _path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.json"
 
     def get(self, key: str) -> Completion | None:
         path = self._path(key)
-        if not path.is_file():
+        if not self.read or not path.is_file():
             return None
         try:
             return Completion.model_validate(json.loads(path.read_text(encoding="utf-8"))["completion"])

@@ -55,12 +55,15 @@ def cmd_tfgrpo(argv: Sequence[str]) -> int:
         library = Library.load(file)
     except DataError as exc:
         shipped = shipped_library(file.parent) if file.name == EXPERIENCE_FILE and not args.json else None
-        if shipped is None:
+        if shipped is None or not shipped.texts:  # nothing serving would inject: the file is malformed
             raise
         # a model's experiences.json edited by hand (or written in the short form): serving injects it as
         # it reads it, so show that, saying why the library check failed
         print(f"note: {exc}; shown as gym serve, chat and eval inject it", file=sys.stderr)
         print(experience_block(shipped.texts))
+        return 0
+    if not args.json and not library.items:  # the header alone read as a library with nothing shown
+        print(f"{file}: the experience library is empty (version {library.version}): nothing to inject")
         return 0
     print(library.to_json() if args.json else experience_block(library.texts), end="" if args.json else "\n")
     return 0

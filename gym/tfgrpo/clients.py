@@ -100,14 +100,26 @@ def down(endpoint: str, what: str, error: str) -> str:
 
 
 def refusal(
-    endpoint: str, model: str, status: int, reason: str, message: str, api_key_env: str = "OPENAI_API_KEY"
+    endpoint: str,
+    model: str,
+    status: int,
+    reason: str,
+    message: str,
+    api_key_env: str = "OPENAI_API_KEY",
+    key_set: bool = True,
 ) -> str:
     """The one-line error of a call answered with a PERMANENT_STATUS (`reason`: the HTTP status line's,
-    `message`: the server's own, if any), the endpoint shown without credentials: a key refused, a
-    server that knows the route but not the model, else one that is no OpenAI-compatible API at that
-    URL."""
+    `message`: the server's own, if any), the endpoint shown without credentials: a key refused (or
+    none sent: `key_set` False, $api_key_env is not set), a server that knows the route but not the
+    model, else one that is no OpenAI-compatible API at that URL."""
     where = secrets.strip_url(endpoint)
     said = " ".join(f"HTTP {status} {message or reason}".split())[:REFUSAL_CHARS]
+    if status in (401, 403) and not key_set:
+        return (
+            f"{where} refused the model {model!r} without an API key ({said}): ${api_key_env} is not set; "
+            f"export {api_key_env}=<a key it accepts>, or name the variable holding one with --api_key_env "
+            "(or the role's --policy.api_key_env, --optimizer.api_key_env, --judge.api_key_env)"
+        )
     if status in (401, 403):
         return (
             f"{where} refused the API key in ${api_key_env} for the model {model!r} ({said}): export a key "
@@ -193,7 +205,6 @@ class OpenAIClient:
             )
         self.base_url, self.model, self.max_n = base_url.rstrip("/"), model, max_n
         self.api_key_env = api_key_env
-        self.identity = f"openai:{self.base_url}#{model}"
         # Servers that need no key (vLLM, Ollama, gym serve) still want the header to be there; the
         # hosted APIs refuse every call without one: said now, not as a run of failed calls.
         key = os.environ.get(api_key_env) or "EMPTY"
@@ -205,6 +216,12 @@ class OpenAIClient:
         self._client = _openai_class()(
             base_url=self.base_url, api_key=key, timeout=timeout_s, max_retries=max_retries
         )
+        # What answers: the URL and the model's name, and the digest of the weights behind them when the
+        # server reports one (gym serve does, in /v1/models): another model served under the same URL and
+        # name is then another identity, and gets none of the cached answers or finished steps.
+        hosted = urlsplit(self.base_url).hostname in KEYED_HOSTS
+        self.digest = None if hosted else self._served_digest(timeout_s)
+        self.identity = f"openai:{self.base_url}#{model}" + (f"@{self.digest}" if self.digest else "")
         self._limit = endpoint_semaphore(self.base_url, concurrency)
         self._errors = (openai.OpenAIError,)
         self._refused: str | None = None  # the first permanent refusal, raised again by every later call
@@ -214,6 +231,22 @@ class OpenAIClient:
         self._down: str | None = None
         self._count = threading.Lock()
         self._timeout_error, self._connection_error = openai.APITimeoutError, openai.APIConnectionError
+
+    def _served_digest(self, timeout_s: float) -> str | None:
+        """The `digest` the server's /v1/models lists for the model (gym serve's: its weights, template
+        and library); None when it lists none (vLLM, Ollama, a hosted API: the name is the identity) or
+        does not answer (then the first call says why)."""
+        import openai
+
+        try:
+            listed = self._client.with_options(max_retries=0, timeout=min(timeout_s, 5.0)).models.list()
+            for entry in listed.data:
+                digest = getattr(entry, "digest", None)
+                if entry.id == self.model and isinstance(digest, str) and digest:
+                    return digest
+        except (openai.OpenAIError, ValueError, TypeError, AttributeError):
+            pass
+        return None
 
     def complete(
         self, messages: Messages, *, temperature: float, max_tokens: int, seed: int, n: int = 1
@@ -276,7 +309,8 @@ class OpenAIClient:
         refused = http_refusal(error)
         reason = getattr(getattr(exc, "response", None), "reason_phrase", "") or ""
         said = refused[1] if refused else ""
-        self._refused = refusal(self.base_url, self.model, status, reason, said, self.api_key_env)
+        key_set = bool(os.environ.get(self.api_key_env))
+        self._refused = refusal(self.base_url, self.model, status, reason, said, self.api_key_env, key_set)
         return EndpointError(self._refused)
 
 

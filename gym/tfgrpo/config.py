@@ -140,7 +140,10 @@ class TfGrpoSettings(BaseModel):
         True, description="On resume, redo steps that ended degraded (with fresh optimizer calls)."
     )
     experience_lib_path: str | None = Field(
-        None, description="Also write the library (every version and the final one) to this directory."
+        None,
+        description="Also write the library (the final one as experiences.json, every version) to this "
+        "directory. A library already there is the starting point (a new run), unless it is this same "
+        "command's output: then the run resumes.",
     )
     policy: RoleSettings = Field(default_factory=RoleSettings, description="The model answering questions.")
     optimizer: RoleSettings = Field(

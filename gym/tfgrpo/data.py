@@ -14,10 +14,11 @@ answer; files with a `question` column (and optionally `answer`) are read as pro
 from __future__ import annotations
 
 import random
+import sys
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from gym.errors import ConfigError, DataError
 from gym.hashing import hash_obj
@@ -34,6 +35,9 @@ class Question(BaseModel):
     id: str
     prompt: list[dict[str, str]]
     answer: str | None = None
+    source: tuple[str, int] | None = Field(None, exclude=True)
+    """(the dataset it was read from, its record number there, from 1) when read from named datasets,
+    for messages; not part of what a question is (excluded from dumps and so from hashes)."""
 
     @property
     def text(self) -> str:
@@ -111,9 +115,13 @@ def dataset_spec(dataset: str | Path) -> Any:
 
 
 def questions_from(
-    dataset_dir: str | Path, limit: int | None = None, name: str | None = None
+    dataset_dir: str | Path,
+    limit: int | None = None,
+    name: str | None = None,
+    setting: str = "max_train_questions",
 ) -> list[Question]:
-    """The questions of an ingested dataset folder (the first `limit`)."""
+    """The questions of an ingested dataset folder (the first `limit`, the value of `setting`: a note
+    says so when there are more)."""
     from gym.data.ingest import load_meta, load_saved
 
     kind = load_meta(dataset_dir)["kind"]
@@ -124,23 +132,46 @@ def questions_from(
         )
     records = load_saved(dataset_dir)
     n = len(records) if limit is None else min(limit, len(records))
+    if limit is not None and len(records) > limit:
+        print(
+            f"note: TF-GRPO uses the first {limit} of the {len(records)} questions of {name or dataset_dir} "
+            f"(--{setting.replace('_', '-')} {limit}: raise it to use more)",
+            file=sys.stderr,
+        )
+    sources = _sources(load_meta(dataset_dir), name or str(dataset_dir))
     questions = []
     for i in range(n):
         if kind == "prompt":
             prompt, answer = records[i]["prompt"], records[i]["answer"]
         else:
             prompt, answer = records[i]["messages"][:-1], records[i]["messages"][-1]["content"]
-        questions.append(Question(id=f"{i}", prompt=prompt, answer=answer))
+        questions.append(Question(id=f"{i}", prompt=prompt, answer=answer, source=sources(i)))
     return questions
 
 
-def load_questions(dataset: str | Path, limit: int | None = None) -> tuple[list[Question], str]:
+def _sources(meta: dict[str, Any], name: str) -> Any:
+    """Record index -> (the dataset it came from, its record number there): a mix's own parts."""
+    parts = [(str(p["dataset"]), int(p["num_records"])) for p in meta.get("mix_of") or []]
+
+    def source(index: int) -> tuple[str, int]:
+        for part, count in parts:
+            if index < count:
+                return part, index + 1
+            index -= count
+        return name, index + 1
+
+    return source
+
+
+def load_questions(
+    dataset: str | Path, limit: int | None = None, setting: str = "max_train_questions"
+) -> tuple[list[Question], str]:
     """Ingest `dataset` (registry name, file, folder or hub id, or a comma-separated list of them); its
-    questions and its digest."""
+    questions (the first `limit`, the value of `setting`) and its digest."""
     from gym.data.mix import ingest_named
 
     result = ingest_named(str(dataset), resolve=dataset_spec)
-    return questions_from(result.path, limit, name=str(dataset)), result.digest
+    return questions_from(result.path, limit, name=str(dataset), setting=setting), result.digest
 
 
 def check_answers(reward: str, questions: list[Question], eval_questions: list[Question] | None) -> None:
@@ -153,6 +184,12 @@ def check_answers(reward: str, questions: list[Question], eval_questions: list[Q
         if not missing:
             continue
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        first = missing[0]
+        where = (
+            f"record {first.source[1]}{more} of {flag} {first.source[0]}"
+            if first.source
+            else f"record {int(first.id) + 1}{more} of {flag}"
+        )
         what = f"reward {reward!r}" if label == "training" else "the held-out evaluation (Mean@k, Pass@k)"
         fix = (
             "use --reward majority (no ground truth) or judge"
@@ -160,6 +197,6 @@ def check_answers(reward: str, questions: list[Question], eval_questions: list[Q
             else "give held-out data with answers, or leave out --eval-dataset"
         )
         raise ConfigError(
-            f"{what} grades answers against references, but {label} record {int(missing[0].id) + 1}{more} "
-            f"of {flag} has no answer (an `answer` field, or a last assistant turn): add them, or {fix}"
+            f"{what} grades answers against references, but {label} {where} has no answer (an `answer` "
+            f"field, or a last assistant turn): add them, or {fix}"
         )

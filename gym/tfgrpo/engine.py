@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,6 +26,7 @@ from gym.tfgrpo import stages
 from gym.tfgrpo.clients import REFUSAL_CHARS, http_refusal
 from gym.tfgrpo.config import ResolvedRole
 from gym.tfgrpo.data import Question, StepPlan, check_answers, derive_seed, plan_steps, steps_per_epoch
+from gym.tfgrpo.injection import EXPERIENCE_FILE, shipped_json
 from gym.tfgrpo.library import Library
 from gym.tfgrpo.metrics import MetricReport, report
 from gym.tfgrpo.rewards import verify
@@ -38,9 +39,17 @@ CALL_THREADS = 64
 class EvalRecord(BaseModel):
     tag: str
     library_hash: str
-    report: MetricReport
+    report: MetricReport | None
+    """None when a call failed: the evaluation is missing, not scored on what happened to come back."""
     rewards: list[list[float]]
     calls: list[stages.CallInfo]
+    failed: int = 0
+    """Calls that got no answer (each after the client's retries): not scored as wrong answers."""
+
+    @property
+    def error(self) -> str | None:
+        """The first failed call's error."""
+        return next((c.error for c in self.calls if c.error), None)
 
 
 class RunResult(BaseModel):
@@ -56,8 +65,9 @@ class RunResult(BaseModel):
     cost_usd: float
     paid_calls: int
     cached_calls: int
-    mean_at_k: list[float]
-    pass_at_k: list[float]
+    mean_at_k: list[float | None]
+    """Held-out Mean@k before and after each epoch; None for an evaluation whose calls failed."""
+    pass_at_k: list[float | None]
     train_reward_first: float | None
     train_reward_last: float | None
     seconds: float
@@ -114,7 +124,10 @@ def run_step(
 
 
 def resumable(rt: Runtime, step: StepPlan, library: Library) -> tuple[StepPlan, Library | None]:
-    """(the step to run, None), or (the step, the library it produced) when it is already done."""
+    """(the step to run, None), or (the step, the library it produced) when it is already done (never
+    when the run refreshes: Runtime.refresh)."""
+    if rt.refresh:
+        return step, None
     previous = load_manifest(rt.run_dir, step.index)
     if (
         previous is None
@@ -139,10 +152,7 @@ def evaluate(
 
     def one(question: Question, chunk: int) -> stages.CallRecord:
         seed = derive_seed(rt.settings.seed, "eval", question.id, chunk)
-        record = rt.policy("eval", stages.policy_messages(rt, question, library), seed=seed, n=sizes[chunk])
-        if record.texts is None:  # a failed call scores as wrong answers (and shows in `calls`)
-            record = record.model_copy(update={"texts": [""] * sizes[chunk]})
-        return record
+        return rt.policy("eval", stages.policy_messages(rt, question, library), seed=seed, n=sizes[chunk])
 
     futures: list[list[Future[stages.CallRecord]]] = [
         [pool.submit(one, q, c) for c in range(len(sizes))] for q in questions
@@ -154,12 +164,16 @@ def evaluate(
         calls += [stages.CallInfo.of(r) for r in records]
         texts = [t for r in records for t in r.texts or []]
         rows.append([verify(kind, t, question.answer or "") for t in texts])
+    # A failed call is no wrong answer: scoring it as one reported a library the endpoint refused to
+    # answer with (its prompt over the context, say) as Mean@k 0. The evaluation is missing instead.
+    failed = sum(c.error is not None for c in calls)
     record = EvalRecord(
         tag=tag,
         library_hash=library.content_hash(),
-        report=report(rows, k=k, seed=rt.settings.seed),
+        report=None if failed else report(rows, k=k, seed=rt.settings.seed),
         rewards=rows,
         calls=calls,
+        failed=failed,
     )
     workspace.atomic_write_json(rt.run_dir / "evals" / f"{tag}.json", record.model_dump(mode="json"))
     return record
@@ -226,40 +240,96 @@ def eval_tag(plan: list[StepPlan], index: int, n_questions: int, batch_size: int
 
 
 REACHABILITY = "check that the endpoint is up and reachable and its API key is set"
+OPTIMIZER_STAGES = ("summarize", "extract", "extract_repair", "consolidate", "consolidate_repair")
 
 
-def unanswered_advice(error: str, policy: ResolvedRole) -> str:
-    """Why no call was answered and what to change, from the first failed call's `error` (the policy's:
-    no other role is called before it answers). A client error (HTTP 4xx) is the endpoint refusing the
-    request as sent: its message and the setting to change; otherwise (no connection, a timeout, a
-    5xx, rate limits after the client's retries) the endpoint was not there to answer."""
+def unanswered_advice(error: str, role: ResolvedRole) -> str:
+    """Why calls of `role` went unanswered and what to change, from a failed call's `error`. A client
+    error (HTTP 4xx) is the endpoint refusing the request as sent: its message and the setting to
+    change; otherwise (no connection, a timeout, a 5xx, rate limits after the client's retries) the
+    endpoint was not there to answer."""
     refused = http_refusal(error)
     if refused is None or refused[0] >= 500 or refused[0] in (408, 429):
-        return f" (the first error: {error}); {REACHABILITY}"
+        return f" (the first error: {error[:REFUSAL_CHARS]}); {REACHABILITY}"
     status, message = refused
     if len(message) > REFUSAL_CHARS:
         message = message[: REFUSAL_CHARS - 3] + "..."
     said = message or "no message"
-    return f": the endpoint refused the requests (HTTP {status}: {said}); {_fix(status, message, policy)}"
+    return f": the endpoint refused the requests (HTTP {status}: {said}); {_fix(status, message, role)}"
 
 
-def _fix(status: int, message: str, policy: ResolvedRole) -> str:
+def _fix(status: int, message: str, role: ResolvedRole) -> str:
     """The setting a refusal points at."""
-    text, where = message.lower(), policy.endpoint or "the endpoint"
+    text, where, name = message.lower(), role.endpoint or "the endpoint", role.name
     if status in (401, 403):
-        return f"check the API key: ${policy.api_key_env} must hold one that {where} accepts"
+        return f"check the API key: ${role.api_key_env} must hold one that {where} accepts"
     if status == 404:
         return (
-            f"check that the model name ({policy.model!r}: --model or --policy.model) is one {where} "
+            f"check that the model name ({role.model!r}: --model or --{name}.model) is one {where} "
             "serves, and that the endpoint is its OpenAI-compatible base URL (…/v1)"
         )
     if "max_tokens" in text or "context" in text:
-        return (
-            f"lower the policy's max_tokens (now {policy.max_tokens}: --policy.max_tokens N, or "
-            'policy={"max_tokens": N} from Python) to what the endpoint allows: prompt and reply together '
-            "must fit the model's context"
+        library = (
+            " (the policy's prompt also holds the experience library: --retrieval_top_k K injects fewer)"
+            if name == "policy"
+            else ""
         )
-    return "change the policy's settings (--policy.*) to what the endpoint accepts"
+        return (
+            f"lower the {name}'s max_tokens (now {role.max_tokens}: --{name}.max_tokens N, or "
+            f'{name}={{"max_tokens": N}} from Python) to what the endpoint allows: prompt and reply together '
+            f"must fit the model's context{library}"
+        )
+    return f"change the {name}'s settings (--{name}.*) to what the endpoint accepts"
+
+
+def _first_error(calls: Iterable[stages.CallInfo]) -> str | None:
+    """The first failed call's error, a refusal (HTTP 4xx: what a setting can fix) before any other."""
+    errors = [c.error for c in calls if c.error]
+    refusals = [e for e in errors if (r := http_refusal(e)) is not None and r[0] < 500]
+    return next(iter(refusals or errors), None)
+
+
+def _calls(manifests: list[StepManifest]) -> list[stages.CallInfo]:
+    """Every call of the steps (rollouts, verdicts, summaries, extraction and consolidation)."""
+    calls = [c for m in manifests for g in m.groups for c in g.calls]
+    calls += [c for m in manifests for g in m.groups if g.extraction for c in g.extraction.calls]
+    return calls + [c for m in manifests if m.consolidation for c in m.consolidation.calls]
+
+
+def _role_of(rt: Runtime, stage: str) -> ResolvedRole:
+    if stage in OPTIMIZER_STAGES:
+        return rt.optimizer.role
+    return rt.judge.role if stage == "judge" else rt.policy.role
+
+
+def _degraded_note(rt: Runtime, manifests: list[StepManifest]) -> str:
+    """The first problem of the degraded steps, with the refusal behind it and what to change."""
+    degraded = [m for m in manifests if m.status == "degraded"]
+    first = next((p for m in degraded for p in m.problems), "no reason recorded")
+    failed = [c for c in _calls(degraded) if c.error]
+    error = _first_error(failed)
+    if error is None:
+        return f"the first problem: {first}"
+    stage = next(c.stage for c in failed if c.error == error)
+    advice = unanswered_advice(error, _role_of(rt, stage))
+    return f"the first problem: {first}; {len(failed)} calls failed{advice}"
+
+
+def _check_evals(rt: Runtime, evals: list[EvalRecord]) -> None:
+    """Say which held-out evaluations are missing (a call failed), quoting why and what to change."""
+    missing = [e for e in evals if e.report is None]
+    if not missing:
+        return
+    failed, calls = sum(e.failed for e in missing), sum(len(e.calls) for e in missing)
+    error = _first_error(c for e in missing for c in e.calls) or "no error recorded"
+    tags = ", ".join(e.tag for e in missing)
+    warnings.warn(
+        f"TF-GRPO: held-out Mean@k/Pass@k missing (null) for {tags}: {failed} of their {calls} calls got no "
+        f"answer, and a failed call is not scored{unanswered_advice(error, rt.policy.role)}; then run again "
+        "(the answered calls are reused)",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 def mean_reward(manifest: StepManifest) -> float | None:
@@ -271,25 +341,43 @@ def finish(
     rt: Runtime, library: Library, manifests: list[StepManifest], evals: list[EvalRecord], seconds: float
 ) -> RunResult:
     unchanged = bool(manifests) and manifests[-1].version_out == manifests[0].version_in
-    if unchanged and all(m.status == "degraded" for m in manifests):
-        first = next((p for m in manifests for p in m.problems), "no reason recorded")
+    degraded = [m for m in manifests if m.status == "degraded"]
+    if unchanged and len(degraded) == len(manifests):
         calls = sum(m.calls for m in manifests)
         if calls and not sum(m.tokens for m in manifests):  # no call was answered: not a run to ship
+            first = next((p for m in manifests for p in m.problems), "no reason recorded")
             errors = (r.error for m in manifests for g in m.groups for r in g.rollouts if r.error)
             advice = unanswered_advice(next(errors, first), rt.policy.role)
             raise ConfigError(
                 f"TF-GRPO: none of the {calls} calls to the model was answered, so nothing was learned"
                 f"{advice}, then run again: the steps are redone"
             )
+        optimizer = [c for c in _calls(manifests) if c.stage in OPTIMIZER_STAGES]
+        if optimizer and all(c.error for c in optimizer):  # the policy answered, the optimizer never did
+            error = _first_error(optimizer) or "no error recorded"
+            raise ConfigError(
+                f"TF-GRPO: none of the {len(optimizer)} optimizer calls (summarize, extract, consolidate) "
+                f"was answered, so nothing was learned{unanswered_advice(error, rt.optimizer.role)}, then "
+                "run again: the steps are redone"
+            )
         warnings.warn(
             f"TF-GRPO: all {len(manifests)} steps degraded, so nothing was learned (the library is as it "
-            f"began); the first problem: {first}",
+            f"began); {_degraded_note(rt, manifests)}",
             RuntimeWarning,
             stacklevel=2,
         )
+    elif any(c.error for c in _calls(degraded)):  # degraded by failed calls, not by unreadable replies
+        warnings.warn(
+            f"TF-GRPO: {len(degraded)} of {len(manifests)} steps degraded (each applied only what was "
+            f"valid); {_degraded_note(rt, manifests)}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    _check_evals(rt, evals)
     library_file = library.save(rt.run_dir / "library.json")
     if rt.settings.experience_lib_path:
-        export_library(rt.run_dir, Path(rt.settings.experience_lib_path))
+        path = Path(rt.settings.experience_lib_path)
+        export_library(rt.run_dir, path, rt.settings.retrieval_top_k, rt.origin)
     # An evaluation of a library the run already evaluated (an epoch that changed nothing) makes the same
     # calls, answered from the cache: the run's calls, tokens and cost count each once.
     eval_calls = list({c.key: c for e in evals for c in e.calls}.values())
@@ -310,8 +398,8 @@ def finish(
         ),
         paid_calls=int(ledger["calls"]),  # type: ignore[call-overload]
         cached_calls=int(ledger["cached_calls"]),  # type: ignore[call-overload]
-        mean_at_k=[e.report.mean_at_k for e in evals],
-        pass_at_k=[e.report.pass_at_k for e in evals],
+        mean_at_k=[e.report.mean_at_k if e.report else None for e in evals],
+        pass_at_k=[e.report.pass_at_k if e.report else None for e in evals],
         train_reward_first=mean_reward(manifests[0]) if manifests else None,
         train_reward_last=mean_reward(manifests[-1]) if manifests else None,
         seconds=round(seconds, 3),
@@ -320,9 +408,16 @@ def finish(
     return result
 
 
-def export_library(run_dir: Path, target: Path) -> None:
-    """Copy the final library and every version to `target` (experiences.json + versions/)."""
+def export_library(
+    run_dir: Path,
+    target: Path,
+    retrieval_top_k: int | None = None,
+    run: dict[str, str | None] | None = None,
+) -> None:
+    """Copy the final library and every version to `target` (experiences.json + versions/);
+    experiences.json records `retrieval_top_k` (what injecting it selects, as a shipped model's does)
+    and `run`, the run that wrote it (Runtime.origin: re-running the same command resumes that run)."""
     for version in sorted((run_dir / "libraries").glob("v*.json")):
         workspace.atomic_write_text(target / "versions" / version.name, version.read_text(encoding="utf-8"))
-    final = run_dir / "library.json"
-    workspace.atomic_write_text(target / "experiences.json", final.read_text(encoding="utf-8"))
+    final = (run_dir / "library.json").read_text(encoding="utf-8")
+    workspace.atomic_write_text(target / EXPERIENCE_FILE, shipped_json(final, retrieval_top_k, run))

@@ -75,14 +75,37 @@ def query_of(messages: list[dict[str, str]]) -> str:
     return next((str(m["content"]) for m in reversed(messages) if m.get("role") == "user"), "")
 
 
-def shipped_json(library_json: str, retrieval_top_k: int | None) -> str:
+RUN_KEY = "tf_grpo_run"  # in an experience_lib_path's library: the run that wrote it (RunOrigin)
+
+
+def shipped_json(
+    library_json: str, retrieval_top_k: int | None, run: dict[str, str | None] | None = None
+) -> str:
     """A library file's JSON as a model ships it: with the run's `retrieval_top_k` when set, so that
-    whatever runs the model injects what training injected (not part of the library's hash)."""
-    if retrieval_top_k is None:
+    whatever runs the model injects what training injected, and (`run`: its config hash and the hash
+    of the library it started from) the run that wrote it, so that re-running the command that wrote
+    it resumes that run instead of learning on from its output. Neither is part of the library's hash."""
+    if retrieval_top_k is None and run is None:
         return library_json
     data = json.loads(library_json)
-    data["retrieval_top_k"] = retrieval_top_k
+    if retrieval_top_k is not None:
+        data["retrieval_top_k"] = retrieval_top_k
+    if run is not None:
+        data[RUN_KEY] = run
     return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def written_by(path: str | Path) -> dict[str, str | None] | None:
+    """The run a library file records as its writer (shipped_json's `run`), None when none is recorded
+    or the file can't be read."""
+    try:
+        run = json.loads(Path(path).read_text(encoding="utf-8")).get(RUN_KEY)
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(run, dict) or not isinstance(run.get("config_hash"), str):
+        return None
+    start = run.get("start")
+    return {"config_hash": run["config_hash"], "start": start if isinstance(start, str) else None}
 
 
 def experience_block(texts: list[str]) -> str:

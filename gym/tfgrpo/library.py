@@ -100,6 +100,7 @@ class Library(BaseModel):
         data.pop("format", None)
         data.pop("format_version", None)
         data.pop("retrieval_top_k", None)  # how a shipped model injects it (injection.shipped_json)
+        data.pop("tf_grpo_run", None)  # the run that wrote it (injection.shipped_json)
         try:
             library = cls.model_validate(data)
         except ValidationError as exc:

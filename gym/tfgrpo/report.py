@@ -59,8 +59,10 @@ def track_step(run_dir: Path, manifest: StepManifest, mlflow_run_id: str, uri: s
 def track_run(result: RunResult, mlflow_run_id: str, uri: str | None = None) -> None:
     """Log the final library, the held-out curve and the run's totals, and close the MLflow run."""
     tracking.log_artifact(mlflow_run_id, Path(result.library_file), uri=uri)
-    tracking.log_curve(mlflow_run_id, "heldout_mean_at_k", list(enumerate(result.mean_at_k)), uri=uri)
-    tracking.log_curve(mlflow_run_id, "heldout_pass_at_k", list(enumerate(result.pass_at_k)), uri=uri)
+    for name, curve in (("heldout_mean_at_k", result.mean_at_k), ("heldout_pass_at_k", result.pass_at_k)):
+        # a missing evaluation (its calls failed) is no point of the curve, not a 0
+        points = [(i, v) for i, v in enumerate(curve) if v is not None]
+        tracking.log_curve(mlflow_run_id, name, points, uri=uri)
     tracking.log_metrics(
         mlflow_run_id,
         {

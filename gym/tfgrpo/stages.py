@@ -232,8 +232,11 @@ def extract(
     library: Library,
 ) -> StageOutput:
     """Stage 2 for one informative group: compare its attempts, propose operations."""
-    if any(s.text is None for s in summaries):
-        return StageOutput(errors=["a summary is missing (its call failed)"])
+    missing = [s for s in summaries if s.text is None]
+    if missing:
+        error = next((s.call.error for s in missing if s.call is not None and s.call.error), None)
+        why = f"its call failed: {error}" if error else "its reply was empty"
+        return StageOutput(errors=[f"{len(missing)} of {len(summaries)} summaries are missing ({why})"])
     attempts = [(s.text or "", r) for s, r in zip(summaries, rewards, strict=True)]
     messages = prompts.extract_messages(question.text, attempts, library, rt.settings.max_ops_per_group)
     seed = derive_seed(rt.settings.seed, "extract", step.epoch, question.id, step.attempt)

@@ -29,7 +29,7 @@ from gym.models import ModelRef
 from gym.tfgrpo.config import TfGrpoSettings
 from gym.tfgrpo.data import Question, StepPlan, check_answers, load_questions, plan_steps, questions_from
 from gym.tfgrpo.engine import RunResult, train
-from gym.tfgrpo.injection import EXPERIENCE_FILE, shipped_json
+from gym.tfgrpo.injection import EXPERIENCE_FILE, shipped_json, written_by
 from gym.tfgrpo.library import Library
 from gym.tfgrpo.runtime import Runtime, with_start
 from gym.train.common import TrainResult
@@ -48,6 +48,8 @@ class TfGrpoRun(BaseModel):
     config_hash: str
     start: Library | None = None
     """The library the run starts from (`experience_lib_path`'s: Runtime.with_start), else empty."""
+    refresh: bool = False
+    """Ask every call again and redo every step (--refresh-cache: Runtime.refresh)."""
     steps: list[StepPlan]
 
     @property
@@ -85,6 +87,7 @@ def runtime(run: TfGrpoRun) -> Runtime:
                 template=run.template,
                 trust_remote_code=run.trust_remote_code,
                 start=run.start,
+                refresh=run.refresh,
             )
         return _RUNTIMES[run.run_dir]
 
@@ -98,12 +101,14 @@ def prepare(
     template: str | None = None,
     trust_remote_code: bool = False,
     max_steps: int | None = None,
+    refresh: bool = False,
 ) -> TfGrpoRun:
     """Check the settings, decide the run directory (named by the config hash), write the questions.
 
     `max_steps` (when set) is the number of steps, instead of the settings' epochs (plan_steps). Like a
     budget, it decides where the run stops, not what a step learns: it is not part of the config hash,
-    so a longer run of the same settings resumes from the steps a capped one made."""
+    so a longer run of the same settings resumes from the steps a capped one made. `refresh` asks
+    every call again (no call cache) and redoes the steps a previous run finished."""
     check_answers(settings.reward, questions, eval_questions)
     if settings.group_size == 1:
         logging.getLogger("gym.train").warning(
@@ -119,9 +124,10 @@ def prepare(
             template=template,
             trust_remote_code=trust_remote_code,
             start=start,
+            refresh=refresh,
         )
 
-    rt = with_start(make, initial_library(settings))
+    rt = with_start(make, *initial_library(settings))
     run = TfGrpoRun(
         settings=settings,
         model=model,
@@ -131,6 +137,7 @@ def prepare(
         run_dir=str(rt.run_dir),
         config_hash=rt.config_hash,
         start=rt.start,
+        refresh=refresh,
         steps=plan_steps(len(questions), settings.batch_size, settings.epochs, settings.seed, max_steps),
     )
     workspace.atomic_write_json(run.questions_file, [q.model_dump(mode="json") for q in questions])
@@ -149,10 +156,17 @@ def prepare_from_datasets(
     template: str | None = None,
     trust_remote_code: bool = False,
     max_steps: int | None = None,
+    refresh: bool = False,
 ) -> TfGrpoRun:
     questions, digest = load_questions(dataset, settings.max_train_questions)
-    held_out = load_questions(eval_dataset, settings.max_eval_questions)[0] if eval_dataset else None
-    return prepare(settings, model, questions, digest, held_out, template, trust_remote_code, max_steps)
+    held_out = (
+        load_questions(eval_dataset, settings.max_eval_questions, "max_eval_questions")[0]
+        if eval_dataset
+        else None
+    )
+    return prepare(
+        settings, model, questions, digest, held_out, template, trust_remote_code, max_steps, refresh
+    )
 
 
 def local_model(run: TfGrpoRun) -> ModelRef | None:
@@ -318,7 +332,9 @@ def run(
     from gym.data.ingest import load_meta
 
     questions = questions_from(train_data, s.max_train_questions)
-    held_out = questions_from(eval_data, s.max_eval_questions) if eval_data else None
+    held_out = (
+        questions_from(eval_data, s.max_eval_questions, setting="max_eval_questions") if eval_data else None
+    )
     digest = load_meta(train_data)["digest"]
     where = model.path if Path(model.path).is_dir() else model.name  # a built or trained model: its folder
     steps = max_steps_of(config)
@@ -332,11 +348,15 @@ def build_trainer(**_: Any) -> Any:
     raise ConfigError("tf_grpo trains no weights: gym.train.run hands it to gym.train.tf_grpo.run")
 
 
-def initial_library(settings: TfGrpoSettings) -> Library | None:
-    """The library given to start from: `<experience_lib_path>/experiences.json` when it already exists
-    (prepare's `with_start` decides whether the run starts from it)."""
+def initial_library(
+    settings: TfGrpoSettings,
+) -> tuple[Library | None, dict[str, str | None] | None, Path | None]:
+    """The library given to start from: `<experience_lib_path>/experiences.json` when it already exists,
+    the run it records as its writer, and the folder of the versions written beside it (prepare's
+    `with_start` decides whether the run starts from it, or resumes the run that wrote it)."""
     if settings.experience_lib_path:
-        existing = Path(settings.experience_lib_path) / EXPERIENCE_FILE
+        folder = Path(settings.experience_lib_path)
+        existing = folder / EXPERIENCE_FILE
         if existing.is_file():
-            return Library.load(existing)
-    return None
+            return Library.load(existing), written_by(existing), folder / "versions"
+    return None, None, None

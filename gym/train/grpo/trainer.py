@@ -20,7 +20,10 @@ TfGrpoSettings field can be passed by keyword. With no training data named anywh
 snippet names none), it learns from gym's demo questions, scored on their held-out split, as
 `gym train --method tf_grpo` does without --dataset, and prints a note saying so. Training runs
 gym.tfgrpo.engine (resumable, cost-accounted); the library ends up in the experience manager, and with
-`args.output_dir` the model is saved there with its experiences.json (what serving injects).
+`args.output_dir` the model is saved there with its experiences.json (what serving injects, with the
+run's retrieval_top_k). A library already at the experience manager's `library_path` is the starting
+point, unless this same run wrote it (then the run resumes); `refresh_cache=True` asks every LLM call
+again instead of reading gym's call cache (a model changed behind the same endpoint and name).
 """
 
 from __future__ import annotations
@@ -29,12 +32,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gym import workspace
 from gym.errors import ConfigError
 from gym.hashing import hash_obj
 from gym.tfgrpo.clients import LLMClient, LoadedClient
 from gym.tfgrpo.config import TfGrpoSettings
 from gym.tfgrpo.data import Question, load_questions
 from gym.tfgrpo.engine import RunResult, train
+from gym.tfgrpo.injection import EXPERIENCE_FILE, shipped_json, written_by
 from gym.tfgrpo.library import Library
 from gym.tfgrpo.runtime import Runtime, with_start
 from gym.train.grpo.experience_manager import ExperienceManager
@@ -70,15 +75,23 @@ def default_datasets(args: Any, finetuning_args: Any) -> tuple[Any, Any]:
     return train, held_out
 
 
-def questions_of(dataset: Any, limit: int | None) -> tuple[list[Question], str]:
+def questions_of(
+    dataset: Any, limit: int | None, setting: str = "max_train_questions"
+) -> tuple[list[Question], str]:
     """Questions from a dataset name/path, a datasets.Dataset, or records (question/answer,
-    prompt/answer, instruction/output or messages)."""
+    prompt/answer, instruction/output or messages): the first `limit` (the value of `setting`)."""
     if dataset is None:
         raise ConfigError("GRPOTrainer needs train_dataset (a dataset name or path, or records)")
     if isinstance(dataset, (str, Path)):
-        return load_questions(dataset, limit)
+        return load_questions(dataset, limit, setting)
     questions = [_question(i, record) for i, record in enumerate(dataset)]
-    questions = questions[:limit] if limit is not None else questions
+    if limit is not None and len(questions) > limit:
+        print(
+            f"note: GRPOTrainer uses the first {limit} of the {len(questions)} records given "
+            f"({setting}={limit}: raise it to use more)",
+            file=sys.stderr,
+        )
+        questions = questions[:limit]
     return questions, hash_obj([q.model_dump(mode="json") for q in questions])
 
 
@@ -145,6 +158,7 @@ class GRPOTrainer:
                     "to training_free=True (online GRPO takes reward_funcs= and rl=)"
                 )
             return
+        self.refresh = bool(settings.pop("refresh_cache", False))  # ask every call again (Runtime.refresh)
         self.experience_manager = (
             experience_manager if experience_manager is not None else ExperienceManager()
         )
@@ -198,18 +212,31 @@ class GRPOTrainer:
             )
         s = self.settings
         questions, digest = questions_of(self.train_dataset, s.max_train_questions)
-        held_out = questions_of(self.eval_dataset, s.max_eval_questions)[0] if self.eval_dataset else None
+        held_out = (
+            questions_of(self.eval_dataset, s.max_eval_questions, "max_eval_questions")[0]
+            if self.eval_dataset
+            else None
+        )
         clients, name = self._clients()
 
         def make(start: Library | None) -> Runtime:
-            tmpl = self.template
-            return Runtime(s, model=name, dataset=digest, clients=clients, template=tmpl, start=start)
+            tmpl, fresh = self.template, self.refresh
+            return Runtime(
+                s, model=name, dataset=digest, clients=clients, template=tmpl, start=start, refresh=fresh
+            )
 
-        rt = with_start(make, self.experience_manager.library)
+        folder = self.experience_manager.library_path
+        existing = folder / EXPERIENCE_FILE if folder is not None else None
+        writer = written_by(existing) if existing is not None and existing.is_file() else None
+        versions = folder / "versions" if folder is not None else None
+        rt = with_start(make, self.experience_manager.library, writer, versions)
         self.result = train(rt, questions, held_out, initial=rt.start, max_steps=self.max_steps)
         self.experience_manager.library = Library.load(self.result.library_file)
-        if self.experience_manager.library_path is not None:
-            self.experience_manager.save()
+        if folder is not None:
+            saved = self.experience_manager.save()
+            # recording the run that wrote it, so that running this again resumes that run (with_start)
+            text = shipped_json(self.experience_manager.library.to_json(), s.retrieval_top_k, rt.origin)
+            workspace.atomic_write_text(saved, text)
         output_dir = _read(self.args, "output_dir")
         if output_dir:
             self.save_model(output_dir)
@@ -226,7 +253,6 @@ class GRPOTrainer:
             if self.tokenizer is not None:
                 self.tokenizer.save_pretrained(target)
         elif isinstance(self.model, str | Path) and (ref := self._local_model()) is not None:
-            from gym import workspace
             from gym.train.tf_grpo import link_model_files
 
             link_model_files(ref, target)
@@ -234,7 +260,8 @@ class GRPOTrainer:
             if ref.default_system is not None:
                 meta["default_system"] = ref.default_system
             workspace.atomic_write_json(target / "gym_model.json", meta)
-        self.experience_manager.export(target)
+        top_k = self.settings.retrieval_top_k if self.training_free else None
+        self.experience_manager.export(target, top_k)  # with K: serving injects what training did
         return target
 
     def _local_model(self) -> Any:
