@@ -151,13 +151,18 @@ IO_RETRIES: dict[str, Any] = {
 
 
 def gym_task(
-    identity: Callable[..., Any] | None = None, gpu: bool = False, **kwargs: Any
+    identity: Callable[..., Any] | None = None,
+    gpu: bool = False,
+    record: Callable[..., None] | None = None,
+    **kwargs: Any,
 ) -> Callable[..., Any]:
     """`@task` with gym's cache policy and persisted results (override any option by keyword).
 
     `identity`, called with the task's arguments, returns what else the output depends on that the
     arguments don't show (a file's size and mtime behind a dataset name): it joins the cache key.
     `gpu`: the task puts a model on the accelerator (tagged `GPU_TAG` where the API limits it).
+    `record(result, **arguments)`: what the task does with its result in this flow run (its MLflow run,
+    its Prefect artifact), done again when the result is served from cache (`recorded_when_cached`).
     """
     policy: CachePolicy = CACHE_POLICY
     if identity is not None:
@@ -167,10 +172,43 @@ def gym_task(
         "persist_result": True,
         "retries": 0,
     }
+    if record is not None:
+        options["on_completion"] = [recorded_when_cached(record)]
     options.update(kwargs)
     if gpu:
         return lambda fn: GpuTask(fn=fn, **options)
     return task(**options)
+
+
+CACHED_TAG = "gym.from_cache"  # on an MLflow run that records a result served from cache
+
+
+def recorded_when_cached(record: Callable[..., None]) -> Callable[..., None]:
+    """An on_completion hook: a result served from cache is recorded in this flow run as the run that
+    computed it recorded it (a nested MLflow run under this flow run's, tagged `CACHED_TAG`, and the
+    Prefect artifact), by `record(result, **the call's arguments)`. Without it a re-run's MLflow run held
+    only the summary: the per-stage and per-benchmark numbers stayed with the first run. Best effort: the
+    cached result stands whatever happens here."""
+
+    def record_cached_result(task: Any, task_run: Any, state: Any) -> None:  # _logs.RECORD_HOOK
+        if state.name != "Cached":
+            return
+        ctx = TaskRunContext.get()
+        if ctx is None:
+            return
+        try:
+            record(state.result(), **ctx.parameters)
+        except Exception as exc:
+            import logging
+
+            logging.getLogger("gym").warning(
+                "%s: couldn't record its cached result in this run (%s: %s)",
+                task_run.name,
+                type(exc).__name__,
+                str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+            )
+
+    return record_cached_result
 
 
 class GpuTask(Task[Any, Any]):

@@ -35,12 +35,27 @@ class UserErrorFilter(logging.Filter):
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if _hook_bookkeeping(record.getMessage()):
+            return False
         if record.exc_info and isinstance(record.exc_info[1], GymError):
             exc = record.exc_info[1]
             record.gym_error = f"{type(exc).__name__}: {exc}"
             record.exc_info = None
             record.exc_text = None
         return True
+
+
+# The hook that records a cached result in the flow run (tasks/_common.recorded_when_cached) runs after
+# every task of its kind; Prefect logs each call. Kept: that it ran for a result served from cache.
+RECORD_HOOK = "record_cached_result"
+
+
+def _hook_bookkeeping(message: str) -> bool:
+    """Prefect's lines about the record hook that say nothing: it ran for a result computed here (where
+    it does nothing), or it finished."""
+    if f"'{RECORD_HOOK}'" not in message:
+        return False
+    return message.startswith(f"Hook '{RECORD_HOOK}' finished") or not message.endswith("state 'Cached'")
 
 
 @dataclass

@@ -21,11 +21,17 @@ from gym.eval.suite import BenchmarkEntry, BenchmarkOptions, check_benchmarks, p
 from gym.hashing import stamp
 from gym.models import ModelRef
 from gym.plots import category_bars
-from tasks._common import EVAL_TIMEOUT_S, gym_task
+from tasks._common import CACHED_TAG, EVAL_TIMEOUT_S, gym_task
 from tasks.tracking import artifact_key, cell, in_run, publish, stage_run, table
 
 
-@gym_task(name="exact-match", task_run_name="exact match {label}", gpu=True, timeout_seconds=EVAL_TIMEOUT_S)
+@gym_task(
+    name="exact-match",
+    task_run_name="exact match {label}",
+    gpu=True,
+    timeout_seconds=EVAL_TIMEOUT_S,
+    record=lambda result, **call: _record_exact_match(result, **call),
+)
 def exact_match(
     model: ModelRef,
     dataset: Any,
@@ -36,15 +42,49 @@ def exact_match(
     metrics: Sequence[str] = ("exact_match",),
     system: str | None = None,
 ) -> ExactMatch:
-    params = {"model": model.path, "dataset_digest": dataset.digest, "limit": limit, "metrics": list(metrics)}
+    params = _exact_match_params(model, dataset, limit, metrics)
     with stage_run(f"eval-{label}", params, parent_run_id, tracking_uri) as run_id:
         result = evaluate(model, Path(dataset.path), limit=limit, metrics=metrics, system=system)
         if run_id:
-            numbers = {**result.scores, "exact_match": result.exact_match, "n": result.n}
-            tracking.log_metrics(run_id, numbers, uri=tracking_uri)
-            if result.experiences:  # a TF-GRPO model: the library injected into every prompt
-                tags = {f"experiences_{k}": v for k, v in result.experiences.items()}
-                tracking.set_tags(run_id, tags, uri=tracking_uri)
+            _log_exact_match(run_id, result, tracking_uri)
+    _publish_exact_match(result, label)
+    return result
+
+
+def _exact_match_params(model: ModelRef, dataset: Any, limit: int | None, metrics: Sequence[str]) -> dict:
+    return {"model": model.path, "dataset_digest": dataset.digest, "limit": limit, "metrics": list(metrics)}
+
+
+def _log_exact_match(run_id: str, result: ExactMatch, uri: str | None, cached: bool = False) -> None:
+    numbers = {**result.scores, "exact_match": result.exact_match, "n": result.n}
+    tracking.log_metrics(run_id, numbers, uri=uri)
+    tags = {f"experiences_{k}": v for k, v in (result.experiences or {}).items()}  # a TF-GRPO model's library
+    if cached:
+        tags[CACHED_TAG] = "true"
+    if tags:
+        tracking.set_tags(run_id, tags, uri=uri)
+
+
+def _record_exact_match(
+    result: ExactMatch,
+    model: ModelRef,
+    dataset: Any,
+    label: str,
+    limit: int | None = None,
+    parent_run_id: str | None = None,
+    tracking_uri: str | None = None,
+    metrics: Sequence[str] = ("exact_match",),
+    **_: Any,
+) -> None:
+    """A score served from cache, recorded in this flow run as `exact_match` records the one it computes."""
+    params = _exact_match_params(model, dataset, limit, metrics)
+    with stage_run(f"eval-{label}", params, parent_run_id, tracking_uri) as run_id:
+        if run_id:
+            _log_exact_match(run_id, result, tracking_uri, cached=True)
+    _publish_exact_match(result, label)
+
+
+def _publish_exact_match(result: ExactMatch, label: str) -> None:
     samples = "\n".join(
         f"| {cell(s['prompt'])} | {cell(s['reference'])} | {cell(s['prediction'])} |"
         for s in result.samples[:5]
@@ -57,7 +97,6 @@ def exact_match(
         f"| prompt (end) | reference | prediction |\n|---|---|---|\n{samples}\n",
         f"Held-out exact match {label} training",
     )
-    return result
 
 
 @gym_task(name="check-benchmarks", cache_policy=NO_CACHE, persist_result=False)
@@ -84,6 +123,7 @@ def _data_identity(entry: str, options: BenchmarkOptions | None = None) -> Any:
 
 @gym_task(
     identity=lambda entry, options=None, **_: _data_identity(entry, options),
+    record=lambda result, **call: _record_benchmark(result, cached=True, **call),
     name="benchmark",
     task_run_name="{entry} {label}",
     gpu=True,
@@ -104,8 +144,24 @@ def benchmark_eval(
     `baseline` (e.g. the score before training) joins the bar chart as a second series.
     """
     result = run_benchmark(model, parse(entry), options)
+    _record_benchmark(result, model, entry, options, label, parent_run_id, tracking_uri, baseline)
+    return result
+
+
+def _record_benchmark(
+    result: EvalResult,
+    model: ModelRef,
+    entry: str,
+    options: BenchmarkOptions,
+    label: str,
+    parent_run_id: str | None = None,
+    tracking_uri: str | None = None,
+    baseline: EvalResult | None = None,
+    cached: bool = False,
+) -> None:
+    """The score's nested MLflow run and its Prefect table artifact (again for a score served from cache)."""
     if parent_run_id:
-        _track(result, entry, options, label, model, parent_run_id, tracking_uri, baseline)
+        _track(result, entry, options, label, model, parent_run_id, tracking_uri, baseline, cached)
     if in_run():  # not under `task.fn()`
         headline = f"{result.metric} {result.overall:.4f} over {result.n_questions} questions"
         create_table_artifact(
@@ -113,7 +169,6 @@ def benchmark_eval(
             table=[{"label": label, **row} for row in result.rows()],
             description=f"{result.benchmark} {label} ({model.name}): {headline}",
         )
-    return result
 
 
 def _track(
@@ -125,12 +180,15 @@ def _track(
     parent: str,
     uri: str | None,
     baseline: EvalResult | None,
+    cached: bool = False,
 ) -> None:
     params = {"benchmark": entry, "model": model.name, "model_digest": model.digest, **options.model_dump()}
     if options.shots is None and result.shots is not None:  # the default it ran with, not "None"
         params["shots"] = result.shots
     with stage_run(f"{parse(entry).label}-{label}", params, parent, uri) as run_id:
         if run_id:
+            if cached:
+                tracking.set_tags(run_id, {CACHED_TAG: "true"}, uri=uri)
             _log(run_id, result, label, uri, baseline)
             if result.experiences:  # a TF-GRPO model: the library injected into every prompt
                 tags = {f"experiences_{k}": v for k, v in result.experiences.items()}

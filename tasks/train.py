@@ -16,7 +16,7 @@ from gym.rewards.base import code_identity
 from gym.rewards.base import identity as reward_identity
 from gym.train import TrainConfig, TrainResult, rl_common, run
 from gym.train.rl_config import ONLINE_METHODS
-from tasks._common import gym_task
+from tasks._common import CACHED_TAG, gym_task
 from tasks.tracking import fmt, link, publish, run_logs, stage_run, table
 
 # Held-out numbers the stage's artifact shows (the Trainer reports many more; MLflow has them all).
@@ -32,7 +32,13 @@ def _rewards(config: TrainConfig, **_: Any) -> Any:
     return {"rewards": rewards, "environment": code_identity(environment)} if environment else rewards
 
 
-@gym_task(name="train", task_run_name="train {config.method}", gpu=True, identity=_rewards)
+@gym_task(
+    name="train",
+    task_run_name="train {config.method}",
+    gpu=True,
+    identity=_rewards,
+    record=lambda output, **call: _record_cached(output[0], **call),
+)
 def train_stage(
     config: TrainConfig,
     model: ModelRef,
@@ -43,30 +49,60 @@ def train_stage(
 ) -> tuple[TrainResult, ModelRef]:
     """Train; log params, the loss curve, eval metrics (curves for those during training) and a loss plot
     in a run under the flow's run."""
+    given = _given(config, model, train_data)
+    with stage_run(config.method, given, parent_run_id, tracking_uri) as run_id, run_logs():
+        result = run(config, model, Path(train_data.path), Path(eval_data.path) if eval_data else None)
+        if run_id:
+            _track(config, result, given, run_id, tracking_uri)
+    _publish(config, result, run_id, tracking_uri)
+    return result, derived(model, Path(result.model_dir), result.digest)
+
+
+def _given(config: TrainConfig, model: ModelRef, train_data: Any) -> dict[str, str]:
+    """The stage run's params as the user gave them. What the user left unset is logged once training
+    has made it concrete (the model's and the method's defaults, gym's choices): a param once logged
+    can't change, and "None" was all it said."""
     params = {
         **config.model_dump(),
         "base_model": model.base_model,
         "start_model": model.path,
         "dataset_digest": train_data.digest,
     }
-    # What the user left unset is logged once training has made it concrete (the model's and the
-    # method's defaults, gym's choices): a param once logged can't change, and "None" was all it said.
-    given = {k: v for k, v in tracking.redact(params).items() if v != "None"}
-    with stage_run(config.method, given, parent_run_id, tracking_uri) as run_id, run_logs():
-        result = run(config, model, Path(train_data.path), Path(eval_data.path) if eval_data else None)
+    return {k: v for k, v in tracking.redact(params).items() if v != "None"}
+
+
+def _record_cached(
+    result: TrainResult,
+    config: TrainConfig,
+    model: ModelRef,
+    train_data: Any,
+    parent_run_id: str | None = None,
+    tracking_uri: str | None = None,
+    **_: Any,
+) -> None:
+    """A stage served from cache, recorded in this flow run as `train_stage` records the one it trains."""
+    given = _given(config, model, train_data)
+    with stage_run(config.method, given, parent_run_id, tracking_uri) as run_id:
         if run_id:
-            concrete = tracking.redact(result.hyperparameters)
-            later = {k: v for k, v in concrete.items() if k not in given}
-            tracking.log_params(run_id, later, uri=tracking_uri)
-            _track(config, result, run_id, tracking_uri)
+            _track(config, result, given, run_id, tracking_uri, cached=True)
     _publish(config, result, run_id, tracking_uri)
-    return result, derived(model, Path(result.model_dir), result.digest)
 
 
-def _track(config: TrainConfig, result: TrainResult, run_id: str, uri: str | None) -> None:
+def _track(
+    config: TrainConfig,
+    result: TrainResult,
+    given: dict[str, str],
+    run_id: str,
+    uri: str | None,
+    cached: bool = False,
+) -> None:
+    concrete = tracking.redact(result.hyperparameters)
+    tracking.log_params(run_id, {k: v for k, v in concrete.items() if k not in given}, uri=uri)
     # The choices gym made itself (QLoRA bit width, reference mode...) as tags: visible beside the params.
-    choices = {f"gym.{k}": v for k, v in result.choices.items()}
-    tracking.set_tags(run_id, {"gym.stage_digest": result.digest, **choices}, uri=uri)
+    tags = {"gym.stage_digest": result.digest, **{f"gym.{k}": v for k, v in result.choices.items()}}
+    if cached:
+        tags[CACHED_TAG] = "true"
+    tracking.set_tags(run_id, tags, uri=uri)
     tracking.log_curve(run_id, "train_loss", result.losses, uri=uri)
     for key, points in result.evals.items():  # held-out metrics at each evaluation during training
         tracking.log_curve(run_id, key, points, uri=uri)
