@@ -36,7 +36,7 @@ from tasks.evaluate import benchmark_eval, check_benchmarks_task, exact_match
 from tasks.model import resolve_model
 from tasks.preflight import check_inputs
 from tasks.register import record_version_scores
-from tasks.tracking import end_failed_tracking, finish_tracking, start_tracking
+from tasks.tracking import end_cancelled_tracking, end_failed_tracking, finish_tracking, start_tracking
 
 
 class EvalOutput(BaseModel):
@@ -78,6 +78,7 @@ class EvaluateConfig(BaseModel):
         AUTO,
         description="Held-out instruction data for generation metrics (None to skip); auto: demo_sft_eval "
         "for gym-tiny and models trained from it (the demo's model), none for other models.",
+        json_schema_extra=NO_LOGIN_SCHEMA,
     )
     eval_limit: int | None = Field(None, description="Only the first N held-out records.")
     eval_metrics: list[str] = Field(
@@ -106,7 +107,11 @@ DEFAULTS = EvaluateConfig()
 
 # As the training flows: results persisted, a failed or crashed run closes its MLflow runs as FAILED.
 @flow(
-    name="evaluate", persist_result=True, on_failure=[end_failed_tracking], on_crashed=[end_failed_tracking]
+    name="evaluate",
+    persist_result=True,
+    on_failure=[end_failed_tracking],
+    on_crashed=[end_failed_tracking],
+    on_cancellation=[end_cancelled_tracking],
 )
 def evaluate(config: EvaluateConfig = DEFAULTS) -> dict[str, Any]:
     check_inputs(config)  # model, template, held-out data: fails in a second, before any model

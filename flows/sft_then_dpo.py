@@ -25,7 +25,7 @@ from tasks.model import resolve_model
 from tasks.preflight import check_inputs
 from tasks.promote import promote_model
 from tasks.register import export, register_model
-from tasks.tracking import end_failed_tracking, finish_tracking, start_tracking
+from tasks.tracking import end_cancelled_tracking, end_failed_tracking, finish_tracking, start_tracking
 from tasks.train import train_stage
 
 DEFAULTS = SftThenDpoConfig()
@@ -38,6 +38,7 @@ DEFAULTS = SftThenDpoConfig()
     persist_result=True,
     on_failure=[end_failed_tracking],
     on_crashed=[end_failed_tracking],
+    on_cancellation=[end_cancelled_tracking],
 )
 def sft_then_dpo(config: SftThenDpoConfig = DEFAULTS) -> dict[str, Any]:
     check_inputs(config)  # names, files, method/data pairing: fails in a second, before any model

@@ -54,7 +54,7 @@ from tasks.tfgrpo import (
     start_stage_tracking,
     summarize,
 )
-from tasks.tracking import end_failed_tracking, finish_tracking, start_tracking
+from tasks.tracking import end_cancelled_tracking, end_failed_tracking, finish_tracking, start_tracking
 
 DEFAULTS = TfGrpoFlowConfig()
 
@@ -119,6 +119,7 @@ def run_step(
     persist_result=True,
     on_failure=[end_failed_tracking],
     on_crashed=[end_failed_tracking],
+    on_cancellation=[end_cancelled_tracking],
 )
 def tf_grpo(config: TfGrpoFlowConfig = DEFAULTS) -> dict[str, Any]:
     check_inputs(config)  # model name (unless it lives behind an endpoint), template: in a second

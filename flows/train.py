@@ -25,7 +25,7 @@ from tasks.model import resolve_model
 from tasks.preflight import check_inputs
 from tasks.promote import promote_model
 from tasks.register import export, register_model
-from tasks.tracking import end_failed_tracking, finish_tracking, start_tracking
+from tasks.tracking import end_cancelled_tracking, end_failed_tracking, finish_tracking, start_tracking
 from tasks.train import train_stage
 
 DEFAULTS = TrainFlowConfig()
@@ -33,7 +33,13 @@ DEFAULTS = TrainFlowConfig()
 
 # Results persisted (a deployment run's result can be read; a retried run reuses finished tasks); a failed
 # or crashed run closes its MLflow runs as FAILED.
-@flow(name="train", persist_result=True, on_failure=[end_failed_tracking], on_crashed=[end_failed_tracking])
+@flow(
+    name="train",
+    persist_result=True,
+    on_failure=[end_failed_tracking],
+    on_crashed=[end_failed_tracking],
+    on_cancellation=[end_cancelled_tracking],
+)
 def train(config: TrainFlowConfig = DEFAULTS) -> dict[str, Any]:
     check_inputs(config)  # names, files, method/data pairing: fails in a second, before any model
     uri, run_label, method = config.output.tracking_uri, flow_run.get_id(), config.train.method

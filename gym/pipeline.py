@@ -43,7 +43,7 @@ def registry_choices(kind: str, other: str) -> Any:
         schema.pop("type", None)
         schema["anyOf"] = [
             {"type": "string", "enum": names, "title": "registry"},
-            {"type": "string", "title": other},
+            {"type": "string", "title": other, **NO_LOGIN_SCHEMA},  # a URL's login: not in a parameter
         ]
 
     return extra
@@ -113,6 +113,7 @@ class FlowConfig(BaseModel):
         AUTO,
         description="Held-out instruction data for exact match before/after (None to skip); auto: "
         "demo_sft_eval when training on a demo dataset, none on your own data, none for pt (raw text).",
+        json_schema_extra=NO_LOGIN_SCHEMA,
     )
     val_size: float = Field(
         0.0,
@@ -209,6 +210,7 @@ class SftThenDpoConfig(FlowConfig):
         AUTO,
         description="Held-out preference pairs for DPO reward accuracy (None to skip); auto: demo_dpo_eval "
         "when dpo_dataset is a demo dataset, none on your own data.",
+        json_schema_extra=NO_LOGIN_SCHEMA,
     )
     sft: TrainConfig = Field(default_factory=lambda: DEFAULT_SFT.model_copy(), description="SFT stage.")
     dpo: TrainConfig = Field(default_factory=lambda: DEFAULT_DPO.model_copy(), description="DPO stage.")
@@ -255,7 +257,9 @@ class TrainFlowConfig(FlowConfig):
         json_schema_extra=registry_choices("dataset", "file, folder or hub id"),
     )
     method_eval_dataset: str | None = Field(
-        None, description="Held-out data in the training format (e.g. preference pairs for DPO)."
+        None,
+        description="Held-out data in the training format (e.g. preference pairs for DPO).",
+        json_schema_extra=NO_LOGIN_SCHEMA,
     )
     train: TrainConfig = Field(default_factory=lambda: DEFAULT_SFT.model_copy(), description="The stage.")
     warm_start: WarmStart | None = Field(
@@ -331,17 +335,24 @@ class TfGrpoFlowConfig(TfGrpoSettings):
     """
 
     model: str = Field(
-        "gym-tiny", description="Model at the endpoint, or a registry name / checkpoint dir to run locally."
+        "gym-tiny",
+        description="Model at the endpoint, or a registry name / checkpoint dir to run locally.",
+        json_schema_extra=NO_LOGIN_SCHEMA,
     )
     template: str | None = Field(
         None, description="Chat template for a local model; default: the registry's."
     )
     trust_remote_code: bool = Field(False, description="Let transformers run the model repo's code (local).")
-    dataset: str = Field("demo_sft", description="Training questions: registry name or path (sft format).")
+    dataset: str = Field(
+        "demo_sft",
+        description="Training questions: registry name or path (sft format).",
+        json_schema_extra=registry_choices("dataset", "file, folder or hub id"),
+    )
     eval_dataset: str | None = Field(
         AUTO,
         description="Held-out questions for Mean@k / Pass@k before and after (None to skip); auto: "
         "demo_sft_eval when training on a demo dataset, none on your own questions.",
+        json_schema_extra=NO_LOGIN_SCHEMA,
     )
     benchmarks: list[str] = Field(
         [],

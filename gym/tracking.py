@@ -31,6 +31,10 @@ from gym.errors import GymError, chain, interrupted
 # offline-first and already turns Prefect's analytics off. Set before mlflow is first imported (only this
 # module imports it); MLFLOW_DISABLE_TELEMETRY=false in the environment turns it back on.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+# MLflow prints "View run ... at: <tracking URI>/#/..." each time a run ends: the URI as given, with the
+# login a server URI may carry (MLFLOW_TRACKING_URI=http://user:password@host), on the console and in a
+# worker's log, and one line per stage. gym's own links (its Prefect artifacts) leave the login out.
+os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 # MLflow retries a request to a tracking server 7 times, 2 s, 4 s ... 128 s apart: a server that stopped
 # was reported after about 4 minutes (and each later call waited as long again). gym's budget: 5 retries,
 # 0, 2, 4, 8 and 16 s apart (about 30 s, plus up to 1 s of jitter each): a server that restarts (`gym up`

@@ -177,10 +177,21 @@ def end_failed_tracking(flow: Any, flow_run: Any, state: Any) -> None:
     refused before the run's first task) it does nothing, and where the runs can't be ended (a tracking
     server that stopped answering, checked first so as not to wait out MLflow's retries) it logs one
     warning line."""
+    _end_tracking(flow, flow_run, "FAILED")
+
+
+def end_cancelled_tracking(flow: Any, flow_run: Any, state: Any) -> None:
+    """Flow hook (on_cancellation): end this flow run's open MLflow runs as KILLED, as MLflow marks a run
+    stopped from outside. A cancelled run's stage run ended FAILED in the process (the interrupt), but its
+    parent stayed RUNNING until the next flow run on the machine ended it (never, on another machine)."""
+    _end_tracking(flow, flow_run, "KILLED")
+
+
+def _end_tracking(flow: Any, flow_run: Any, status: str) -> None:
     from prefect.logging.loggers import flow_run_logger
 
     config = (flow_run.parameters or {}).get("config") or {}
     output = config.get("output") if isinstance(config, dict) else getattr(config, "output", None)
     uri = output.get("tracking_uri") if isinstance(output, dict) else getattr(output, "tracking_uri", None)
-    if note := tracking.end_failed_runs(FLOW_RUN_TAG, str(flow_run.id), "FAILED", uri=uri):
+    if note := tracking.end_failed_runs(FLOW_RUN_TAG, str(flow_run.id), status, uri=uri):
         flow_run_logger(flow_run, flow).warning(note)

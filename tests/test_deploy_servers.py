@@ -14,6 +14,7 @@ import re
 import shlex
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -270,3 +271,70 @@ def test_browser_finds_the_deployment_and_the_registered_model(
             browser.close()
     assert (tmp_path / "prefect-deployments.png").stat().st_size > 10_000
     assert (tmp_path / "mlflow-models.png").stat().st_size > 10_000
+
+
+def test_a_cancelled_run_ends_its_mlflow_runs_and_keeps_its_checkpoints(
+    runs: dict[str, str], deployed: Stack
+):
+    """Cancelled from the UI (here `prefect flow-run cancel`) while training: the process stops, the
+    checkpoints stay for a retry to resume from, and the flow run's MLflow runs end KILLED. The parent
+    run stayed RUNNING until the next flow run on the machine ended it (never, on another machine)."""
+    import contextlib
+    import os
+    import signal
+    import subprocess
+
+    config = {
+        "train": {"method": "sft", "max_steps": 20000, "save_steps": 20},
+        "eval_limit": 2,
+        "output": {"register_as": "cancelled-sft"},
+    }
+    models = deployed.home / "models"
+    before = set(models.glob("*/checkpoints/checkpoint-*"))  # the earlier runs' stages left theirs
+    run_id = trigger(deployed, "train/train", config)
+    worker = subprocess.Popen(
+        ["bash", "-c", f'eval "$(gym status --env)" && {README_WORKER}'],
+        cwd=REPO,
+        env=deployed.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    mlflow = deployed.mlflow_client()
+
+    def parent() -> Any:
+        found = mlflow.search_runs(
+            [e.experiment_id for e in mlflow.search_experiments()],
+            filter_string=f"tags.prefect_flow_run_id = '{run_id}'",
+        )
+        return next((r for r in found if "mlflow.parentRunId" not in r.data.tags), None)
+
+    def stages(run: Any) -> list[Any]:
+        where = f"tags.mlflow.parentRunId = '{run.info.run_id}'"
+        return mlflow.search_runs([run.info.experiment_id], filter_string=where)
+
+    def training() -> bool:
+        run = parent()
+        sft = [r for r in stages(run) if r.data.tags["mlflow.runName"] == "sft"] if run else []
+        new = set(models.glob("*/checkpoints/checkpoint-*")) - before
+        return bool(sft and sft[0].info.status == "RUNNING" and new)
+
+    try:
+        assert wait_for(training, timeout=300), "training never started"
+        deployed.sh(f'eval "$(gym status --env)" && prefect flow-run cancel {run_id}')
+        with deployed.client() as client:
+            state = wait_for(
+                lambda: (s := client.read_flow_run(run_id).state) is not None and s.is_cancelled() and s,
+                timeout=120,
+            )
+        assert state, "the flow run never ended Cancelled"
+        run = parent()
+        assert wait_for(lambda: mlflow.get_run(run.info.run_id).info.status == "KILLED", timeout=60), (
+            mlflow.get_run(run.info.run_id).info.status
+        )
+        assert all(r.info.status != "RUNNING" for r in stages(run)), [r.info.status for r in stages(run)]
+        assert set(models.glob("*/checkpoints/checkpoint-*")) - before, "a retry resumes from them"
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(timeout=30)

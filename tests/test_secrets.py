@@ -228,3 +228,36 @@ def test_a_login_in_a_dataset_or_model_value_is_not_quoted_back(capsys, gym_home
         assert "https://***@example.com/x.jsonl" in err and key not in err, err
     error = ConfigError(f"dataset http://h/d.jsonl?token={key}: missing")
     assert key not in str(error) and "token=***" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("flow_path", "config"),
+    [
+        ("flows.train:train", {"dataset": "https://bob:hunter2@example.com/data.jsonl"}),
+        ("flows.train:train", {"model": "https://bob:hunter2@example.com/model"}),
+        ("flows.train:train", {"method_eval_dataset": "http://h/d.jsonl?token=hunter2"}),
+        ("flows.train:train", {"warm_start": {"dataset": "https://bob:hunter2@h/warm.jsonl"}}),
+        ("flows.sft_then_dpo:sft_then_dpo", {"dpo_dataset": "https://bob:hunter2@h/pairs.jsonl"}),
+        ("flows.sft_then_dpo:sft_then_dpo", {"dpo_eval_dataset": "https://bob:hunter2@h/pairs.jsonl"}),
+        ("flows.evaluate:evaluate", {"model": "https://bob:hunter2@h/model"}),
+        ("flows.evaluate:evaluate", {"eval_dataset": "https://bob:hunter2@h/eval.jsonl"}),
+        ("flows.tf_grpo:tf_grpo", {"model": "https://bob:hunter2@h/model"}),
+        ("flows.tf_grpo:tf_grpo", {"dataset": "https://bob:hunter2@h/q.jsonl"}),
+    ],
+)
+def test_the_deployment_schema_refuses_a_login_in_a_model_or_dataset(flow_path, config):
+    """A login in `dataset` or `model` was accepted by Prefect's server and stored with the run's
+    parameters (shown in the UI) before gym said the file doesn't exist; the schema now refuses it, as it
+    refuses one in tracking_uri. Names, paths, hub ids and models:/ URIs still pass."""
+    import importlib
+
+    from prefect.utilities.schema_tools.validation import validate
+
+    module, name = flow_path.split(":")
+    schema = getattr(importlib.import_module(module), name).parameters.model_dump()
+    assert validate({"config": config}, schema), f"{config} passed"
+    field = next(iter(config))
+    fine: object = "org/some-dataset" if "dataset" in field else "models:/gym-tiny-sft@champion"
+    if field == "warm_start":
+        fine = {"dataset": "./warm.jsonl"}
+    assert not validate({"config": {field: fine}}, schema), f"{fine} refused"

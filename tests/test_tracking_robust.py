@@ -148,7 +148,10 @@ def test_credentials_from_the_environment_work_and_stay_out_of_prefect(
     with mlflow_server(tmp_path / "mlflow") as (url, _):
         monkeypatch.setenv("MLFLOW_TRACKING_URI", with_login(url))
         assert main(train, TrainFlowConfig, [*SMALL_RUN, "--json"]) == 0
-        summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        out, err = capsys.readouterr()
+        summary = json.loads(out.strip().splitlines()[-1])
+        # MLflow printed "View run ... at: http://qa:<secret>@..." each time a run ended
+        assert SECRET not in out + err and "qa:" not in out + err
         name, version = summary["model_name"], summary["model_version"]
         assert MlflowClient(url, registry_uri=url).get_model_version(name, version).run_id
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gym.secrets import NO_LOGIN_SCHEMA
 from gym.train.config import TrainConfig
 
 # About 40 s on a quiet 2-core CPU: gym-tiny then answers in the requested form half of the time.
@@ -26,7 +27,9 @@ class WarmStart(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     dataset: str = Field(
-        "demo_format_sft", description="SFT dataset (registry name or path) of the warm start."
+        "demo_format_sft",
+        description="SFT dataset (registry name or path) of the warm start.",
+        json_schema_extra=NO_LOGIN_SCHEMA,
     )
     train: TrainConfig = Field(
         default_factory=lambda: DEFAULT_WARM_START.model_copy(), description="The warm-start SFT stage."
