@@ -293,3 +293,16 @@ def test_not_a_layout_names_the_save_to_disk_form(tmp_path):
     (root / "notes.txt").write_text("x")
     with pytest.raises(DataError, match=r"<subject>/test-\*\.parquet or <subject>/test/data-\*\.arrow"):
         load_benchmark("mmlu", root)
+
+
+def test_a_split_sharded_over_several_files_is_refused_not_read_in_part(tmp_path):
+    """Only one of a split's shards was read: the other questions were dropped without a word."""
+    import shutil
+
+    hub = tmp_path / "hub"
+    _parquet_layout(tmp_path, hub / "data")
+    subject = hub / "data" / "abstract_algebra"
+    shutil.copy(subject / "test-00000-of-00001.parquet", subject / "test-00001-of-00002.parquet")
+    with pytest.raises(DataError, match=r"'abstract_algebra': its test split is in several files") as e:
+        load_benchmark("mmlu", hub)
+    assert "join them into one" in str(e.value)

@@ -280,7 +280,15 @@ def _layout(
         for rel in tree.files:
             m = regex.fullmatch(rel)
             if m and m["split"] in spec.splits:
-                found.setdefault(m["prefix"], {})[(m["subject"], m["split"])] = rel
+                files = found.setdefault(m["prefix"], {})
+                key = (m["subject"], m["split"])
+                if key in files:  # a split sharded over several files: one of them was read, silently
+                    raise DataError(
+                        f"subject {key[0]!r}: its {key[1]} split is in several files ({files[key]}, {rel}); "
+                        "gym reads one file per split: join them into one (e.g. datasets' to_parquet)",
+                        file=tree.show(rel),
+                    )
+                files[key] = rel
         if found:
             prefix = max(found, key=lambda p: len(found[p]))  # the folder holding most of them
             files = found[prefix]
