@@ -25,6 +25,7 @@ from gym.errors import ConfigError
 from gym.train import completion_logits, signals
 from gym.train.common import trl_args
 from gym.train.config import TrainConfig, filled
+from gym.train.pair_metrics import pair_weighted
 from gym.train.pairs import ID_COLUMNS, drop_answerless, require_ids
 
 
@@ -41,7 +42,7 @@ def build_trainer(
 ) -> Any:
     from trl import DPOConfig, DPOTrainer
 
-    class _Pretokenized(completion_logits.trainer(DPOTrainer)):  # type: ignore[misc]
+    class _Pretokenized(completion_logits.trainer(pair_weighted(DPOTrainer))):  # type: ignore[misc]
         """DPOTrainer over data gym already tokenized with the model's chat template."""
 
         def _prepare_dataset(self, dataset: Any, processing_class: Any, args: Any, dataset_name: str) -> Any:

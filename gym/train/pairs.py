@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gym.errors import DataError
+from gym.train.pair_metrics import pair_weighted
 
 ID_COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids")
 IGNORE_INDEX = -100
@@ -107,7 +108,7 @@ def row_trainer(
 ) -> Any:
     """A TRL trainer that tokenizes row by row (ORPO, CPO), fed the ids gym already made instead."""
 
-    class Pretokenized(trainer_class):  # type: ignore[valid-type, misc]
+    class Pretokenized(pair_weighted(trainer_class)):  # type: ignore[misc]
         """The trainer over pairs gym already tokenized with the model's chat template."""
 
         def tokenize_row(self, feature: dict[str, Any], model: Any = None) -> dict[str, list[int]]:
