@@ -182,7 +182,15 @@ def _overrides(
             alias[stage] = s
     if stages:
         alias = merge(alias, cli_llamafactory.overrides(args, stages, **derived))
-    return merge(alias, overrides_from(args, config_cls))
+    result = merge(alias, overrides_from(args, config_cls))
+    ft = args.alias_finetuning_type
+    picked = result.get("train", {}).get("method") if isinstance(result.get("train"), dict) else None
+    if ft in METHODS and "train" in stages and picked not in (None, ft):  # one of them was dropped, silently
+        raise GymError(
+            f"--finetuning_type {ft} (a method, in the papers' form) and method {picked} (--method, "
+            "--train.method, --stage or --pref_loss) disagree: give one of them"
+        )
+    return result
 
 
 def _exports(config_cls: type[BaseModel]) -> bool:

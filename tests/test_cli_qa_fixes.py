@@ -53,6 +53,21 @@ def test_a_known_method_as_finetuning_type_still_disagrees_with_another_method()
         method_of(["--method", "kto", "--finetuning_type", "dpo"])
 
 
+@pytest.mark.parametrize("other", [["--method", "kto"], ["--train.method", "kto"]])
+def test_the_flow_script_refuses_a_method_as_finetuning_type_beside_another_method(other, capsys):
+    """`python flows/train.py --finetuning_type dpo --method kto` trained KTO, dropping the paper's form."""
+    from flows.train import train
+
+    assert runner.main(train, TrainFlowConfig, ["--finetuning_type", "dpo", *other]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --finetuning_type dpo (a method, in the papers' form) and method kto"), err
+    same = runner.parse_config(
+        TrainFlowConfig,
+        runner.build_parser(TrainFlowConfig).parse_args(["--finetuning_type", "dpo", "--method", "dpo"]),
+    )
+    assert same.train.method == "dpo"
+
+
 # 2. `lora_target: all` is a LoRA setting (every projection), as LLaMA-Factory's usual value.
 
 
