@@ -273,9 +273,14 @@ def check_adapters(config: Any) -> None:
     """LoRA target modules and freeze layers the user named, against the model's architecture (its config
     alone, no weights): a name it lacks failed in the train task, after the data work and the held-out
     evaluation had loaded the model."""
+    from gym.train.adapters import HEADED_METHODS, NOTHING_TO_FREEZE
     from gym.train.config import LORA_TYPES
 
     for field, stage in stages(config).items():
+        new_rows = getattr(config, "new_special_tokens", None)  # their embedding rows train under freeze
+        nothing = not (stage.freeze.layers or stage.freeze.extra_modules or new_rows)
+        if stage.finetuning_type == "freeze" and nothing and stage.method not in HEADED_METHODS:
+            raise ConfigError(f"{field}.{NOTHING_TO_FREEZE}")  # found in the train task, after the data work
         targets = stage.finetuning_type in LORA_TYPES and stage.lora.target_modules
         chosen = {"layers", "modules", "extra_modules"} & stage.freeze.model_fields_set
         layers = stage.finetuning_type == "freeze" and bool(chosen)

@@ -76,6 +76,19 @@ def test_freeze_that_trains_nothing_is_refused_before_any_model_loads(tmp_path):
     adapters.check(config.model_copy(update={"finetuning_type": "lora"}), model)  # freeze unused: a note
 
 
+def test_freeze_that_trains_nothing_is_refused_by_the_flows_preflight(gym_home):
+    """It was refused in the train task only, after ingesting, tokenizing and the held-out evaluation."""
+    from gym import preflight
+    from gym.pipeline import TrainFlowConfig
+
+    nothing = TrainConfig(method="sft", finetuning_type="freeze", freeze=FreezeSettings(layers=0))
+    with pytest.raises(errors.ConfigError, match=r"^train\.freeze trains nothing"):
+        preflight.check(TrainFlowConfig(train=nothing))
+    extra = nothing.model_copy(update={"freeze": FreezeSettings(layers=0, extra_modules=["norm"])})
+    preflight.check(TrainFlowConfig(train=extra))
+    preflight.check(TrainFlowConfig(train=nothing, new_special_tokens=["<tool>"]))
+
+
 # ---- finding 3: the closing line's tokens/s is the run's average, not the last interval's ---------------
 
 
