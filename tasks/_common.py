@@ -154,6 +154,7 @@ def gym_task(
     identity: Callable[..., Any] | None = None,
     gpu: bool = False,
     record: Callable[..., None] | None = None,
+    exclude: tuple[str, ...] = (),
     **kwargs: Any,
 ) -> Callable[..., Any]:
     """`@task` with gym's cache policy and persisted results (override any option by keyword).
@@ -163,8 +164,14 @@ def gym_task(
     `gpu`: the task puts a model on the accelerator (tagged `GPU_TAG` where the API limits it).
     `record(result, **arguments)`: what the task does with its result in this flow run (its MLflow run,
     its Prefect artifact), done again when the result is served from cache (`recorded_when_cached`).
+    `exclude`: arguments left out of the key as they are (`identity` keys the part of them that counts).
     """
     policy: CachePolicy = CACHE_POLICY
+    if exclude:
+        inputs = _INPUTS
+        for name in exclude:
+            inputs = inputs - name
+        policy = inputs + TASK_SOURCE + LIBRARY
     if identity is not None:
         policy = policy + CacheKeyFnPolicy(cache_key_fn=lambda _ctx, inputs: hash_obj(identity(**inputs)))
     options: dict[str, Any] = {

@@ -105,6 +105,17 @@ def check_benchmarks_task(entries: list[str], options: BenchmarkOptions) -> list
     return check_benchmarks(entries, options)
 
 
+def _options_key(entry: str, options: BenchmarkOptions | None) -> Any:
+    """The options a benchmark's score depends on: include_path (a folder of lm-eval task YAMLs) only
+    for lm-eval tasks; gym's own MMLU / C-Eval / CMMLU were scored again when it changed."""
+    if options is None:
+        return None
+    key = options.model_dump()
+    if parse(entry).engine != "lm-eval":
+        key.pop("include_path", None)
+    return key
+
+
 def _data_identity(entry: str, options: BenchmarkOptions | None = None) -> Any:
     """What a benchmark's result depends on that its name doesn't show: its local files (a zip's
     mapping.json beside it, whose names enter the prompts), and for an lm-eval task the folder of
@@ -122,7 +133,8 @@ def _data_identity(entry: str, options: BenchmarkOptions | None = None) -> Any:
 
 
 @gym_task(
-    identity=lambda entry, options=None, **_: _data_identity(entry, options),
+    identity=lambda entry, options=None, **_: [_data_identity(entry, options), _options_key(entry, options)],
+    exclude=("options",),
     record=lambda result, **call: _record_benchmark(result, cached=True, **call),
     name="benchmark",
     task_run_name="{entry} {label}",

@@ -87,3 +87,24 @@ def test_the_record_hooks_bookkeeping_lines_are_left_out_of_the_logs(message, sh
 
     record = logging.LogRecord("prefect.task_runs", logging.INFO, __file__, 1, message, None, None)
     assert UserErrorFilter().filter(record) is shown
+
+
+def test_a_setting_only_lm_eval_tasks_read_does_not_score_gyms_own_benchmarks_again(
+    gym_home, prefect_server, tmp_path
+):
+    from prefect import flow
+
+    from gym.eval.suite import BenchmarkOptions
+    from gym.models import resolve
+    from tasks.evaluate import benchmark_eval
+
+    model, entry = resolve("gym-tiny"), f"mmlu={write_benchmark('mmlu', tmp_path / 'mmlu')}"
+    base = BenchmarkOptions(limit=1, shots=0)
+
+    @flow
+    def scores(*options: BenchmarkOptions) -> list[str]:
+        return [benchmark_eval(model, entry, o, "x", return_state=True).name for o in options]
+
+    other_yamls = base.model_copy(update={"include_path": str(tmp_path)})
+    more = base.model_copy(update={"limit": 2})
+    assert scores(base, other_yamls, more) == ["Completed", "Cached", "Completed"]
