@@ -34,7 +34,7 @@ from gym.errors import ConfigError
 from gym.lineage import Lineage
 from gym.models import adapter_base, require_safetensors
 from gym.ollama import gguf_notes, modelfile
-from gym.templates import canonical_template, load_template, with_default_system
+from gym.templates import canonical_template, load_template, split_markers, with_default_system
 from gym.tfgrpo.injection import EXPERIENCE_FILE
 
 MARKER = "gym_model.json"
@@ -261,6 +261,15 @@ def _write(source: Source, out: Path, settings: ExportSettings, name: str) -> No
     )
     system = source.lineage.default_system
     if source.lineage.template:
+        # a template of another family (llama3's <|eot_id|> on a ChatML tokenizer) would ship a chat template
+        # the tokenizer can't encode and whose end of turn the model never stops on: refused, as for training
+        if split := split_markers(tokenizer, source.lineage.template):
+            raise ConfigError(
+                f"template {source.lineage.template!r} writes {', '.join(split)}, which the tokenizer of "
+                f"{source.name} does not have as single tokens: a model served from the export would never "
+                "stop on its end of turn. Leave out --template (the one it trained with), or give one its "
+                "tokenizer knows"
+            )
         tokenizer.chat_template = with_default_system(load_template(source.lineage.template), system)
     # an adapter trained on a RoPE-stretched base: the tokenizer takes what the stage's did
     stretch, max_length = rope.for_adapter(source.adapter) if source.adapter else ({}, None)

@@ -491,3 +491,14 @@ def test_a_model_folder_named_model_outside_its_stage_keeps_its_base_and_an_expo
     again = export_model(first, tmp_path / "again")
     assert json.loads((again / "gym_model.json").read_text())["method"] == "sft"
     assert "method not recorded" not in (again / "README.md").read_text()
+
+
+def test_a_template_the_tokenizer_cannot_encode_is_refused_and_nothing_is_written(gym_home, tmp_path):
+    """`gym export --template llama3` on gym-tiny shipped Llama 3's chat template with a ChatML tokenizer
+    (eos <|im_end|>): a model served from it never stops on <|eot_id|>. `gym data` refused the same."""
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError, match=r"template 'llama3' writes <\|end_header_id\|>, <\|eot_id\|>"):
+        export_model("gym-tiny", out, template="llama3")
+    assert not out.exists()
+    export_model("gym-tiny", out, template="chatml")
+    assert "<|im_start|>" in (out / "chat_template.jinja").read_text()

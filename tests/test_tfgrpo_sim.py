@@ -88,3 +88,20 @@ def test_cli_simulate_json_and_sigkill_resume(tmp_path):
         names = sorted(p.relative_to(a) for p in a.glob("steps/*/manifest.json"))
         assert names and all((a / n).read_bytes() == (b / n).read_bytes() for n in names)
     assert out.startswith("held-out Mean@4 before and after each epoch: ")
+
+
+def test_simulate_cleans_its_temporary_folder_and_refuses_a_run_dir_that_is_a_file(tmp_path, monkeypatch):
+    """It left a ~7 MB /tmp/gym-tfgrpo-sim-* behind on every run; `--run-dir FILE` was a traceback."""
+    import tempfile
+
+    import pytest
+
+    from gym.errors import ConfigError
+    from gym.tfgrpo.sim import simulate
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where mkdtemp and TemporaryDirectory go
+    report = simulate(seed=0)
+    assert report.library_size > 0 and list(tmp_path.iterdir()) == []
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(ConfigError, match=r"--run-dir .*a-file: not a folder"):
+        simulate(seed=0, root=tmp_path / "a-file")

@@ -133,3 +133,12 @@ def test_the_trainers_closing_line_averages_the_tokens_this_run_counted(monkeypa
     done = capsys.readouterr().err.splitlines()[-1]
     since = " since the resume" if resumed else ""
     assert done.endswith(", 300 tok/s" + since), done  # 30,000 tokens in 100 s, whatever came before
+
+
+def test_a_model_name_given_to_train_run_says_to_resolve_it_first(tmp_path):
+    """The Python API's `train.run(config, "gym-tiny", data)` raised AttributeError: 'str' object has no
+    attribute 'train_defaults'."""
+    with pytest.raises(
+        errors.ConfigError, match=r"model 'gym-tiny': pass the ModelRef that gym.models.resolve"
+    ):
+        gym_train.run(TrainConfig(method="sft", max_steps=1), "gym-tiny", tmp_path)  # type: ignore[arg-type]

@@ -34,6 +34,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from gym.errors import ConfigError
 from gym.tfgrpo.clients import Completion, LLMClient, Messages, Usage
 from gym.tfgrpo.config import TfGrpoSettings
 from gym.tfgrpo.data import Question, derive_seed
@@ -252,9 +253,19 @@ def default_settings(seed: int = 0) -> TfGrpoSettings:
 
 
 def simulate(seed: int = 0, root: Path | None = None) -> SimReport:
-    """The main run and both ablations; Mean@k of the held-out puzzles."""
+    """The main run and both ablations; Mean@k of the held-out puzzles, their run folders under `root`
+    (default: a temporary folder, removed afterwards)."""
+    if root is None:
+        with tempfile.TemporaryDirectory(prefix="gym-tfgrpo-sim-") as tmp:
+            return simulate(seed, Path(tmp))
+    root = Path(root).expanduser()
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"--run-dir {root}: not a folder; give a folder (made if missing) or leave it out")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--run-dir {root}: can't make the folder ({exc.strerror or exc})") from None
     start = time.perf_counter()
-    root = Path(root or tempfile.mkdtemp(prefix="gym-tfgrpo-sim-"))
     env = SimEnv(seed=seed)
     settings = default_settings(seed)
     main, _ = run_sim(settings, env, root / "main")

@@ -176,6 +176,10 @@ def run(
     eval_data: Path | None = None,
 ) -> TrainResult:
     """Train one stage, or return it finished (or resume it) from its content-addressed directory."""
+    if not isinstance(model, ModelRef):  # a name or path, from Python: an AttributeError deep inside
+        raise ConfigError(
+            f"model {model!r}: pass the ModelRef that gym.models.resolve({str(model)!r}) returns, not a name"
+        )
     if config.method == "tf_grpo":  # an experience library, no weights; reads ingested (untokenized) data
         return tf_grpo.run(config, model, Path(train_data), Path(eval_data) if eval_data else None)
     if config.method not in METHODS:
