@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import re
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,9 @@ def cmd_deploy(argv: Sequence[str]) -> int:
     if not args.push_to_hub:
         if not args.target:
             raise ConfigError("--target DIR is needed without --push_to_hub (where to write the bundle)")
+        if args.hf_token:  # the papers' form without --push_to_hub: nothing reads it (nor writes it anywhere)
+            note = "gym deploy: note: --hf_token is read with --push_to_hub only; nothing is pushed"
+            print(note, file=sys.stderr)
         plan = DeployPlan(model_repo=None, space_repo=None, private=args.private)
         out = build(args.model, Path(args.target), plan, args.space, args.base)
         print(

@@ -20,6 +20,7 @@ import contextlib
 import json
 import re
 import shutil
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -222,6 +223,9 @@ def export_model(
     settings = settings or ExportSettings()
     check_output_dir(Path(output_dir))  # a folder that can't be written is said before anything loads
     source = locate(str(model), base, template)
+    if base is not None and source.adapter is None:  # only an adapter has a base to merge into
+        note = f"note: --base {base} is not read: {model} is a full model, not an adapter"
+        print(note, file=sys.stderr)
     if lineage is not None:
         source.lineage = lineage
     if template is not None:

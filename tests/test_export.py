@@ -502,3 +502,8 @@ def test_a_template_the_tokenizer_cannot_encode_is_refused_and_nothing_is_writte
     assert not out.exists()
     export_model("gym-tiny", out, template="chatml")
     assert "<|im_start|>" in (out / "chat_template.jinja").read_text()
+
+
+def test_a_base_given_for_a_full_model_gets_a_note(gym_home, tmp_path, capsys):
+    export_model("gym-tiny", tmp_path / "out", base="qwen3-8b")
+    assert "note: --base qwen3-8b is not read: gym-tiny is a full model" in capsys.readouterr().err

@@ -135,6 +135,12 @@ def test_pushing_needs_a_token_and_the_network_and_never_shows_the_token(gym_hom
     missing = str(gym_home / "output" / "qwen3-lora")
     assert main(["deploy", "--model", missing, "--hf_token", secret, "--push_to_hub"]) == 2
     assert f"unknown model {missing!r}" in capsys.readouterr().err
+    # A token without --push_to_hub: the bundle is written, a note says the token went unused.
+    target = gym_home / "bundle"
+    assert main(["deploy", "--model", "gym-tiny", "--target", str(target), "--hf_token", secret]) == 0
+    captured = capsys.readouterr()
+    assert "note: --hf_token is read with --push_to_hub only" in captured.err
+    assert secret not in captured.err + captured.out and (target / "model").is_dir()
 
 
 def test_export_and_deploy_refuse_each_others_folders_saying_whose_they_are(model, tmp_path, capsys):
