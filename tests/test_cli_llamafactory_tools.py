@@ -71,7 +71,7 @@ def test_a_merge_yaml_exports_the_adapter_merged_into_its_base(adapter, tmp_path
 ### model
 model_name_or_path: gym-tiny
 adapter_name_or_path: {folder}
-template: llama3
+template: qwen
 finetuning_type: lora
 trust_remote_code: true
 
@@ -98,7 +98,7 @@ export_legacy_format: false
     merged = AutoModelForCausalLM.from_pretrained(out)
     assert torch.allclose(logits(merged), adapted, atol=1e-5)
     assert not torch.allclose(logits(merged), base, atol=1e-3)
-    assert AutoTokenizer.from_pretrained(out).chat_template == load_template("llama3")
+    assert AutoTokenizer.from_pretrained(out).chat_template == load_template("qwen2.5")
 
     # Flags after the file win over it: LLaMA-Factory's names, `name=value` and gym's own flags.
     assert main(["export", merge, "--export_dir", str(tmp_path / "again"), "export_size=1"]) == 0
@@ -223,7 +223,7 @@ def test_retraining_an_adapter_replaces_its_stale_merge_and_keeps_other_merges(a
 
     folder, _, _ = adapter
     first = merge_adapter(str(folder), None, None, out=io.StringIO())
-    other_template = merge_adapter(str(folder), None, "llama3", out=io.StringIO())
+    other_template = merge_adapter(str(folder), None, "qwen3", out=io.StringIO())
     _, retrained, _ = lora_adapter(folder)  # the same folder, trained again: new weights
     notes = io.StringIO()
     second = merge_adapter(str(folder), None, None, out=notes)

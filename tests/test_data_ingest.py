@@ -149,7 +149,7 @@ def test_content_addressing(tmp_path: Path):
     moved.write_text(moved.read_text(encoding="utf-8").replace('"5"', '"five"'), encoding="utf-8")
     assert ingest(resolve_dataset(moved)).digest != first.digest
     spec = resolve_dataset(DATA / "alpaca.jsonl")
-    for change in ({"num_samples": 1}, {"columns": {"output": "answer2"}}):
+    for change in ({"num_samples": 1}, {"columns": {"output": "instruction", "instruction": "output"}}):
         assert ingest(spec.model_copy(update=change)).digest != first.digest, change
 
 

@@ -368,3 +368,34 @@ def test_gym_data_takes_dataset_dir_as_gym_train_does(tmp_path: Path, monkeypatc
     assert json.loads(capsys.readouterr().out)[0]["messages"][1] == assistant("5")
     with pytest.raises(ConfigError, match="--dataset_dir 'nowhere': no such folder"):
         cmd_data(["mine", "--dataset_dir", "nowhere"])
+
+
+def test_a_column_the_file_lacks_is_not_read_from_the_files_default_column(tmp_path: Path) -> None:
+    """A mistyped `"prompt": "quest"` trained on the file's `instruction` ("IGNORE ME"), a `system` mapped to
+    a missing column read the file's `system`, `chosen`/`rejected` mapped to missing ones read the defaults:
+    LLaMA-Factory reads the mapped columns only. A required one is said missing, by the name mapped."""
+    qa = [{"question": "Q?", "answer": "A", "instruction": "IGNORE ME", "output": "WRONG", "system": "S"}]
+    pairs = [{"prompt": "P", "chosen": "c", "rejected": "r"}]
+    lf_data(
+        tmp_path / "data",
+        {
+            "typo": {"file_name": "qa.json", "columns": {"prompt": "quest", "response": "answer"}},
+            "right": {"file_name": "qa.json", "columns": {"prompt": "question", "response": "answer"}},
+            "sys_missing": {
+                "file_name": "qa.json",
+                "columns": {"prompt": "question", "response": "answer", "system": "sys_prompt"},
+            },
+            "pairs_missing": {
+                "file_name": "p.json",
+                "ranking": True,
+                "columns": {"prompt": "prompt", "chosen": "better", "rejected": "worse"},
+            },
+        },
+        {"qa.json": qa, "p.json": pairs},
+    )
+    with pytest.raises(DataError, match=r"qa\.json, record 1, field 'quest': missing"):
+        records("typo")
+    assert records("right")[0]["messages"] == [user("Q?"), assistant("A")]
+    assert records("sys_missing")[0]["messages"] == [user("Q?"), assistant("A")]  # not the file's `system`
+    with pytest.raises(DataError, match=r"p\.json, record 1, field 'better': missing"):
+        records("pairs_missing")

@@ -135,18 +135,20 @@ class Where:
 
 def apply_columns(record: dict[str, Any], columns: dict[str, str]) -> dict[str, Any]:
     """Rename source columns to canonical names: `columns` maps canonical -> source; an empty source
-    leaves the canonical field unread (LLaMA-Factory reads `system` and `history` only when named)."""
+    leaves the canonical field unread (LLaMA-Factory reads `system` and `history` only when named), and
+    so does a source the record lacks: the record's own field of the canonical name is not read in its
+    place (a mistyped `"prompt": "quest"` trained on the file's `instruction`), so a required field is
+    said missing, naming the mapping."""
     if not columns:
         return record
     out = dict(record)
+    renamed = {name: record[source] for name, source in columns.items() if source and source in record}
     for canonical, source in columns.items():
-        if not source:
-            if canonical not in columns.values():
-                out.pop(canonical, None)
-        elif source in record:
+        if source and source in record:
             out.pop(source, None)
-            out[canonical] = record[source]
-    return out
+        elif canonical not in columns.values() and canonical != source:
+            out.pop(canonical, None)
+    return out | renamed  # after every source left: a swap (a <- b, b <- a) keeps both
 
 
 # LLaMA-Factory's tags (how a conversation spells message keys and roles) and their defaults there.
