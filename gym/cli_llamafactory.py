@@ -332,6 +332,19 @@ def overrides(
     for name in REFUSED.keys() & values.keys():
         if str(values[name]).lower() not in ("false", "none", "null"):  # `fp16: false` asks for nothing
             raise ConfigError(f"{name}: {REFUSED[name]}")
+    if str(values.get("do_train", True)).lower() == "false":  # an evaluation-only config: it trained
+        raise ConfigError(
+            "do_train: false: gym train always trains; to score a model without training it, use gym eval "
+            "(benchmarks) or python flows/evaluate.py (benchmarks and held-out data)"
+        )
+    output_dir = getattr(args, "alias_output_dir", None)
+    if str(values.get("overwrite_output_dir", True)).lower() == "false" and output_dir:
+        folder = Path(output_dir).expanduser()
+        if folder.is_dir() and any(folder.iterdir()):  # as LLaMA-Factory (transformers) refuses it
+            raise ConfigError(
+                f"overwrite_output_dir: false, and output_dir {output_dir} holds files: pick another "
+                "output_dir, or set overwrite_output_dir true (gym replaces only a folder it wrote)"
+            )
     if str(values.get("reward_model_type", "full")) != "full":
         raise ConfigError(
             f"reward_model_type {values['reward_model_type']}: gym scores with a reward model of full "

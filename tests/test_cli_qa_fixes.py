@@ -225,3 +225,25 @@ def test_gym_train_takes_its_method_choosing_flags_in_full_only(capsys):
         cmd_train(["--meth", "dpo"])
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("error: unrecognized arguments: --meth"), last
+
+
+def test_do_train_false_and_overwrite_output_dir_false_are_honoured_not_passed_over(tmp_path):
+    """`do_train: false` trained and registered a model; `overwrite_output_dir: false` replaced the folder:
+    both false values were taken for "not given" (only true ones got their note)."""
+    base = "stage: sft\ndo_train: {train}\nfinetuning_type: lora\ndataset: d\nmax_steps: 1\n"
+    path = tmp_path / "eval_only.yaml"
+    path.write_text(base.format(train="false"))
+    with pytest.raises(ConfigError, match=r"^do_train: false: gym train always trains; .*gym eval"):
+        config_of([str(path)])
+    path.write_text(base.format(train="true"))
+    assert config_of([str(path)])["train"]["method"] == "sft"
+
+    out = tmp_path / "saves"
+    out.mkdir()
+    (out / "model.safetensors").write_text("x")
+    path.write_text(base.format(train="true") + f"output_dir: {out}\noverwrite_output_dir: false\n")
+    with pytest.raises(ConfigError, match=r"overwrite_output_dir: false, and output_dir .*saves holds files"):
+        config_of([str(path)])
+    empty = tmp_path / "fresh"
+    path.write_text(base.format(train="true") + f"output_dir: {empty}\noverwrite_output_dir: false\n")
+    assert config_of([str(path)])["output"]["output_dir"] == str(empty)
