@@ -259,8 +259,10 @@ def main(
     progress.console_defaults(verbose=any(ns.verbose for ns in sources))
     try:
         config = parse_config(config_cls, args, under)
+        stages = stage_fields(config_cls)
+        types = [t for ns in reversed(sources) if (t := _finetuning_type(config_cls, ns, stages))]
         for ns in sources:
-            for note in cli_llamafactory.notes(ns):
+            for note in cli_llamafactory.notes(ns, types[0] if types else None):
                 print(f"note: {note}", file=sys.stderr)
         with cli_llamafactory.data_dir(sources):
             preflight.check(config)  # before Prefect starts: a mistake is reported in about a second

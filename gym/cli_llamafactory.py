@@ -208,6 +208,28 @@ NOT_NEEDED = {
     "trainable_params, MLflow)",
     "ignore_pad_token_for_loss": "gym never trains on padding (its labels are ignored there)",
 }
+# The settings of optimizers and model conversions gym has not (REFUSED below, when switched on), which
+# LLaMA-Factory reads only with their switch: the switch -> (what it is, its settings).
+SWITCHED = {
+    "use_galore": (
+        "GaLore optimizer",
+        ("target", "rank", "update_interval", "scale", "proj_type", "layerwise"),
+    ),
+    "use_apollo": (
+        "APOLLO optimizer",
+        ("target", "rank", "update_interval", "scale", "proj", "proj_type", "scale_type", "layerwise"),
+    ),
+    "use_badam": (
+        "BAdam optimizer",
+        ("mode", "start_block", "switch_mode", "switch_interval", "update_ratio", "mask_mode", "verbose"),
+    ),
+}
+NOT_NEEDED |= {
+    f"{switch.removeprefix('use_')}_{setting}": f"read only with {switch} (the {what}), which gym has not: "
+    "ignored"
+    for switch, (what, settings) in SWITCHED.items()
+    for setting in settings
+}
 # Names whose `false` still gets the note (LLaMA-Factory's default for them is true)
 NOTED_WHEN_FALSE = {"enable_thinking"}
 LORA_NAMES = {n for n, (path, _) in STAGE.items() if path.startswith("lora.")} | {"pissa_init"}
@@ -216,12 +238,17 @@ REFUSED = {
     "hf_hub_token": "gym reads a hub token from $HF_TOKEN only, never from settings (Prefect and MLflow "
     "store those): remove it from the file and `export HF_TOKEN=...`",
     "cache_dir": "set $HF_HOME (the hub's cache folder) instead",
+    "model_revision": "gym loads the revision a model's registry entry pins (`revision` in "
+    "registry/models.json; `main` for a hub id it has no entry for): add an entry for the model with that "
+    "revision, or remove model_revision",
     "fp16": "gym trains in bf16 mixed precision on a GPU with bfloat16 (Ampere or newer: by default, or "
     "`bf16: true`), else in fp32; it has no fp16 loss scaling",
     "deepspeed": "gym does not run DeepSpeed ZeRO yet: it trains on several GPUs with DDP "
     "(--train.distributed.num_processes, default: every visible GPU). Drop the setting, or make the model "
     "fit each GPU with --finetuning_type lora or qlora",
 }
+# The values of a REFUSED setting that ask for what gym does anyway (as `fp16: false` or null do for any)
+ASKS_NOTHING = {"model_revision": ("main",)}
 REFUSED |= {  # transformers' TrainingArguments names for FSDP, as LLaMA-Factory's files may carry them
     name: REFUSED["deepspeed"].replace("DeepSpeed ZeRO", "FSDP (sharded weights)")
     for name in ("fsdp", "fsdp_config")
@@ -242,9 +269,7 @@ REFUSED |= {
     **{
         name: f"gym has no {what}: train fewer weights with --finetuning_type lora, freeze or qlora instead"
         for name, what in {
-            "use_galore": "GaLore optimizer",
-            "use_apollo": "APOLLO optimizer",
-            "use_badam": "BAdam optimizer",
+            **{switch: what for switch, (what, _) in SWITCHED.items()},
             "use_adam_mini": "Adam-mini optimizer",
             "use_muon": "Muon optimizer",
             "use_llama_pro": "LLaMA Pro block expansion",
@@ -330,7 +355,7 @@ def overrides(
     if str(values.get("quantization_method", "bnb")).lower() in ("bnb", "bitsandbytes"):
         values.pop("quantization_method", None)  # what gym does
     for name in REFUSED.keys() & values.keys():
-        if str(values[name]).lower() not in ("false", "none", "null"):  # `fp16: false` asks for nothing
+        if str(values[name]).lower() not in ("false", "none", "null", *ASKS_NOTHING.get(name, ())):
             raise ConfigError(f"{name}: {REFUSED[name]}")
     if str(values.get("do_train", True)).lower() == "false":  # an evaluation-only config: it trained
         raise ConfigError(
@@ -403,14 +428,23 @@ def _longlora(values: dict[str, Any], finetuning_type: str | None) -> dict[str, 
     return {"shift_attention": shift, "trainable_modules": extra}
 
 
-def notes(args: argparse.Namespace) -> list[str]:
-    """One line per LLaMA-Factory setting given that gym needs no value for, saying why."""
+def notes(args: argparse.Namespace, finetuning_type: str | None = None) -> list[str]:
+    """One line per LLaMA-Factory setting given that gym needs no value for, saying why, and one for the
+    LoRA settings a run that trains the weights themselves (`finetuning_type` full or freeze) doesn't read."""
     unset = (None, "none", "null", "false")  # `resume_from_checkpoint: null` in a YAML asks for nothing
-    return [
+    values = given(args)
+    lines = [
         f"{name}: {NOT_NEEDED[name]}"
-        for name, value in given(args).items()
+        for name, value in values.items()
         if name in NOT_NEEDED and (str(value).lower() not in unset or name in NOTED_WHEN_FALSE)
     ]
+    lora = sorted(name for name in LORA_NAMES & values.keys() if str(values[name]).lower() not in unset)
+    if finetuning_type in ("full", "freeze") and lora:
+        lines.append(
+            f"{', '.join(lora)}: LoRA adapter settings; finetuning_type {finetuning_type} trains the model's "
+            "own weights and doesn't read them"
+        )
+    return lines
 
 
 def _put(tree: dict[str, Any], path: str, value: Any) -> None:

@@ -34,6 +34,8 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from gym.cli_llamafactory import ASKS_NOTHING
+from gym.cli_llamafactory import REFUSED as TRAIN_REFUSED
 from gym.cli_options import (
     CONFIG_SUFFIXES,
     SEP,
@@ -80,6 +82,9 @@ MODEL: dict[str, Parse] = {  # every command
     "infer_dtype": choice("auto", "float16", "bfloat16", "float32"),
     "flash_attn": str,
     "quantization_bit": int,
+    "hf_hub_token": str,
+    "cache_dir": str,
+    "model_revision": str,
 }
 EXPORT: dict[str, Parse] = {  # gym export
     "export_dir": str,  # --out
@@ -182,6 +187,7 @@ REFUSED: dict[str, str] = {
     "`gym export --gguf` writes how)",
     "num_beams": "gym generates without beam search: remove num_beams",
     "skip_special_tokens": "gym's replies never contain special tokens: remove skip_special_tokens",
+    **{name: TRAIN_REFUSED[name] for name in ("hf_hub_token", "cache_dir", "model_revision")},
 }
 QUANTIZED = {
     "export": "merging an adapter into a quantized model is not exact (LLaMA-Factory refuses it too): "
@@ -304,7 +310,7 @@ def check(
             )
         elif name == "top_k" and greedy:
             notes.append(f"{name}: greedy decoding (do_sample false or temperature 0) doesn't read it")
-        elif name in REFUSED:
+        elif name in REFUSED and str(value).lower() not in ASKS_NOTHING.get(name, ()):
             refuse(name, REFUSED[name])
         elif name in SAMPLING and command == "serve":
             notes.append(

@@ -439,6 +439,7 @@ def test_a_lora_or_api_reward_model_is_refused_saying_what_to_do():
         ["--ppo_score_norm", "true"],
         ["--disable_shuffling", "true"],
         ["--compute_accuracy", "true"],
+        ["--model_revision", "v2.0"],
     ],
 )
 def test_settings_gym_lacks_and_bare_refused_flags_are_refused_saying_what_to_do(argv):
@@ -545,3 +546,41 @@ def test_a_llamafactory_yamls_eval_dataset_is_the_held_out_data_for_the_loss(tmp
     own.write_text("dataset: demo_sft\neval_dataset: demo_sft_eval\n")
     own_plan = train_plan([str(own), "--method", "sft"])
     assert own_plan.config_file is not None and own_plan.config_file[1]["eval_dataset"] == "demo_sft_eval"
+
+
+def test_settings_of_an_optimizer_gym_lacks_are_noted_as_unread_and_its_switch_refused():
+    # LLaMA-Factory reads galore_rank only with use_galore; the name was "unknown", suggesting lora_rank
+    parser = runner.build_parser(TrainFlowConfig)
+    args = parser.parse_args(["--galore_rank", "16", "--badam_mode", "layer", "--apollo_scale", "32"])
+    notes = lf.notes(args)
+    assert {n.split(":")[0] for n in notes} == {"galore_rank", "badam_mode", "apollo_scale"}
+    assert any(
+        "galore_rank: read only with use_galore (the GaLore optimizer), which gym has not" in n for n in notes
+    )
+    with pytest.raises(ConfigError, match="use_badam: gym has no BAdam optimizer"):
+        parse(["--use_badam", "true", "--badam_mode", "layer"])
+
+
+def test_model_revision_main_asks_for_what_gym_loads():
+    assert parse(["--model_revision", "main"])["train"]["finetuning_type"]
+
+
+@pytest.mark.parametrize("finetuning_type", ["full", "freeze"])
+def test_lora_settings_with_a_finetuning_type_that_trains_the_weights_get_a_note(finetuning_type):
+    parser = runner.build_parser(TrainFlowConfig)
+    args = parser.parse_args(["--finetuning_type", finetuning_type, "--lora_rank", "4", "--lora_alpha", "8"])
+    assert lf.notes(args, finetuning_type) == [
+        f"lora_alpha, lora_rank: LoRA adapter settings; finetuning_type {finetuning_type} trains the model's "
+        "own weights and doesn't read them"
+    ]
+    assert lf.notes(args, "lora") == [] and lf.notes(args) == []
+
+
+def test_the_note_for_lora_settings_with_full_reaches_the_console(tmp_path, gym_home, capsys):
+    from flows.cli import main
+
+    yaml = tmp_path / "run.yaml"  # the file's finetuning_type; the run stops at preflight (no such data)
+    yaml.write_text(f"finetuning_type: full\nlora_rank: 4\ndataset: {tmp_path / 'none.jsonl'}\n")
+    assert main(["train", str(yaml)]) == 2
+    err = capsys.readouterr().err
+    assert "note: lora_rank: LoRA adapter settings; finetuning_type full" in err and "error:" in err

@@ -304,6 +304,9 @@ def test_gym_serve_answers_the_openai_client_from_an_inference_yaml(adapter, tmp
         ("serve", "infer_backend: vllm\nvllm_gpu_util: 0.5", "gym serve starts vllm with its own defaults"),
         ("serve", "adapter_name_or_path: a,b", "gym merges one adapter at a time"),
         ("serve", "max_new_tokens: many", "argument --max_new_tokens: invalid int value"),
+        ("export", "hf_hub_token: hf_secret", "hf_hub_token: gym reads a hub token from $HF_TOKEN only"),
+        ("chat", "model_revision: v2", "model_revision: gym loads the revision a model's registry entry"),
+        ("serve", "cache_dir: /tmp/hf", "cache_dir: set $HF_HOME"),
     ],
 )
 def test_settings_gym_cannot_honour_fail_with_what_to_do(command, text, message, tmp_path, capsys):
@@ -313,7 +316,7 @@ def test_settings_gym_cannot_honour_fail_with_what_to_do(command, text, message,
     assert main([command, yaml]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines[-1].startswith(f"error: {yaml}: ") and message in lines[-1], lines
-    assert not (tmp_path / "o").exists()
+    assert not (tmp_path / "o").exists() and "hf_secret" not in "".join(lines)
 
 
 def test_an_inference_yaml_naming_gyms_lora_output_dir_as_the_adapter_loads_it_as_the_model(
