@@ -20,6 +20,7 @@ from gym.errors import ConfigError, DataError
 from gym.train import completion_logits, signals
 from gym.train.common import trl_args
 from gym.train.config import TrainConfig, filled
+from gym.train.pair_metrics import example_weighted
 from gym.train.pairs import drop_answerless
 
 ID_COLUMNS = ("prompt_ids", "completion_ids", "label")
@@ -38,7 +39,7 @@ def build_trainer(
 ) -> Any:
     from trl import KTOConfig, KTOTrainer
 
-    class _Pretokenized(completion_logits.trainer(KTOTrainer)):  # type: ignore[misc]
+    class _Pretokenized(completion_logits.trainer(example_weighted(KTOTrainer))):  # type: ignore[misc]
         """KTOTrainer over data gym already tokenized with the model's chat template."""
 
         def _prepare_dataset(self, dataset: Any, processing_class: Any, args: Any, dataset_name: str) -> Any:
