@@ -16,6 +16,7 @@ from typing import Any
 from prefect import flow
 from prefect.runtime import flow_run
 
+from gym.data.formats import METHOD_KIND
 from gym.eval.suite import benchmark_summary
 from gym.pipeline import TfGrpoFlowConfig, TrainFlowConfig
 from gym.summary import summarize
@@ -66,8 +67,9 @@ def train(config: TrainFlowConfig = DEFAULTS) -> dict[str, Any]:
     if config.warm_start and warm_raw:  # SFT first; the method starts from its result
         warm_data = tokenize_dataset(warm_raw, model, config.data)
         warm, model = train_stage(config.warm_start.train, model, warm_data, None, parent, uri)
-    data = tokenize_dataset(train_raw, model, config.data)
-    method_eval = tokenize_dataset(method_eval_raw, model, config.data) if method_eval_raw else None
+    prompts = METHOD_KIND.get(method) == "prompt"  # online RL: sft data's prompts, its answers as answer
+    data = tokenize_dataset(train_raw, model, config.data, prompts)
+    method_eval = tokenize_dataset(method_eval_raw, model, config.data, prompts) if method_eval_raw else None
 
     # both held-out evaluations: limit, tracking, metrics, and the training data's system message
     how = (config.eval_limit, parent, uri, config.eval_metrics, config.data.default_system)

@@ -25,6 +25,7 @@ from gym.errors import ConfigError, DataError
 
 # Uses of a dataset other than training, and the record kind each reads.
 USE_KIND = {"exact_match": "sft"}
+SFT_PROMPTS = ("sft", "prompt")  # online RL reads an sft dataset's records as prompts with their answers
 
 
 class FlowInputs(Protocol):
@@ -312,7 +313,7 @@ def check_dataset(field: str, name: str, use: str) -> None:
     except ConfigError as exc:
         raise ConfigError(f"{field}: {exc}") from None
     for part, spec in zip(parts, specs, strict=True):
-        if need is not None and spec.kind is not None and spec.kind != need:
+        if need is not None and spec.kind not in (None, need) and (spec.kind, need) != SFT_PROMPTS:
             is_method = use in METHOD_KIND
             takes = ", ".join(m for m, k in METHOD_KIND.items() if k == spec.kind)
             other = f", or a method that trains on {spec.kind} data ({takes})" if is_method and takes else ""

@@ -60,6 +60,10 @@ def split_dataset(
     task_run_name="tokenize {dataset.num_records} {dataset.kind} records for {model.name} ({dataset.digest})",
     timeout_seconds=DATA_TIMEOUT_S,
 )
-def tokenize_dataset(dataset: Any, model: ModelRef, settings: TokenizeSettings) -> Any:
-    """Render with the model's chat template, tokenize and mask labels into an artifact."""
-    return tokenize(Path(dataset.path), model.path, model.template, settings, revision=model.revision)
+def tokenize_dataset(
+    dataset: Any, model: ModelRef, settings: TokenizeSettings, as_prompts: bool = False
+) -> Any:
+    """Render with the model's chat template, tokenize and mask labels into an artifact (sft records as
+    prompts with `as_prompts`: online RL's data)."""
+    path, template = Path(dataset.path), model.template
+    return tokenize(path, model.path, template, settings, revision=model.revision, as_prompts=as_prompts)

@@ -212,8 +212,8 @@ def test_require_kind():
     from gym.train import METHODS
 
     assert set(METHOD_KIND) <= set(METHODS)
-    # LLaMA-Factory's PPO reads an alpaca file as prompts, ignoring its outputs: what makes one prompt data
-    with pytest.raises(ConfigError, match=r"rename the answer column \(alpaca's `output`\) to `answer`"):
+    # Tokenized sft data reaches online RL from the Python API only: the flows tokenize it as prompts
+    with pytest.raises(ConfigError, match=r"Tokenize it as prompts \(gym.data.tokenize's as_prompts=True"):
         require_kind("sft", "ppo", dataset="alpaca_en_demo")
     with pytest.raises(
         ConfigError, match=r"trains on preference data \(dpo, ipo, cdpo, hinge, orpo, simpo, rm\)"

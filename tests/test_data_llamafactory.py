@@ -399,3 +399,21 @@ def test_a_column_the_file_lacks_is_not_read_from_the_files_default_column(tmp_p
     assert records("sys_missing")[0]["messages"] == [user("Q?"), assistant("A")]  # not the file's `system`
     with pytest.raises(DataError, match=r"p\.json, record 1, field 'better': missing"):
         records("pairs_missing")
+
+
+def test_llamafactory_ppo_and_grpo_sample_from_an_alpaca_files_prompts(tmp_path: Path):
+    """LLaMA-Factory's stage ppo trains on alpaca files' prompts; gym refused sft data for online RL."""
+    rows = [{"instruction": f"Say {i}", "input": "", "output": str(i)} for i in range(6)]
+    lf_data(tmp_path / "lf", {"numbers": {"file_name": "numbers.json"}}, {"numbers.json": rows})
+    gym = str(Path(sys.executable).parent / "gym")
+    env = {**os.environ, "GYM_HOME": str(tmp_path / "home"), "PREFECT_HOME": str(tmp_path / "prefect")}
+    env.pop("PREFECT_API_URL", None)
+    small = ["--max-steps", "1", "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1"]
+    small += ["--train.rl.max_completion_length", "4", "--dataset_dir", str(tmp_path / "lf"), "--json"]
+    for method in (["--stage", "ppo"], ["--method", "grpo", "--group-size", "2", "--val_size", "2"]):
+        args = [gym, "train", *method, "--dataset", "numbers", "--reward", "exact_match", *small]
+        proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        summary = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert summary["metric_name"] == "mean_reward"
+    assert summary["metric_first"] is not None, "grpo's held-out part of the file was scored as prompts"

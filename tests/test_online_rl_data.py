@@ -103,6 +103,39 @@ def test_tokenized_prompts_are_the_templates_generation_prompt(tmp_path: Path):
     assert result.stats["max_prompt_len"] == max(len(r["prompt_ids"]) for r in got)
 
 
+def test_sft_records_tokenized_as_prompts_keep_their_last_answer_as_the_answer(tmp_path: Path):
+    # LLaMA-Factory's PPO samples from its alpaca files' prompts: gym's online RL reads sft data so too
+    data = tmp_path / "alpaca.jsonl"
+    rows = [
+        {"instruction": "Add.", "input": "2+2", "output": "4", "system": "Be brief."},
+        {"instruction": "Copy.", "input": "12", "output": "12"},
+    ]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    model = tiny()
+    ingested = ingest(resolve_dataset(str(data)))
+    assert ingested.kind == "sft"
+    result = tokenize(ingested.path, model.path, model.template, as_prompts=True)
+    assert result.kind == "prompt"
+    got = datasets.load_from_disk(str(result.path)).to_list()
+    assert [r["answer"] for r in got] == ["4", "12"]
+    assert got[0]["prompt"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Add.\n2+2"},
+    ]
+    tok = load_tokenizer(model)
+    assert got[1]["prompt_text"] == templates.render(
+        tok, [{"role": "user", "content": "Copy.\n12"}], "chatml", add_generation_prompt=True
+    )
+    assert json.loads(got[0]["metadata"]) == {}
+    plain = tokenize(ingested.path, model.path, model.template)
+    assert plain.kind == "sft" and plain.digest != result.digest, "its own artifact, beside the sft one"
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "2+2?", "answer": "4"}) + "\n")
+    ingested = ingest(resolve_dataset(str(prompts)))
+    same = tokenize(ingested.path, model.path, model.template, as_prompts=True)
+    assert same.digest == tokenize(ingested.path, model.path, model.template).digest, "prompt data as it is"
+
+
 def test_demo_toy_task():
     warmup, prompts, held_out = (
         demo_records(n) for n in ("demo_format_sft", "demo_prompts", "demo_prompts_eval")

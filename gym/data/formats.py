@@ -86,10 +86,10 @@ KIND_COLUMNS = {
     "an answer",
     "text": "a non-empty text column (map another column to it with `columns`)",
 }
-# Why an sft file (LLaMA-Factory's PPO reads alpaca files, ignoring their outputs) is not prompt data here.
+# Tokenized sft data given to online RL (the flows tokenize an sft dataset for it as prompts).
 SFT_AS_PROMPTS = (
-    ". Its records end with an answer, which online RL samples itself: rename the answer column "
-    "(alpaca's `output`) to `answer` (the ground truth rewards compare with) and the file reads as prompts"
+    ". Tokenize it as prompts (gym.data.tokenize's as_prompts=True: the turns before the last assistant "
+    "turn, that turn as the answer), as the train flow does for ppo, grpo and gspo"
 )
 ROLES = {
     "system": "system",

@@ -47,6 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gym import templates, workspace
 from gym.data.completions import completion_texts, stats_for
+from gym.data.ingest import features as ingested_features
 from gym.data.ingest import load_meta, load_saved, origin, saved_problem
 from gym.data.mix import interleave
 from gym.data.readers import looks_like_hub_id
@@ -328,6 +329,16 @@ def _pair_batch(tokenizer: Any, template: str, kind: str, file: str, system: str
     return fn
 
 
+def _sft_prompts(batch: dict[str, list]) -> dict[str, list]:
+    """Canonical sft records as prompt records: the turns before the last (assistant) turn, and its text
+    as the answer."""
+    messages = batch.pop("messages")
+    n = len(messages)
+    return {"prompt": [m[:-1] for m in messages], "answer": [m[-1]["content"] for m in messages]} | {
+        "metadata": ["{}"] * n
+    }
+
+
 def _prompt_batch(tokenizer: Any, template: str, system: str | None) -> BatchFn:
     def fn(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
         # TRL renders these messages too
@@ -438,11 +449,18 @@ def tokenize(
     settings: TokenizeSettings | None = None,
     *,
     revision: str | None = None,
+    as_prompts: bool = False,
 ) -> TokenizeResult:
-    """Tokenize the ingested dataset at `dataset_dir`; return the existing artifact when already there."""
+    """Tokenize the ingested dataset at `dataset_dir`; return the existing artifact when already there.
+
+    `as_prompts` (online RL's data) reads sft records as prompt records: every turn before the last
+    assistant turn is the prompt, and that turn the answer rewards compare with (LLaMA-Factory's PPO
+    samples from its sft files' prompts too). Other kinds are tokenized as they are.
+    """
     settings = settings or TokenizeSettings()
     meta = load_meta(dataset_dir)
     kind = meta["kind"]
+    sft_as_prompts = as_prompts and kind == "sft"
     digest = hash_obj(
         {
             "dataset": meta["digest"],
@@ -450,6 +468,7 @@ def tokenize(
             "tokenizer": tokenizer_identity(tokenizer_dir, revision),
             "settings": settings.model_dump(),
             "code": [hash_file(p) for p in _CODE],
+            **({"as_prompts": True} if sft_as_prompts else {}),
         }
     )
     final = workspace.path("tokenized", digest)
@@ -473,6 +492,8 @@ def tokenize(
         sizes = part_sizes(meta, settings.max_samples)
         probs, seed = settings.interleave_probs, settings.interleave_seed
         ds = interleave(ds, sizes, settings.mix_strategy, probs, seed, str(dataset_dir))
+    if sft_as_prompts:
+        ds, kind = ds.map(_sft_prompts, batched=True, features=ingested_features("prompt")), "prompt"
     if kind == "sft":
         fn = _sft_batch(tokenizer, template, settings)
     elif kind == "text":
