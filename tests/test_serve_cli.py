@@ -97,3 +97,46 @@ def test_gym_serve_reports_a_busy_port(capsys):
     finally:
         taken.close()
     assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("shutdown_timeout", [None, 0.2])
+def test_a_stopping_server_finishes_the_requests_in_flight_unless_told_how_long_to_wait(
+    gym_home, shutdown_timeout
+):
+    # It cancelled any request still running 10 s after SIGTERM (a plain-text 500): a long generation
+    # on CPU was cut off by a rolling restart.
+    import threading
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "flows.cli", "serve", "--model", "gym-tiny", "--port", "0"]
+    cmd += [] if shutdown_timeout is None else ["--shutdown-timeout", str(shutdown_timeout)]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    got: dict = {}
+    try:
+        base = proc.stdout.readline().split(" at ", 1)[1].split()[0]
+        client = openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=120)
+
+        def generate() -> None:  # 16 completions of 480 tokens: a few seconds here
+            try:
+                reply = client.completions.create(
+                    model="gym-tiny", prompt="hi", max_tokens=480, n=16, extra_body={"ignore_eos": True}
+                )
+                got["tokens"] = reply.usage.completion_tokens
+            except openai.APIError as exc:
+                got["error"] = exc
+
+        thread = threading.Thread(target=generate)
+        thread.start()
+        time.sleep(0.5)  # the request is generating
+        proc.send_signal(signal.SIGTERM)
+        thread.join(120)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    if shutdown_timeout is None:
+        assert got.get("tokens") == 16 * 480, got
+    else:
+        assert "error" in got and "timeout graceful shutdown exceeded" in err

@@ -5,7 +5,8 @@
     gym serve --model ./out --template chatml --limits.max_concurrent 16
     gym serve inference.yaml --port 0       # LLaMA-Factory's inference YAML (gym/cli_llamafactory_tools.py)
 
-Serves until SIGINT or SIGTERM, then finishes the requests in progress and exits with status 0.
+Serves until SIGINT or SIGTERM, then finishes the requests in progress (for up to --shutdown-timeout
+seconds, if given) and exits with status 0.
 The key is read from the environment variable `--api-key-env` names, never from the command line.
 """
 
@@ -102,7 +103,7 @@ def cmd_serve(argv: Sequence[str]) -> int:
 
     try:
         app = build_app(engine, settings.limits, key, settings.completion_experiences)
-        run(app, sock, on_ready=ready)
+        run(app, sock, on_ready=ready, shutdown_timeout=settings.shutdown_timeout)
     finally:
         engine.close()
     print("gym serve: stopped", file=sys.stderr, flush=True)

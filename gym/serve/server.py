@@ -76,18 +76,27 @@ def _log_config() -> dict[str, Any]:
     return config
 
 
-def _config(app: Any, log_level: str) -> uvicorn.Config:
+def _config(app: Any, log_level: str, shutdown_timeout: float | None) -> uvicorn.Config:
     # The access log shows method, path and status only: never headers, so never a bearer key; a key
     # sent in the query string instead is blanked (HideQueryValues), so it is never logged either.
-    return uvicorn.Config(app, log_level=log_level, log_config=_log_config(), timeout_graceful_shutdown=10)
+    # Stopping, uvicorn waits `shutdown_timeout` seconds (None: as long as it takes) for the requests in
+    # flight, then cancels them; a second SIGINT stops at once. (uvicorn types it int; asyncio.wait_for
+    # takes any number of seconds.)
+    wait: Any = shutdown_timeout
+    return uvicorn.Config(app, log_level=log_level, log_config=_log_config(), timeout_graceful_shutdown=wait)
 
 
 def run(
-    app: Any, sock: socket.socket, on_ready: Callable[[str], None] | None = None, log_level: str = "info"
+    app: Any,
+    sock: socket.socket,
+    on_ready: Callable[[str], None] | None = None,
+    log_level: str = "info",
+    shutdown_timeout: float | None = None,
 ) -> None:
-    """Serve `app` on the bound `sock` in the foreground until SIGINT or SIGTERM, then shut down
-    gracefully and return (closing the socket)."""
-    server = uvicorn.Server(_config(app, log_level))
+    """Serve `app` on the bound `sock` in the foreground until SIGINT or SIGTERM, then finish the requests
+    in flight (for up to `shutdown_timeout` seconds; None: as long as they take) and return (closing the
+    socket)."""
+    server = uvicorn.Server(_config(app, log_level, shutdown_timeout))
     # uvicorn re-raises the signal that stopped it once it has shut down; with these handlers in
     # place that is a no-op, so the caller gets control back and the process exits with status 0.
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -105,7 +114,7 @@ def run(
 def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0) -> Iterator[str]:
     """Serve `app` from a background thread; yields its base URL (http://host:port) and stops on exit."""
     sock = bind(host, port)
-    server = uvicorn.Server(_config(app, "warning"))
+    server = uvicorn.Server(_config(app, "warning", shutdown_timeout=10))
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name="gym-serve-http", daemon=True
     )

@@ -63,6 +63,12 @@ class ServeSettings(BaseModel):
     )
     limits: Limits = Field(default_factory=Limits, description="Request caps.")
     max_batch_size: int = Field(32, ge=1, description="Most sequences generated together in one batch.")
+    shutdown_timeout: float | None = Field(
+        None,
+        gt=0,
+        description="Seconds a stopping server (SIGINT, SIGTERM) waits for the requests in flight before "
+        "cancelling them; default: until they finish (a second Ctrl-C stops at once).",
+    )
     completion_experiences: Literal["none", "prefix"] = Field(
         "none",
         description="A TF-GRPO model's experience library in /v1/completions: none (the raw prompt is "
