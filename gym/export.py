@@ -32,7 +32,7 @@ from gym import workspace
 from gym.card import render
 from gym.cli_options import ArgumentParser, flag_error
 from gym.errors import ConfigError
-from gym.lineage import Lineage
+from gym.lineage import Lineage, registry_entry
 from gym.models import adapter_base, require_safetensors
 from gym.ollama import gguf_notes, modelfile
 from gym.templates import canonical_template, load_template, split_markers, with_default_system
@@ -158,11 +158,15 @@ def _local_lineage(
     own = directory / MARKER  # first, even for a folder named model/ outside a stage (then it is `sibling`)
     found = [m for m in (own, sibling) if m.is_file() and (m == own or result.is_file())]
     meta = {**(base_facts or {}), **(json.loads(found[0].read_text()) if found else {})}
+    base_model = meta.get("base_model") or base or str(directory)
+    entry, entry_digest = registry_entry(base_model)
     lineage = Lineage(
-        base_model=meta.get("base_model") or base or str(directory),
+        base_model=base_model,
         template=template or meta.get("template"),
         default_system=meta.get("default_system"),
         method=meta.get("method"),
+        registry_entry=entry,
+        registry_digest=entry_digest,
     )
     if result.is_file():  # the scores and hyperparameters a flow registering this stage records
         from gym.lineage import eval_scores
@@ -184,6 +188,7 @@ def _local_lineage(
                 "stages": {facts.method: facts.digest},
                 "scores": scores,
                 "hyperparameters": hyper,
+                "datasets": facts.datasets,
             }
         )
     return lineage

@@ -237,7 +237,7 @@ def describe(
     }
     if not hyper:
         hyper = {s: redact(config[s]) for s in STAGE_SECTIONS if isinstance(config.get(s), Mapping)}
-    entry, entry_digest = _registry_entry(base_model)
+    entry, entry_digest = registry_entry(base_model)
     scores, setups = eval_scores(stages, before, after, benchmarks)
     return Lineage(
         base_model=base_model,
@@ -257,7 +257,8 @@ def describe(
     )
 
 
-def _registry_entry(base_model: str) -> tuple[str | None, str | None]:
+def registry_entry(base_model: str) -> tuple[str | None, str | None]:
+    """The registry entry `base_model` names and its digest, if it is one (else None, None)."""
     from gym.registry import load_models
 
     spec = load_models().get(base_model)

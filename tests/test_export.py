@@ -353,6 +353,14 @@ def test_a_stage_folders_card_has_the_scores_and_hyperparameters_a_flow_register
     assert all(name in card for name in scores)
     for trainer_number in ("eval_runtime", "samples_per_second", "sft_epoch", "num_input_tokens_seen"):
         assert trainer_number not in card
+    # and the data it trained on and held out, with digests, and its base's registry entry ("(none
+    # recorded)" and "(not from gym's registry)" before)
+    datasets = card.split("## Datasets", 1)[1].split("##", 1)[0]
+    assert set(facts.datasets) == {"dataset", "eval_dataset"}
+    for role, data in facts.datasets.items():
+        assert f"| {role} | {data['name']} — digest `{data['digest']}` |" in datasets, datasets
+    assert facts.datasets["dataset"]["name"] == "demo_sft"
+    assert "`gym-tiny` (digest `" in card
 
 
 def test_the_cards_use_snippet_runs_against_the_export(gym_home, tmp_path, capsys):

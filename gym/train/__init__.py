@@ -29,7 +29,7 @@ from filelock import FileLock
 
 from gym import errors, workspace
 from gym.data.formats import require_kind
-from gym.data.ingest import load_meta, load_saved
+from gym.data.ingest import load_meta, load_saved, origin
 from gym.data.tokenize import data_notes
 from gym.errors import ConfigError
 from gym.hashing import hash_obj
@@ -227,9 +227,21 @@ def run(
             trained = _train(config, model, Path(train_data), held_out, digest, stage_dir, cutoff)
             assert trained is not None  # one process: the main one
             result = trained
-        result = result.model_copy(update={"choices": choices, "hyperparameters": hyperparameters(config)})
+        facts = {"choices": choices, "hyperparameters": hyperparameters(config)}
+        result = result.model_copy(update={**facts, "datasets": trained_on(train_data, eval_data)})
         workspace.atomic_write_text(result_file, result.model_dump_json(indent=2))
         return result
+
+
+def trained_on(train_data: Path, eval_data: Path | None) -> dict[str, dict[str, str | None]]:
+    """The tokenized data's own datasets, by role: the name the user gave each one and its ingested
+    records' digest (a model card's Datasets)."""
+    out: dict[str, dict[str, str | None]] = {}
+    for role, data in (("dataset", train_data), ("eval_dataset", eval_data)):
+        digest = load_meta(data).get("dataset") if data else None
+        if digest:
+            out[role] = {"name": origin(workspace.path("datasets", digest)), "digest": str(digest)}
+    return out
 
 
 def _finished_stage(method: str, result_file: Path, stage_dir: Path) -> TrainResult | None:

@@ -67,6 +67,11 @@ class TrainResult(BaseModel):
         description="What the stage trained with: its config made concrete, the settings it reads "
         "(gym.train.config.hyperparameters).",
     )
+    datasets: dict[str, dict[str, str | None]] = Field(
+        default_factory=dict,
+        description="The data it trained on (`dataset`) and held out (`eval_dataset`): each one's name and "
+        "the digest of its ingested records, as a model card lists them.",
+    )
 
     @model_validator(mode="after")
     def _loss_is_its_own_signal(self) -> TrainResult:
