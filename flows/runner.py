@@ -29,6 +29,7 @@ from pydantic import BaseModel, ValidationError
 from flows import temporary_api
 from gym import cli_llamafactory, preflight, progress, secrets
 from gym.cli_options import (
+    SEP,
     ArgumentParser,
     add_config_options,
     comma_separated,
@@ -38,7 +39,7 @@ from gym.cli_options import (
     read_config_file,
     split_config_file,
 )
-from gym.errors import GymError, disk_full, disk_full_error, interrupted
+from gym.errors import ConfigError, GymError, disk_full, disk_full_error, interrupted
 from gym.train import METHODS
 from gym.train.config import FINETUNING_TYPES
 
@@ -123,10 +124,34 @@ def build_parser(config_cls: type[BaseModel], prog: str | None = None) -> argpar
 
 
 def parse_config(
-    config_cls: type[BaseModel], args: argparse.Namespace, under: argparse.Namespace | None = None
+    config_cls: type[BaseModel],
+    args: argparse.Namespace,
+    under: argparse.Namespace | None = None,
+    under_path: Path | None = None,
 ) -> BaseModel:
-    """Defaults, then a config file's settings (`under`), then the command line's flags. Within each:
-    the paper aliases, then LLaMA-Factory's names, then gym's own flags (the most specific wins)."""
+    """Defaults, then a config file's settings (`under`, read from `under_path`), then the command line's
+    flags. Within each: the paper aliases, then LLaMA-Factory's names, then gym's own flags (the most
+    specific wins). A mistake in the file's settings names the file (a GymError, or a ValidationError
+    raised as ConfigError)."""
+    config = config_cls().model_dump()
+    for settings in _settings(config_cls, args, under, under_path):
+        config = merge(config, settings)
+    try:
+        return config_cls.model_validate(config)
+    except ValidationError as exc:
+        from_file = file_only(config_cls, args, under)
+        if under_path is None or not any(_dotted_loc(e["loc"]) in from_file for e in exc.errors()):
+            raise
+        raise ConfigError(f"{under_path}: {describe(exc)}") from None
+
+
+def _settings(
+    config_cls: type[BaseModel],
+    args: argparse.Namespace,
+    under: argparse.Namespace | None,
+    under_path: Path | None = None,
+) -> list[dict[str, Any]]:
+    """The settings of each source, the config file's (`under`) first, as nested dicts for the config."""
     sources = [ns for ns in (under, args) if ns is not None]
     stages = stage_fields(config_cls)
     # Settings LLaMA-Factory's names derive from others, as the user gave them in either source
@@ -135,10 +160,54 @@ def parse_config(
         "finetuning_type": next((t for t in given_types if t), None),
         "alpha_given": any(_alpha_given(config_cls, ns, stages) for ns in sources),
     }
-    config = config_cls().model_dump()
+    out = []
     for ns in sources:
-        config = merge(config, _overrides(config_cls, ns, stages, derived))
-    return config_cls.model_validate(config)
+        try:
+            out.append(_overrides(config_cls, ns, stages, derived))
+        except GymError as exc:
+            raise _in_file(exc, under_path) if ns is under else exc from None
+    return out
+
+
+def file_only(
+    config_cls: type[BaseModel], args: argparse.Namespace, under: argparse.Namespace | None
+) -> set[str]:
+    """The settings (dotted paths: `train.learning_rate`) a config file gives and the command line lacks."""
+    if under is None:
+        return set()
+    in_file, on_line = _settings(config_cls, args, under)
+    return set(_dotted(in_file)) - set(_dotted(on_line))
+
+
+def blame_file(exc: GymError, path: Path | None, from_file: set[str]) -> GymError:
+    """`exc` (raised checking a parsed config) naming config file `path` first when its message starts
+    with a setting only the file gave (`template: unknown chat template ...`)."""
+    head = str(exc).split(":", 1)[0].strip()
+    setting = head.split(SEP, 1)[0]
+    if head in from_file or setting in from_file or any(f.startswith(f"{head}{SEP}") for f in from_file):
+        return _in_file(exc, path)
+    return exc
+
+
+def _in_file(exc: GymError, path: Path | None) -> GymError:
+    """`exc` with its message after `path: `, when there is a path its message doesn't name already."""
+    if path is None or str(exc).startswith(str(path)) or type(exc) not in (GymError, ConfigError):
+        return exc  # DataError and the like carry more than a message (file, record, field)
+    return type(exc)(f"{path}: {exc}")
+
+
+def _dotted(tree: dict[str, Any], prefix: str = "") -> list[str]:
+    """The dotted paths of a nested settings dict's leaves (`train.lora.r`)."""
+    out = []
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        out += _dotted(value, f"{path}{SEP}") if isinstance(value, dict) and value else [path]
+    return out
+
+
+def _dotted_loc(loc: tuple[Any, ...]) -> str:
+    """A pydantic error's location as a settings path, without list indexes (`train.lora.target_modules`)."""
+    return SEP.join(str(p) for p in loc if not isinstance(p, int))
 
 
 def _overrides(
@@ -257,15 +326,19 @@ def main(
         return user_error(str(exc))
     sources = [ns for ns in (under, args) if ns is not None]
     progress.console_defaults(verbose=any(ns.verbose for ns in sources))
+    where = config_file[0] if config_file else None
     try:
-        config = parse_config(config_cls, args, under)
+        config = parse_config(config_cls, args, under, where)
         stages = stage_fields(config_cls)
         types = [t for ns in reversed(sources) if (t := _finetuning_type(config_cls, ns, stages))]
         for ns in sources:
             for note in cli_llamafactory.notes(ns, types[0] if types else None):
                 print(f"note: {note}", file=sys.stderr)
         with cli_llamafactory.data_dir(sources):
-            preflight.check(config)  # before Prefect starts: a mistake is reported in about a second
+            try:
+                preflight.check(config)  # before Prefect starts: a mistake is reported in about a second
+            except GymError as exc:
+                raise blame_file(exc, where, file_only(config_cls, args, under)) from None
             summary = run_flow(flow_fn, config, refresh_cache=any(ns.refresh_cache for ns in sources))
     except ValidationError as exc:
         return user_error(describe(exc))

@@ -584,3 +584,37 @@ def test_the_note_for_lora_settings_with_full_reaches_the_console(tmp_path, gym_
     assert main(["train", str(yaml)]) == 2
     err = capsys.readouterr().err
     assert "note: lora_rank: LoRA adapter settings; finetuning_type full" in err and "error:" in err
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("learning_rate: -1\n", "train.learning_rate: Input should be greater than 0"),
+        ("hf_hub_token: hf_secret\n", "hf_hub_token: gym reads a hub token from $HF_TOKEN only"),
+        ("finetuning_type: full\nquantization_bit: 4\n", "quantization_bit quantizes the frozen base"),
+        ("template: default\n", "template: unknown chat template 'default'"),
+        ("dataset: none.jsonl\n", "dataset: no such file or folder 'none.jsonl'"),
+    ],
+)
+def test_a_mistake_in_a_config_file_names_the_file(tmp_path, gym_home, capsys, text, says):
+    from flows.cli import main
+
+    yaml = tmp_path / "run.yaml"
+    yaml.write_text(f"model_name_or_path: gym-tiny\nstage: sft\n{text}")
+    assert main(["train", str(yaml)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"error: {yaml}: {says}"), err
+    assert "hf_secret" not in "".join(err)
+
+
+def test_a_mistake_on_the_command_line_is_not_blamed_on_the_config_file(tmp_path, gym_home, capsys):
+    from flows.cli import main
+
+    yaml = tmp_path / "run.yaml"
+    yaml.write_text("learning_rate: -1\ndataset: demo_sft\n")
+    # the command line's learning rate wins over the file's bad one; its dataset is the mistake
+    assert main(["train", str(yaml), "--learning_rate", "1e-4", "--dataset", "none.jsonl"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: dataset: no such file or folder 'none.jsonl'"), err
+    assert main(["train", str(yaml), "--learning_rate", "-2"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: train.learning_rate: Input")
