@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from gym.data.ingest import load_meta
 from gym.data.mix import ingest_named, source_stamp
 from gym.data.split import split
 from gym.data.tokenize import TokenizeSettings, tokenize
@@ -54,10 +55,28 @@ def split_dataset(
     return train, held
 
 
+def tokenize_run_name() -> str:
+    """What a user recognises in the UI's task list (the digest alone named nothing): the records, as many
+    as max_samples lets through, the model and the digest."""
+    from prefect.runtime import task_run
+
+    params = task_run.parameters
+    dataset, model, settings = params["dataset"], params["model"], params["settings"]
+    n, cap = dataset.num_records, settings.max_samples
+    kind = f"{dataset.kind} records as prompts" if params.get("as_prompts") and dataset.kind == "sft" else ""
+    kind = kind or f"{dataset.kind} records"
+    if cap is None or cap >= n:
+        records = f"{n} {kind}"
+    elif "mix_of" in load_meta(dataset.path):  # max_samples caps each dataset of a mix
+        records = f"up to {cap} of each dataset's {kind} ({n} in all)"
+    else:
+        records = f"{cap} of {n} {kind}"
+    return f"tokenize {records} for {model.name} ({dataset.digest})"
+
+
 @gym_task(
     name="tokenize-dataset",
-    # what a user recognises in the UI's task list (the digest alone named nothing); the digest follows
-    task_run_name="tokenize {dataset.num_records} {dataset.kind} records for {model.name} ({dataset.digest})",
+    task_run_name=tokenize_run_name,
     timeout_seconds=DATA_TIMEOUT_S,
 )
 def tokenize_dataset(

@@ -128,3 +128,26 @@ def tiny_copies(root: Path) -> tuple[Path, Path]:
     weights[first] = weights[first] + 1
     save_file(weights, other / "model.safetensors", metadata={"format": "pt"})
     return base, other
+
+
+def test_the_tokenize_task_run_is_named_for_the_records_max_samples_lets_through(gym_home, prefect_server):
+    # It was named "tokenize 6000 sft records ..." when max_samples took 16 of them
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    @flow
+    def names() -> str:
+        from prefect.runtime import flow_run
+
+        model, raw = resolve_model.fn("gym-tiny"), ingest_dataset.fn("demo_sft")
+        tokenize_dataset(raw, model, TokenizeSettings(max_samples=16))
+        tokenize_dataset(raw, model, TokenizeSettings(max_samples=16), as_prompts=True)
+        return str(flow_run.get_id())
+
+    run_id = names()
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
+    got = sorted(r.name.split(" for ")[0] for r in runs)
+    total = ingest_dataset.fn("demo_sft").num_records
+    assert got == [f"tokenize 16 of {total} sft records", f"tokenize 16 of {total} sft records as prompts"]
