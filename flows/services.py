@@ -186,7 +186,10 @@ def cmd_down(argv: Sequence[str]) -> int:
 
 def cmd_status(argv: Sequence[str]) -> int:
     parser = ArgumentParser(
-        prog="gym status", description="Say what `gym up` started and whether it answers."
+        prog="gym status",
+        description="Say what `gym up` started and whether it answers.",
+        epilog="Exit status: 0 when everything `gym up` started is running; 3 when something is not, or "
+        "nothing was started (with --env: when the Prefect server does not answer).",
     )
     parser.add_argument("--json", action="store_true", help="Print JSON.")
     parser.add_argument(
