@@ -94,6 +94,14 @@ def cmd_data(argv: Sequence[str]) -> int:
         help="Where dataset_info.json and relative dataset files are looked up, as for gym train "
         "(default: $GYM_DATA_DIR, else the current directory and its data/).",
     )
+    parser.add_argument(
+        "--method",
+        default=None,
+        metavar="METHOD",
+        help="Read the dataset as this training method does (sft, dpo, grpo, tf_grpo...): an sft dataset "
+        "as prompts for ppo, grpo and gspo; question/answer files for tf_grpo; and say whether the "
+        "method can train on it.",
+    )
     parser.add_argument("--json", action="store_true", help="Print JSON.")
     args = parser.parse_args(
         _with_action(argv, ("preview", "show"), "preview")
@@ -112,6 +120,7 @@ def cmd_data(argv: Sequence[str]) -> int:
     from gym.data.preview import preview
 
     options = {"n": args.n, "model": args.model, "template": args.template, "cutoff_len": args.cutoff_len}
+    options["method"] = args.method
     with using_data_dir(args.dataset_dir, "--dataset_dir"):
         print(preview(args.dataset, as_json=args.json, **options))
     return 0

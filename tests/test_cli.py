@@ -88,6 +88,28 @@ def test_data_preview_of_pairs_and_kto_says_what_the_loss_scores(capsys):
         assert legend in out and "⟦" not in out
 
 
+def test_data_preview_reads_a_dataset_as_a_method_does(tmp_path, capsys, gym_home):
+    """`gym data` could not show TF-GRPO's question/answer files (an unknown format), nor sft data as the
+    prompts online RL reads; --method shows both, and refuses data the method can't train on."""
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text('{"question": "2+2?", "answer": "4"}\n')
+    assert main(["data", str(qa)]) == 2
+    assert main(["data", str(qa), "--method", "tf_grpo", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["prompt"] == [{"role": "user", "content": "2+2?"}] and row["answer"] == "4"
+    assert main(["data", "demo_sft", "-n", "1", "--method", "grpo", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert set(row) == {"prompt", "answer"} and row["prompt"][-1]["role"] == "user" and row["answer"]
+    assert main(["data", "demo_sft", "-n", "1", "--method", "ppo", "--model", "gym-tiny"]) == 0
+    out = capsys.readouterr().out
+    assert "sft records read as prompts" in out and "online RL completes each [prompt]" in out
+    assert "[answer]\n" + row["answer"] in out and "⟦" not in out
+    assert main(["data", "demo_sft", "--method", "dpo"]) == 2
+    assert "method 'dpo' needs a preference dataset" in capsys.readouterr().err
+    assert main(["data", "demo_sft", "--method", "dpoo"]) == 2
+    assert "unknown method; available: sft" in capsys.readouterr().err
+
+
 def test_data_preview_numbers_records_as_the_file_does_and_says_what_cutoff_len_cuts(tmp_path, capsys):
     """A record left out (no answer token within cutoff_len) vanished from the preview and shifted the
     numbers of the rest; the hint for raw text too short for a block (lower cutoff_len) had no flag."""

@@ -1,6 +1,8 @@
 """`gym data preview`: a dataset as gym reads it, optionally as a model will be trained on it.
 
-Without a model: the first records after normalisation (canonical messages / prompt+chosen+rejected).
+Without a model: the first records after normalisation (canonical messages / prompt+chosen+rejected);
+with `--method`, as that method reads them (sft records as prompts for online RL and TF-GRPO, which
+also reads question/answer files), refused if it can't train on them.
 With `--model`: each record's templated text, with the tokens that carry loss shown in ⟦…⟧; raw text
 (pt) as its first blocks of cutoff_len tokens, cut from all of its texts joined (every token trained).
 """
@@ -12,6 +14,7 @@ from typing import Any
 
 from gym.data.mix import ingest_named
 from gym.data.tokenize import IGNORE_INDEX, TokenizeSettings, data_notes, tokenize
+from gym.errors import ConfigError
 
 
 def _marked(tokenizer: Any, input_ids: list[int], labels: list[int]) -> str:
@@ -43,6 +46,43 @@ LEGEND = {
 }
 
 
+# Online RL and TF-GRPO read an sft dataset's records as prompts (with their last answers as the answers)
+ONLINE = ("ppo", "grpo", "gspo", "tf_grpo")
+
+
+def _ingested(dataset: str, method: str | None) -> Any:
+    """`dataset` ingested as `method` reads it (tf_grpo: question/answer files too); ConfigError if the
+    method can't train on its records."""
+    if method is None:
+        return ingest_named(dataset)
+    from gym.data.formats import METHOD_KIND, require_kind
+    from gym.train import METHODS
+
+    if method not in METHODS:
+        raise ConfigError(f"--method {method!r}: unknown method; available: {', '.join(METHODS)}")
+    if method == "tf_grpo":
+        from gym.data.ingest import ingest
+        from gym.tfgrpo.data import dataset_spec
+
+        ingested = ingest(dataset_spec(dataset))
+        if ingested.kind not in ("sft", "prompt"):
+            raise ConfigError(
+                f"method 'tf_grpo' needs questions (an sft or prompt dataset), but {dataset!r} is "
+                f"{ingested.kind} data"
+            )
+        return ingested
+    ingested = ingest_named(dataset)
+    if not (method in ONLINE and ingested.kind == "sft") and METHOD_KIND.get(method) != ingested.kind:
+        require_kind(ingested.kind, method, dataset)
+    return ingested
+
+
+def _as_prompt(record: dict[str, Any]) -> dict[str, Any]:
+    """A canonical sft record as online RL reads it: the turns before its last answer, and that answer."""
+    messages = record["messages"]
+    return {"prompt": messages[:-1], "answer": messages[-1]["content"]}
+
+
 def preview(
     dataset: str,
     n: int = 3,
@@ -50,14 +90,19 @@ def preview(
     template: str | None = None,
     as_json: bool = False,
     cutoff_len: int | None = None,
+    method: str | None = None,
 ) -> str:
+    """The first `n` records of `dataset` as gym reads them (as `method` reads them, if given: an error
+    says when it can't train on them), with `model` also templated and tokenized."""
     from gym.data.ingest import load_saved
 
-    ingested = ingest_named(dataset)
+    ingested = _ingested(dataset, method)
     records = load_saved(ingested.path).select(range(min(n, ingested.num_records)))
-    header = f"{dataset}: {ingested.num_records} {ingested.kind} records (artifact {ingested.path})"
+    prompts = method in ONLINE and ingested.kind == "sft"  # read as prompts, with their last answers
+    kind = f"{ingested.kind} records read as prompts" if prompts else f"{ingested.kind} records"
+    header = f"{dataset}: {ingested.num_records} {kind} (artifact {ingested.path})"
     if model is None:
-        rows = [dict(r) for r in records]
+        rows = [_as_prompt(dict(r)) if prompts else dict(r) for r in records]
         if as_json:
             return json.dumps(rows, indent=2, ensure_ascii=False)
         return "\n\n".join([header, *(json.dumps(r, ensure_ascii=False, indent=1) for r in rows)])
@@ -69,7 +114,10 @@ def preview(
     # Blocks of raw text span many texts: they are cut from the whole dataset, as training cuts them.
     cut = {} if cutoff_len is None else {"cutoff_len": cutoff_len}
     settings = TokenizeSettings(**cut) if ingested.kind == "text" else TokenizeSettings(max_samples=n, **cut)
-    tokenized = tokenize(ingested.path, ref.path, ref.template, settings, revision=ref.revision)
+    revision = ref.revision
+    tokenized = tokenize(
+        ingested.path, ref.path, ref.template, settings, revision=revision, as_prompts=prompts
+    )
     blocks = load_saved(tokenized.path)
     rows = [dict(r) for r in blocks.select(range(min(n, len(blocks))))]
     if as_json:
