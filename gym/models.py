@@ -165,6 +165,11 @@ def _resolve(name_or_path: str, template: str | None, dry_run: bool = False) -> 
             new_token_ids=[int(i) for i in meta.get("new_token_ids", [])],
             default_system=meta.get("default_system"),
         )
+    if _path_like(name_or_path):  # `./my-model`, `/x/y`, `~/m`: a folder the user meant, not a hub id
+        raise ConfigError(
+            f"model {name_or_path!r}: no such directory ({Path(name_or_path).expanduser().resolve()}); "
+            "give a model folder (with config.json), a registry name or a hub id"
+        )
     if template is None:
         if registered := tracking.registered_uri_hint(name_or_path):
             raise ConfigError(
@@ -187,6 +192,13 @@ def _resolve(name_or_path: str, template: str | None, dry_run: bool = False) -> 
         digest=hash_obj({"hub": name_or_path, "revision": "main"}),
         base_model=name_or_path,
     )
+
+
+def _path_like(name: str) -> bool:
+    """A name only a local path has: it starts with `.`, `/` or `~`, or is no hub id (`owner/name`)."""
+    from gym.data.readers import looks_like_hub_id
+
+    return name.startswith((".", "/", "~")) or not looks_like_hub_id(name)
 
 
 def registry_entry(name_or_hub_id: str) -> Any:
@@ -331,9 +343,14 @@ def _loading(ref: ModelRef, errors: tuple[type[Exception], ...] = (OSError,)) ->
     except GymError:
         raise
     except caught as exc:
-        if not Path(ref.path).is_dir():
-            raise  # a hub id: the hub's own errors (gym checks reachability when resolving)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if not Path(ref.path).is_dir():  # a hub id: a network or hub error (OSError), else a library's
+            if not isinstance(exc, OSError):
+                raise
+            raise ConfigError(
+                f"model {ref.path!r} can't be loaded from the Hugging Face hub ({first}): check the id and "
+                "the connection, or download it while online and set HF_HUB_OFFLINE=1"
+            ) from None
         raise ConfigError(
             f"model folder {ref.path} can't be loaded ({first}): {remake_advice(ref.path)}"
         ) from None

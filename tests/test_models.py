@@ -153,3 +153,26 @@ def test_a_library_learned_for_an_api_model_says_how_to_use_it(tmp_path):
     message = str(caught.value)
     assert "Training-Free GRPO library learned for the model 'deepseek-chat'" in message
     assert f"gym tfgrpo show {tmp_path}" in message
+
+
+@pytest.mark.parametrize("path", ["./no/such/model", "/no/such/model", "~/no-such-model"])
+def test_a_missing_model_folder_is_one_line_even_with_a_template(path):
+    # With --template, a path was taken for a hub id: huggingface_hub's HFValidationError traceback
+    for template in (None, "chatml"):
+        with pytest.raises(ConfigError, match=r"no such directory \(.*no.such.model\); give a model folder"):
+            resolve(path, template)
+
+
+def test_a_hub_model_the_hub_cannot_serve_is_one_line_naming_it():
+    # Online with no network, transformers' OSError (after its retries) was a traceback from gym data
+    from gym.models import ModelRef, _loading
+
+    hub_id = "Qwen/Qwen2.5-0.5B-Instruct"
+    ref = ModelRef(
+        name=hub_id, path=hub_id, template="chatml", digest="d", revision="main", base_model=hub_id
+    )
+    says = r"'Qwen/Qwen2.5-0.5B-Instruct' can't be loaded from the Hugging Face hub \(We couldn't connect"
+    with pytest.raises(ConfigError, match=says), _loading(ref):
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files.\nmore")
+    with pytest.raises(ValueError, match="a library's own"), _loading(ref, (OSError, ValueError)):
+        raise ValueError("a library's own")  # not the hub's: as it was
