@@ -321,3 +321,16 @@ def test_longlora_names_what_a_model_without_the_attention_interface_lacks():
 
     with pytest.raises(ConfigError, match=r"AttentionInterface.*shift_attention false"):
         s2attn.enable(LegacyModel(LegacyConfig()), 0.25)
+
+
+def test_lora_on_the_output_layer_trains_sft(gym_home):
+    # TRL's chunked SFT loss reads lm_head's weight directly and refused an adapter there (a traceback)
+    model = tiny()
+    data = tokenized("demo_sft", model, max_samples=64)
+    lora = {"target_modules": ["lm_head", "q_proj"]}
+    config = TrainConfig(finetuning_type="lora", lora=lora, max_steps=8, learning_rate=3e-3)
+    result = train.run(config, model, data)
+    assert result.losses[-1][1] < result.losses[0][1]
+    saved = load_file(str(Path(result.adapter_dir) / "adapter_model.safetensors"))
+    head = [k for k in saved if "lm_head" in k and "lora_B" in k]
+    assert head and all(saved[k].abs().sum() > 0 for k in head), "the output layer's adapter learned"

@@ -371,6 +371,10 @@ def test_lora_targets_and_freeze_layers_the_model_lacks_fail_before_any_model_lo
             TrainConfig(finetuning_type="lora", lora={"target_modules": ["nosuch_proj"]}),
             r"^train\.lora\.target_modules: gym-tiny has no module named 'nosuch_proj'; its linear layers",
         ),
+        (  # a block of layers: PEFT's "Target module LlamaMLP(...) is not supported", after the load
+            TrainConfig(finetuning_type="lora", lora={"target_modules": ["mlp"]}),
+            r"^train\.lora\.target_modules: 'mlp' in gym-tiny is a LlamaMLP, not a layer LoRA adapts",
+        ),
         (
             TrainConfig(finetuning_type="freeze", freeze={"layers": 99}),
             r"^train\.freeze\.layers=99, but gym-tiny has",

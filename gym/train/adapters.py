@@ -23,6 +23,7 @@ adapter, which makes the reference the starting model even where the base alone 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -249,10 +250,16 @@ def lora_targets(model: Any, given: list[str] | None, model_ref: ModelRef) -> li
     targets = given or model_ref.lora_target_modules
     modules = dict(model.named_modules())
     missing = [t for t in targets if not _named(modules, t)]
-    if not missing or (not given and len(missing) < len(targets)):  # defaults: those the model has
-        return targets
     linear = {n.rsplit(".", 1)[-1] for n, m in modules.items() if n and isinstance(m, torch.nn.Linear)}
     there = f"its linear layers: {', '.join(sorted(linear))}"
+    for name in given or ():  # a block of layers (`mlp`, `self_attn`): PEFT's "Target module not supported"
+        if block := next((m for m in _named(modules, name) if not _adaptable(m)), None):
+            raise ConfigError(
+                f"lora.target_modules: {name!r} in {model_ref.name} is a {type(block).__name__}, not a layer "
+                f"LoRA adapts (linear, embedding, convolution): name its layers instead; {there}"
+            )
+    if not missing or (not given and len(missing) < len(targets)):  # defaults: those the model has
+        return targets
     if given:
         name = missing[0]
         raise ConfigError(f"lora.target_modules: {model_ref.name} has no module named {name!r}; {there}")
@@ -265,6 +272,33 @@ def lora_targets(model: Any, given: list[str] | None, model_ref: ModelRef) -> li
 def _named(modules: dict[str, Any], name: str) -> list[Any]:
     """The modules called `name`, in full or as the last parts of their dotted names (as PEFT matches)."""
     return [m for n, m in modules.items() if n and (n == name or n.endswith("." + name))]
+
+
+def _adaptable(module: Any) -> bool:
+    """Whether PEFT's LoRA wraps a module of this kind: linear, embedding and convolution layers
+    (transformers' GPT-2 style Conv1D, and bitsandbytes' quantized linear layers, included)."""
+    import torch
+
+    kinds = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+    return isinstance(module, kinds) or type(module).__name__ in ("Conv1D", "Linear8bitLt", "Linear4bit")
+
+
+def adapts_output_layer(model: Any, peft_config: Any | None) -> bool:
+    """Whether LoRA adapts the model's output layer (`lm_head`): the model, wrapped already, has an
+    adapter layer there, or the `peft_config` a trainer will apply names it among its target modules.
+    Losses that read that layer's weight directly would skip the adapter (TRL refuses its chunked loss)."""
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if get else None
+    if head is not None and "peft" in sys.modules:  # a model wrapped by PEFT: the layer is its tuner layer
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        if isinstance(head, BaseTunerLayer):
+            return True
+    targets = getattr(peft_config, "target_modules", None)
+    if not targets or head is None or isinstance(targets, str):  # a str: PEFT's all-linear, or a regex
+        return False
+    names = [n for n, m in model.named_modules() if m is head]
+    return any(n == t or n.endswith("." + t) for n in names for t in targets)
 
 
 def output_layer_wrapped(model: Any) -> bool:

@@ -75,9 +75,10 @@ def sft_trainer(
     from trl import SFTConfig
 
     fields = {**trl_args(config, output_dir, held_out=eval_data is not None), **batching}
-    if adapters.output_layer_wrapped(model):
-        # PEFT's trainable token rows in the output layer (gym.vocab): TRL's chunked loss and Liger's fused
-        # one read the layer's weight directly, so they would skip the new rows (and fail on the wrapper)
+    if adapters.output_layer_wrapped(model) or adapters.adapts_output_layer(model, peft_config):
+        # PEFT's trainable token rows in the output layer (gym.vocab), or a LoRA adapter on it
+        # (lora_target lm_head): TRL's chunked loss and Liger's fused one read the layer's weight directly,
+        # so they would skip the new rows or the adapter (and TRL refuses the adapter)
         fields |= {"loss_type": "nll", "use_liger_kernel": False}
     args = SFTConfig(**fields)
     with flash_only_warnings_dropped(model):
