@@ -2,7 +2,9 @@
 
 A method module may define `signal(eval_before, eval_after, log_history) -> Signal | None`; `run`
 calls it when present (a method without one reports its training loss). The signal is read from the
-held-out evaluation when the stage has one, else from the first and last training logs.
+held-out evaluation when the stage has one, else from the first and last training logs, and then
+named `train_<name>`: two different training batches, not a fixed set scored before and after (a
+held-out `logp_gap` and a training one are told apart, as SFT's `eval_loss` and `loss` are).
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ def metric(
     eval_after: dict[str, float],
     log_history: list[dict[str, Any]],
 ) -> Signal:
-    """Signal `name` from eval metric `eval_<key>` (held-out), else training log `key` (first, last)."""
+    """Signal `name` from eval metric `eval_<key>` (held-out), else `train_<name>` from training log `key`
+    (its first and last values)."""
     if f"eval_{key}" in eval_after:
         return Signal(name, eval_before.get(f"eval_{key}"), eval_after[f"eval_{key}"])
     logged = [float(e[key]) for e in log_history if key in e]
-    return Signal(name, logged[0] if logged else None, logged[-1] if logged else None)
+    return Signal(f"train_{name}", logged[0] if logged else None, logged[-1] if logged else None)
 
 
 def difference(
@@ -45,4 +48,4 @@ def difference(
     def sub(x: float | None, y: float | None) -> float | None:
         return None if x is None or y is None else x - y
 
-    return Signal(name, sub(a.first, b.first), sub(a.last, b.last))
+    return Signal(a.name, sub(a.first, b.first), sub(a.last, b.last))
