@@ -251,6 +251,11 @@ def test_neftune_keeps_the_padded_rows_its_noise_scale_was_set_for():
     assert speed.resolve(SFT).padding_free or torch.cuda.is_available()
     assert not speed.resolve(neftune).padding_free, "auto stays padded"
     assert speed.resolve(with_speed(neftune, padding_free="on")).padding_free, "asked for: as TRL does"
+    # ... with a word on what it does to the noise (it was silent)
+    for asked in ({"padding_free": "on"}, {"packing": True}):
+        said = speed.choices(with_speed(neftune, **asked))
+        assert "several times less noise" in said["packing" if "packing" in asked else "padding_free"]
+    assert not speed.choices(neftune)
 
 
 def test_flow_preflight_names_the_stage_whose_speed_option_cant_run():

@@ -197,6 +197,12 @@ def choices(config: TrainConfig) -> dict[str, str]:
         said["liger"] = (
             "on: a CUDA GPU with liger-kernel installed (--train.speed.liger off keeps the model's layers)"
         )
+    if config.neftune_noise_alpha is not None and r.padding_free:  # asked for (auto stays padded)
+        what = "packing" if r.packing else "padding_free"
+        said[what] = (
+            "on, as asked; NEFTune scales its noise by 1/sqrt(row length) and a flattened row is a whole "
+            "batch long, so neftune_noise_alpha adds several times less noise than on padded rows"
+        )
     return said
 
 
