@@ -134,6 +134,10 @@ def test_a_run_resumed_short_of_memory_checkpoints_and_ends_with_the_same_weight
     assert resumed.choices["gradient_checkpointing"].startswith("on:")
     assert resumed.stage_dir == kept.stage_dir and resumed.resumed_from is not None
     assert Path(resumed.resumed_from).name == "checkpoint-3"
+    # Its tokens/s is the resumed part's (it was null): the tokens since checkpoint-3, over its time
+    assert resumed.tokens_seen == kept.tokens_seen and 0 < resumed.tokens_at_resume < resumed.tokens_seen
+    ran = resumed.tokens_seen - resumed.tokens_at_resume
+    assert resumed.tokens_per_second == round(ran / resumed.train_seconds, 1)
 
     def trained_with(checkpoint: str) -> bool:
         args = stage / "checkpoints" / checkpoint / "training_args.bin"

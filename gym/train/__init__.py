@@ -493,6 +493,7 @@ def _train(
         resumed_from=resume,
         train_seconds=round(seconds, 3),
         tokens_seen=int(trainer.state.num_input_tokens_seen),
+        tokens_at_resume=_tokens_at(resume),
         **signal,
     )
     return result
@@ -569,6 +570,14 @@ def _evaluate_at_start(trainer: Any, before_file: Path | None) -> Any:
     trainer.add_callback(callback)
     trainer.args.eval_on_start = True
     return callback
+
+
+def _tokens_at(checkpoint: str | None) -> int:
+    """The tokens the Trainer had counted at `checkpoint` (0 without one): a resumed run's start."""
+    state = Path(checkpoint) / "trainer_state.json" if checkpoint else None
+    if state is None or not state.is_file():
+        return 0
+    return int(json.loads(state.read_text(encoding="utf-8")).get("num_input_tokens_seen") or 0)
 
 
 def _report_progress(trainer: Any, stage: str) -> None:

@@ -53,6 +53,9 @@ class TrainResult(BaseModel):
     resumed_from: str | None = None
     train_seconds: float = 0.0
     tokens_seen: int = Field(0, description="Input tokens the trainer processed, padding excluded.")
+    tokens_at_resume: int = Field(
+        0, description="Of tokens_seen, those processed before the checkpoint a resumed stage started from."
+    )
     metric_name: str = Field(
         "loss", description="The method's main training signal (loss, reward_accuracy, mean_reward...)."
     )
@@ -91,10 +94,12 @@ class TrainResult(BaseModel):
 
     @property
     def tokens_per_second(self) -> float | None:
-        """Real (unpadded) training tokens per second; unknown for a resumed stage or uncounted tokens."""
-        if self.resumed_from or self.train_seconds <= 0 or self.tokens_seen <= 0:
+        """Real (unpadded) training tokens per second of the run that finished the stage (a resumed one:
+        the tokens since the resume, over its time); None for tokens uncounted or none trained."""
+        ran = self.tokens_seen - self.tokens_at_resume
+        if self.train_seconds <= 0 or ran <= 0:
             return None
-        return round(self.tokens_seen / self.train_seconds, 1)
+        return round(ran / self.train_seconds, 1)
 
 
 def trl_args(config: TrainConfig, output_dir: Path, *, held_out: bool = False) -> dict[str, Any]:

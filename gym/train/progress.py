@@ -71,7 +71,8 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.bar is not None:
             # The run's average over the tokens the Trainer counted, as the stage's result
-            # (TrainResult.tokens_per_second: tokens_seen / train_seconds); none where it counts none.
+            # (TrainResult.tokens_per_second: the tokens since the start or resume / train_seconds); none
+            # where it counts none.
             self.bar.done(tokens=(state.num_input_tokens_seen or 0) - self._tokens_at_start)
             self.bar = None
 
