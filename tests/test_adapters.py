@@ -304,6 +304,10 @@ def test_lora_names_the_linear_layers_when_a_target_is_unknown():
     assert adapters.lora_config(model, TrainConfig(finetuning_type="lora"), ref).target_modules == set(
         ref.lora_target_modules
     )
+    # A comma-separated value to gym's own list flag: how to give the names ("no module named 'q,v'")
+    commas = TrainConfig(finetuning_type="lora", lora={"target_modules": ["q_proj,v_proj"]})
+    with pytest.raises(ConfigError, match=r"'q_proj,v_proj' is one name: .*target_modules q_proj v_proj;"):
+        adapters.lora_config(model, commas, ref)
 
 
 def test_bad_adaptation_settings_fail_before_the_stage_starts(gym_home):

@@ -262,6 +262,13 @@ def lora_targets(model: Any, given: list[str] | None, model_ref: ModelRef) -> li
         return targets
     if given:
         name = missing[0]
+        if "," in name:  # gym's list flag takes its values apart, not one comma-separated value
+            parts = " ".join(n.strip() for n in name.split(",") if n.strip())
+            raise ConfigError(
+                f"lora.target_modules: {name!r} is one name: give the names apart "
+                f"(--train.lora.target_modules {parts}; YAML: a list), or comma-separated through "
+                f"LLaMA-Factory's --lora_target {name}"
+            )
         raise ConfigError(f"lora.target_modules: {model_ref.name} has no module named {name!r}; {there}")
     raise ConfigError(
         f"{model_ref.name} has none of the modules LoRA adapts by default ({', '.join(targets)}); {there}: "

@@ -43,13 +43,16 @@ def resolve(config: TrainConfig) -> tuple[TrainConfig, dict[str, str]]:
     """The config with `bf16` decided (None: on where a GPU supports it), and the choice in words when
     gym made it; pure_bf16 without bf16 is refused here."""
     choices = {}
+    told_off = config.bf16 is False
     if config.bf16 is None:
         config = config.model_copy(update={"bf16": gpu_bf16()})
         if config.bf16:
             choices["bf16"] = "on: this GPU supports bfloat16 (--train.bf16 false trains in float32)"
     if config.pure_bf16 and not config.bf16:
+        why = "bf16 is off" if told_off else "this machine has no GPU with bfloat16 (bf16 is off)"
         raise ConfigError(
-            "pure_bf16 needs bf16, and this machine has no GPU with bfloat16: turn pure_bf16 off"
+            f"pure_bf16 needs bf16, and {why}: turn bf16 on too (--train.bf16; on a CPU it trains, "
+            "slowly on most), or pure_bf16 off"
         )
     return config, choices
 
