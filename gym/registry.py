@@ -34,6 +34,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError as SchemaError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from gym.data.formats import METHOD_KIND
 from gym.errors import RegistryError
 from gym.paths import registry_dir
 from gym.templates import ALIASES, canonical_template, unknown_template_message
@@ -230,6 +231,14 @@ def _cross_check(entries: list[Any], templates: Path) -> list[str]:
             )
         if isinstance(tokens, dict) and "eos" in tokens and tokens["eos"] is None:
             problems.append(f"{where}.special_tokens.eos: eos is null; set the string that ends a sequence")
+        defaults = e.get("train_defaults")
+        for key in defaults if isinstance(defaults, dict) else ():  # `sft` or `sft:lora`, by the schema
+            method = str(key).split(":", 1)[0]
+            if method not in METHOD_KIND:  # a typo was never read: the method trained with gym's defaults
+                close = difflib.get_close_matches(method, list(METHOD_KIND), n=1)
+                guess = f"did you mean {close[0]!r}? " if close else ""
+                methods = ", ".join(METHOD_KIND)
+                problems.append(f"{where}.train_defaults: {key!r} names no method; {guess}methods: {methods}")
         if "hub_id" in e and (e["hub_id"] is None) == (e.get("builder") is None):
             why = (
                 "both hub_id and builder are set; keep hub_id for a Hub model, builder for a local build"

@@ -170,6 +170,23 @@ def test_typo_in_field_name(tmp_path, shipped):
     assert "$.models[2].context_length: missing required field" in msg
 
 
+def test_a_train_defaults_key_naming_no_method_is_refused(tmp_path, shipped):
+    # It was never read: the method trained with gym's defaults instead of the measured ones, silently
+    f = broken(tmp_path, shipped, 0, lambda e: e["train_defaults"].update({"sftt": {"learning_rate": 0.1}}))
+    with pytest.raises(
+        RegistryError, match=r"\$\.models\[0\]\.train_defaults: 'sftt' names no method; did you mean 'sft'\?"
+    ):
+        load_models(f)
+
+
+def test_a_train_defaults_setting_training_lacks_is_refused_naming_it():
+    from gym.errors import ConfigError
+    from gym.train.config import TrainConfig, with_defaults
+
+    with pytest.raises(ConfigError, match=r"train_defaults for sft\) sets learning_rte, which gym"):
+        with_defaults(TrainConfig(), {"sft": {"learning_rte": 0.1}})  # it was an AttributeError
+
+
 def test_null_eos(tmp_path, shipped):
     f = broken(tmp_path, shipped, 1, lambda e: e["special_tokens"].update(eos=None))
     with pytest.raises(RegistryError, match=r"\$\.models\[1\]\.special_tokens\.eos: eos is null"):

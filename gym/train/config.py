@@ -429,6 +429,12 @@ def with_defaults(config: TrainConfig, model_defaults: dict[str, dict[str, float
         **model_defaults.get(config.method, {}),
         **model_defaults.get(f"{config.method}:{kind}", {}),  # measured for this adaptation family
     }
+    unknown = sorted(set(chosen) - set(TrainConfig.model_fields))
+    if unknown:  # the registry's train_defaults for this model name a setting TrainConfig has not
+        raise ConfigError(
+            f"the model's registry entry (train_defaults for {config.method}) sets {', '.join(unknown)}, "
+            "which gym's training has no setting for: fix the name in registry/models.json"
+        )
     unset = {k: v for k, v in chosen.items() if getattr(config, k) is None}
     if "per_device_train_batch_size" in unset:
         unset["per_device_train_batch_size"] = int(unset["per_device_train_batch_size"])
