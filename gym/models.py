@@ -100,7 +100,12 @@ def _resolve(name_or_path: str, template: str | None, dry_run: bool = False) -> 
                 return None
             from gym.tiny import ensure_tiny
 
-            built = ensure_tiny(spec.builder, tmpl)
+            try:
+                built = ensure_tiny(spec.builder, tmpl)
+            except ConfigError as exc:  # the entry's builder: name the file and the entry
+                from gym.registry import models_file
+
+                raise ConfigError(f"{models_file()}: entry {spec.name!r}: {exc}") from None
             return ModelRef(
                 name=spec.name,
                 path=str(built),

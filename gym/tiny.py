@@ -85,14 +85,20 @@ def _check_builder(builder: dict) -> tuple[int, dict[str, Any]]:
 def _build(out: Path, seed: int, config: dict[str, Any], chat_template: str) -> None:
     """Write a freshly initialised model and the tokenizer into `out` (torch's global RNG untouched)."""
     import torch
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     kwargs = dict(config)
-    cfg = AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
-    cfg.dtype = torch.float32
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    try:  # transformers checks a config when built (heads dividing the width, a known model_type...)
+        cfg = AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
+        cfg.dtype = torch.float32
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    except (ValueError, TypeError, KeyError, StrictDataclassError) as exc:  # no retry helps a mistake
+        cause = exc.__cause__ if isinstance(exc, StrictDataclassError) and exc.__cause__ else exc
+        first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+        raise ConfigError(f"builder.config can't build a model ({first}): fix it") from None
     model.generation_config = GenerationConfig(
         eos_token_id=config.get("eos_token_id"),
         pad_token_id=config.get("pad_token_id"),

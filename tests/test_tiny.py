@@ -123,3 +123,26 @@ def test_registry_parameter_count_matches_the_built_model(built: Path) -> None:
     from gym.registry import get_model
 
     assert get_model("gym-tiny").parameters == count_parameters(built)
+
+
+def test_a_builder_config_transformers_refuses_is_one_error_naming_the_entry(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was huggingface_hub's StrictDataclassClassValidationError, which the resolve task retried three
+    times (~1 minute) before a traceback: a mistake in the registry, not a transient failure."""
+    import json
+    import shutil
+
+    from gym.models import resolve
+    from gym.paths import registry_dir
+
+    registry = tmp_path / "registry"
+    shutil.copytree(registry_dir(), registry)
+    doc = json.loads((registry / "models.json").read_text())
+    doc["models"][0]["builder"]["config"]["num_attention_heads"] = 7
+    (registry / "models.json").write_text(json.dumps(doc))
+    monkeypatch.setenv("GYM_REGISTRY", str(registry))
+    says = r"models\.json: entry 'gym-tiny': builder\.config can't build a model \(The hidden size \(64\)"
+    with pytest.raises(ConfigError, match=says):
+        resolve("gym-tiny")
+    assert not list((home / "models").glob("gym-tiny-*")), "nothing half-built is left"
