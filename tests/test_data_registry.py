@@ -108,6 +108,27 @@ def test_relative_path_and_columns(monkeypatch: pytest.MonkeyPatch):
     assert spec.format == "alpaca"
 
 
+def test_a_columns_key_no_format_reads_is_refused_naming_the_entry(tmp_path, monkeypatch):
+    # A typo (or the mapping written file -> gym) renamed the file's own column away: the error then said
+    # the file lacked a field it has
+    import shutil
+
+    from gym.paths import registry_dir
+
+    registry = tmp_path / "registry"
+    shutil.copytree(registry_dir(), registry)
+    entries = json.loads((registry / "datasets.json").read_text())
+    columns = {"instrucion": "question"}
+    entries["mine"] = {"file": str(DATA / "qa.jsonl"), "format": "alpaca", "columns": columns}
+    (registry / "datasets.json").write_text(json.dumps(entries))
+    monkeypatch.setenv("GYM_REGISTRY", str(registry))
+    says = r"entry 'mine', field columns\.instrucion: .*did you mean 'instruction'\? columns maps gym's name"
+    with pytest.raises(RegistryError, match=says):
+        resolve_dataset("mine")
+    with pytest.raises(ConfigError, match=r"columns\.question: no field gym reads"):  # the Python API too
+        resolve_dataset(DATA / "qa.jsonl", columns={"question": "instruction"})
+
+
 def test_undetectable_format_says_what_to_do():
     with pytest.raises(DataError, match="cannot tell the dataset format") as e:
         resolve_dataset(DATA / "qa.jsonl")

@@ -37,6 +37,7 @@ otherwise (LLaMA-Factory's tags: `{"role_tag": "speaker", "user_tag": "me"}`).
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -131,6 +132,27 @@ class Where:
         if self.guessed and (shape or hint == MAPPING_HINT):
             hint = "; ".join(filter(None, [hint, GUESS_HINT.format(fmt=self.guessed)]))
         return DataError(message, file=self.file, record=self.record, field=source, hint=hint)
+
+
+# The fields gym's formats read: what a dataset entry's `columns` may map (canonical name -> source column).
+CANONICAL_FIELDS = (
+    *("instruction", "input", "output", "system", "history", "messages", "conversations"),
+    *("prompt", "chosen", "rejected", "completion", "label", "answer", "metadata", "text"),
+)
+
+
+def check_columns(columns: Mapping[str, Any]) -> None:
+    """ValueError for a `columns` key no format reads (a typo, or the mapping written source -> canonical):
+    the record's own field would be renamed away, and the error then blamed a field the file has."""
+    for key in columns:
+        if key not in CANONICAL_FIELDS:
+            close = difflib.get_close_matches(str(key), CANONICAL_FIELDS, n=1)
+            guess = f"did you mean {close[0]!r}? " if close else ""
+            names = ", ".join(CANONICAL_FIELDS)
+            raise ValueError(
+                f"columns.{key}: no field gym reads is called {key!r}; {guess}columns maps gym's name to the "
+                f'file\'s column ({{"instruction": "question"}}), gym\'s names being {names}'
+            )
 
 
 def apply_columns(record: dict[str, Any], columns: dict[str, str]) -> dict[str, Any]:

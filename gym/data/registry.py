@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import jsonschema
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gym.data import llamafactory
 from gym.data.demo import DEMO_DATASETS
-from gym.data.formats import FORMAT_KIND, apply_columns, detect_format
+from gym.data.formats import FORMAT_KIND, apply_columns, check_columns, detect_format
 from gym.data.readers import EXTENSIONS, looks_like_hub_id, read_json_file, read_source
 from gym.errors import ConfigError, DataError, RegistryError
 from gym.paths import registry_dir
@@ -84,6 +84,12 @@ class DatasetSpec(BaseModel):
     """Keep only the first N records (file order); None keeps all."""
     description: str = ""
     """What the dataset is, for people browsing the registry."""
+
+    @field_validator("columns")
+    @classmethod
+    def _known_fields(cls, columns: dict[str, str]) -> dict[str, str]:
+        check_columns(columns)
+        return columns
 
     @model_validator(mode="after")
     def _one_source(self) -> DatasetSpec:
@@ -165,6 +171,11 @@ def spec_from_entry(name: str, entry: dict[str, Any], data_root: str | Path | No
             f"dataset registry entry {name!r}, field 'generator': unknown demo dataset "
             f"{entry['generator']!r}; expected one of {', '.join(DEMO_DATASETS)}"
         )
+    if isinstance(entry.get("columns"), dict):
+        try:
+            check_columns(entry["columns"])
+        except ValueError as exc:
+            raise RegistryError(f"dataset registry entry {name!r}, field {exc}") from None
     if "file" in entry:
         entry["file"] = str(data_dir(data_root) / Path(entry["file"]).expanduser())
     return DatasetSpec(name=name, **entry)
@@ -215,6 +226,10 @@ def resolve_dataset(
     name = str(name_or_path)
     if not name.strip():
         raise ConfigError(EMPTY_NAME)
+    try:
+        check_columns(columns or {})
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     entries = load_registry(registry)
     if name in entries:
         return spec_from_entry(name, entries[name], data_root)
