@@ -52,10 +52,16 @@ def cmd_registry(argv: Sequence[str]) -> int:
                 json.dumps([m.model_dump(mode="json") for m in models.values()], indent=2, ensure_ascii=False)
             )
             return 0
-        print(f"{'name':36s} {'family':10s} {'template':10s} {'params':>9s}  hub id")
+        widths = {  # each column as wide as its longest value (a template name outgrew a fixed width)
+            key: max(len(key), *(len(str(getattr(m, key))) for m in models.values()))
+            for key in ("name", "family", "template")
+        }
+        name, family, template = (widths[k] for k in ("name", "family", "template"))
+        print(f"{'name':{name}s} {'family':{family}s} {'template':{template}s} {'params':>9s}  hub id")
         for m in models.values():
             hub = m.hub_id or "(built in)"
-            print(f"{m.name:36s} {m.family:10s} {m.template:10s} {registry.count(m.parameters):>9s}  {hub}")
+            size = registry.count(m.parameters)
+            print(f"{m.name:{name}s} {m.family:{family}s} {m.template:{template}s} {size:>9s}  {hub}")
         return 0
     if not args.name:
         print("error: usage: gym registry show NAME", file=sys.stderr)

@@ -108,6 +108,16 @@ def test_data_preview_reads_a_dataset_as_a_method_does(tmp_path, capsys, gym_hom
     assert "method 'dpo' needs a preference dataset" in capsys.readouterr().err
     assert main(["data", "demo_sft", "--method", "dpoo"]) == 2
     assert "unknown method; available: sft" in capsys.readouterr().err
+    assert main(["data", "demo_sft", "--method", "sft_then_dpo"]) == 2
+    assert "(--method sft, then --method dpo)" in capsys.readouterr().err
+
+
+def test_registry_list_columns_are_as_wide_as_their_longest_value(capsys):
+    assert main(["registry"]) == 0
+    header, *rows = capsys.readouterr().out.splitlines()
+    start = header.index("template")  # deepseek-llm outgrew a fixed width and shifted its row
+    assert all(row[start - 1] == " " and row[start] != " " for row in rows)
+    assert any(row[start:].startswith("deepseek-llm ") for row in rows)
 
 
 def test_data_preview_numbers_records_as_the_file_does_and_says_what_cutoff_len_cuts(tmp_path, capsys):

@@ -336,7 +336,7 @@ def test_a_record_in_another_format_is_said_to_be_one(tmp_path: Path) -> None:
         ingest(resolve_dataset(str(path)))
     message = str(caught.value)
     assert "record 2, field 'output': missing" in message
-    assert "this record looks like openai data (fields messages), the dataset's records alpaca" in message
+    assert "looks like openai data (fields messages), while the dataset is read as alpaca" in message
     broken = tmp_path / "broken.jsonl"  # a broken record of the file's own format: no such hint
     broken.write_text(
         json.dumps({"instruction": "a", "output": "b"})

@@ -176,8 +176,8 @@ def other_format(error: DataError, record: dict[str, Any], fmt: str) -> DataErro
     if seen is None or seen == fmt:
         return error
     hint = (
-        f"this record looks like {seen} data (fields {', '.join(map(str, sorted(record)))}), the "
-        f"dataset's records {fmt}: keep one format per file"
+        f"this record looks like {seen} data (fields {', '.join(map(str, sorted(record)))}), while the "
+        f"dataset is read as {fmt}: keep one format per file, or name the format the file has"
     )
     hint = f"{hint}; {error.hint}" if error.hint else hint
     return DataError(error.message, file=error.file, record=error.record, field=error.field, hint=hint)

@@ -58,6 +58,11 @@ def _ingested(dataset: str, method: str | None) -> Any:
     from gym.data.formats import METHOD_KIND, require_kind
     from gym.train import METHODS
 
+    if method == "sft_then_dpo":  # gym train's two-stage method: one dataset per stage
+        raise ConfigError(
+            "--method sft_then_dpo trains two datasets, one per stage: preview each as its stage reads it "
+            "(--method sft, then --method dpo)"
+        )
     if method not in METHODS:
         raise ConfigError(f"--method {method!r}: unknown method; available: {', '.join(METHODS)}")
     if method == "tf_grpo":
