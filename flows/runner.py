@@ -329,10 +329,8 @@ def main(
     where = config_file[0] if config_file else None
     try:
         config = parse_config(config_cls, args, under, where)
-        stages = stage_fields(config_cls)
-        types = [t for ns in reversed(sources) if (t := _finetuning_type(config_cls, ns, stages))]
         for ns in sources:
-            for note in cli_llamafactory.notes(ns, types[0] if types else None):
+            for note in cli_llamafactory.notes(ns):
                 print(f"note: {note}", file=sys.stderr)
         with cli_llamafactory.data_dir(sources):
             try:

@@ -428,23 +428,15 @@ def _longlora(values: dict[str, Any], finetuning_type: str | None) -> dict[str, 
     return {"shift_attention": shift, "trainable_modules": extra}
 
 
-def notes(args: argparse.Namespace, finetuning_type: str | None = None) -> list[str]:
-    """One line per LLaMA-Factory setting given that gym needs no value for, saying why, and one for the
-    LoRA settings a run that trains the weights themselves (`finetuning_type` full or freeze) doesn't read."""
+def notes(args: argparse.Namespace) -> list[str]:
+    """One line per LLaMA-Factory setting given that gym needs no value for, saying why (LoRA settings a
+    full or freeze stage doesn't read get gym's own note, gym.train.adapters.unused_settings)."""
     unset = (None, "none", "null", "false")  # `resume_from_checkpoint: null` in a YAML asks for nothing
-    values = given(args)
-    lines = [
+    return [
         f"{name}: {NOT_NEEDED[name]}"
-        for name, value in values.items()
+        for name, value in given(args).items()
         if name in NOT_NEEDED and (str(value).lower() not in unset or name in NOTED_WHEN_FALSE)
     ]
-    lora = sorted(name for name in LORA_NAMES & values.keys() if str(values[name]).lower() not in unset)
-    if finetuning_type in ("full", "freeze") and lora:
-        lines.append(
-            f"{', '.join(lora)}: LoRA adapter settings; finetuning_type {finetuning_type} trains the model's "
-            "own weights and doesn't read them"
-        )
-    return lines
 
 
 def _put(tree: dict[str, Any], path: str, value: Any) -> None:

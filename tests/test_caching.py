@@ -272,3 +272,21 @@ def test_a_cached_training_result_whose_weights_were_cut_short_is_trained_again(
     assert workspace.weights_problem(Path(again.model_dir)) is None
     with workspace_settings():
         assert train_flow()[0] == "Cached"
+
+
+def test_adapter_settings_the_finetuning_type_does_not_read_leave_the_stage_as_it_is():
+    # `--finetuning_type full --lora_rank 16` trained a new stage of the same weights (a note said the
+    # settings were unused)
+    from gym.train import TrainConfig, stage_digest
+    from tests.helpers import tiny
+
+    def digest(**settings) -> str:
+        return stage_digest(TrainConfig(**settings), tiny(), Path("t"), None)
+
+    full = digest(finetuning_type="full")
+    assert digest(finetuning_type="full", lora={"r": 16}, freeze={"layers": 1}) == full
+    assert digest(finetuning_type="full", quant={"bits": 8}, longlora={"shift_attention": False}) == full
+    lora = digest(finetuning_type="lora")
+    assert digest(finetuning_type="lora", lora={"r": 16}) != lora, "read: a stage of its own"
+    assert digest(finetuning_type="lora", freeze={"layers": 1}) == lora
+    assert digest(finetuning_type="freeze", freeze={"layers": 1}) != digest(finetuning_type="freeze")

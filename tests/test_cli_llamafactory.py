@@ -565,27 +565,6 @@ def test_model_revision_main_asks_for_what_gym_loads():
     assert parse(["--model_revision", "main"])["train"]["finetuning_type"]
 
 
-@pytest.mark.parametrize("finetuning_type", ["full", "freeze"])
-def test_lora_settings_with_a_finetuning_type_that_trains_the_weights_get_a_note(finetuning_type):
-    parser = runner.build_parser(TrainFlowConfig)
-    args = parser.parse_args(["--finetuning_type", finetuning_type, "--lora_rank", "4", "--lora_alpha", "8"])
-    assert lf.notes(args, finetuning_type) == [
-        f"lora_alpha, lora_rank: LoRA adapter settings; finetuning_type {finetuning_type} trains the model's "
-        "own weights and doesn't read them"
-    ]
-    assert lf.notes(args, "lora") == [] and lf.notes(args) == []
-
-
-def test_the_note_for_lora_settings_with_full_reaches_the_console(tmp_path, gym_home, capsys):
-    from flows.cli import main
-
-    yaml = tmp_path / "run.yaml"  # the file's finetuning_type; the run stops at preflight (no such data)
-    yaml.write_text(f"finetuning_type: full\nlora_rank: 4\ndataset: {tmp_path / 'none.jsonl'}\n")
-    assert main(["train", str(yaml)]) == 2
-    err = capsys.readouterr().err
-    assert "note: lora_rank: LoRA adapter settings; finetuning_type full" in err and "error:" in err
-
-
 @pytest.mark.parametrize(
     ("text", "says"),
     [

@@ -100,13 +100,21 @@ def stage_digest(config: TrainConfig, model: ModelRef, train_data: Path, eval_da
     Gradient checkpointing is left out: it changes memory, not the weights (recomputed activations are
     the same; tested bit for bit), and gym may choose it from the memory free at the time
     (gym.train.memory), so a run interrupted with it off resumes with it on, and the other way round.
+    So are the adapter sections the stage's finetuning_type doesn't read.
     """
     online = config.method in ONLINE_METHODS
     # An online method's settings as it trains with them: `--train.rl.kl_coef 0.04` on GSPO (its default)
     # or `--group-size 8` on GRPO is the stage left at its defaults, and reuses it.
     rl = config.rl.resolved(config.method) if online else config.rl
+    # Adapter sections the finetuning_type doesn't read (LoRA's under full, freeze's under lora...) as
+    # their defaults: they change nothing trained (a note says so), so they reuse the stage.
+    unread = {
+        section: type(getattr(config, section))()
+        for section, kinds in adapters.SECTION_TYPES.items()
+        if config.finetuning_type not in kinds
+    }
     inputs: dict[str, Any] = {
-        "config": config.model_copy(update={"gradient_checkpointing": False, "rl": rl}),
+        "config": config.model_copy(update={"gradient_checkpointing": False, "rl": rl, **unread}),
         "model": model.digest,
         "template": model.template,
         "train": Path(train_data).name,
