@@ -290,3 +290,6 @@ def test_adapter_settings_the_finetuning_type_does_not_read_leave_the_stage_as_i
     assert digest(finetuning_type="lora", lora={"r": 16}) != lora, "read: a stage of its own"
     assert digest(finetuning_type="lora", freeze={"layers": 1}) == lora
     assert digest(finetuning_type="freeze", freeze={"layers": 1}) != digest(finetuning_type="freeze")
+    # and the checkpoints a run keeps: a run killed with save_steps 100 resumes with save_steps 20
+    assert digest(finetuning_type="full", save_steps=20, save_total_limit=5) == full
+    assert digest(finetuning_type="full", logging_steps=1) != full, "its recorded curve differs"

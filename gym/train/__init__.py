@@ -100,7 +100,8 @@ def stage_digest(config: TrainConfig, model: ModelRef, train_data: Path, eval_da
     Gradient checkpointing is left out: it changes memory, not the weights (recomputed activations are
     the same; tested bit for bit), and gym may choose it from the memory free at the time
     (gym.train.memory), so a run interrupted with it off resumes with it on, and the other way round.
-    So are the adapter sections the stage's finetuning_type doesn't read.
+    So are the adapter sections the stage's finetuning_type doesn't read, and the checkpoints it keeps
+    (save_steps, save_total_limit).
     """
     online = config.method in ONLINE_METHODS
     # An online method's settings as it trains with them: `--train.rl.kl_coef 0.04` on GSPO (its default)
@@ -113,8 +114,11 @@ def stage_digest(config: TrainConfig, model: ModelRef, train_data: Path, eval_da
         for section, kinds in adapters.SECTION_TYPES.items()
         if config.finetuning_type not in kinds
     }
+    # Which checkpoints a run keeps changes no weight: a run killed with save_steps 100 resumes from its
+    # checkpoint when run again with save_steps 20.
+    keeps = {"save_steps": 0, "save_total_limit": 0}
     inputs: dict[str, Any] = {
-        "config": config.model_copy(update={"gradient_checkpointing": False, "rl": rl, **unread}),
+        "config": config.model_copy(update={"gradient_checkpointing": False, "rl": rl, **unread, **keeps}),
         "model": model.digest,
         "template": model.template,
         "train": Path(train_data).name,
