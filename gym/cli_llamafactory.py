@@ -370,6 +370,12 @@ def overrides(
                 f"overwrite_output_dir: false, and output_dir {output_dir} holds files: pick another "
                 "output_dir, or set overwrite_output_dir true (gym replaces only a folder it wrote)"
             )
+    for name, kind in {"use_dora": "dora", "use_rslora": "rslora", "pissa_init": "pissa"}.items():
+        if finetuning_type == kind and str(values.get(name)).lower() == "false":  # was silently overridden
+            raise ConfigError(
+                f"{name}: false, but finetuning_type {kind} is LoRA with {name} on: drop {name}, or use "
+                "finetuning_type lora"
+            )
     if str(values.get("reward_model_type", "full")) != "full":
         raise ConfigError(
             f"reward_model_type {values['reward_model_type']}: gym scores with a reward model of full "

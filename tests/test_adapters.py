@@ -127,6 +127,16 @@ def test_variants_are_the_lora_settings_that_name_them():
     assert adapters.lora_settings(TrainConfig(finetuning_type="loraplus")).loraplus_lr_ratio == 16.0
     given = TrainConfig(finetuning_type="loraplus", lora={"loraplus_lr_ratio": 4.0})
     assert adapters.lora_settings(given).loraplus_lr_ratio == 4.0
+    # A setting that contradicts the variant is refused (the variant won, silently)
+    with pytest.raises(ConfigError, match=r"pissa is LoRA with lora\.init pissa, but lora\.init is gaussian"):
+        adapters.lora_settings(TrainConfig(finetuning_type="pissa", lora={"init": "gaussian"}))
+    from flows.runner import build_parser, parse_config
+    from gym.pipeline import TrainFlowConfig
+
+    for kind, name in [("dora", "use_dora"), ("rslora", "use_rslora"), ("pissa", "pissa_init")]:
+        args = build_parser(TrainFlowConfig).parse_args(["--finetuning_type", kind, f"--{name}", "false"])
+        with pytest.raises(ConfigError, match=f"{name}: false, but finetuning_type {kind} is LoRA with"):
+            parse_config(TrainFlowConfig, args)
 
 
 def test_rslora_scales_by_the_square_root_of_the_rank():

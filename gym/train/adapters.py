@@ -39,14 +39,24 @@ NOTHING_TO_FREEZE = "freeze trains nothing: set freeze.layers to a non-zero N, o
 HEADED_METHODS = ("rm",)  # methods whose model has a new head (task_head), which trains under freeze too
 
 
+# The LoRA settings each variant's finetuning_type stands for.
+IMPLIED: dict[str, dict[str, Any]] = {
+    "rslora": {"use_rslora": True},
+    "dora": {"use_dora": True},
+    "pissa": {"init": "pissa"},
+}
+
+
 def lora_settings(config: TrainConfig) -> LoraSettings:
-    """The LoRA settings a finetuning_type implies on top of `config.lora`."""
-    implied: dict[str, dict[str, Any]] = {
-        "rslora": {"use_rslora": True},
-        "dora": {"use_dora": True},
-        "pissa": {"init": "pissa"},
-    }
-    update = dict(implied.get(config.finetuning_type, {}))
+    """The LoRA settings a finetuning_type implies on top of `config.lora`; ConfigError where the user set
+    one otherwise (`finetuning_type pissa` with `lora.init gaussian`: the variant silently won)."""
+    for name, value in IMPLIED.get(config.finetuning_type, {}).items():
+        if getattr(config.lora, name) not in (value, type(config.lora).model_fields[name].default):
+            raise ConfigError(
+                f"finetuning_type {config.finetuning_type} is LoRA with lora.{name} {value}, but lora.{name} "
+                f"is {getattr(config.lora, name)}: drop lora.{name}, or use finetuning_type lora"
+            )
+    update = dict(IMPLIED.get(config.finetuning_type, {}))
     if config.finetuning_type == "loraplus" and config.lora.loraplus_lr_ratio is None:
         update["loraplus_lr_ratio"] = LORAPLUS_RATIO
     return config.lora.model_copy(update=update)
