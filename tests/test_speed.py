@@ -258,6 +258,12 @@ def test_neftune_keeps_the_padded_rows_its_noise_scale_was_set_for():
     assert not speed.choices(neftune)
 
 
+def test_packing_with_padding_free_off_is_refused():
+    # packing won, silently
+    with pytest.raises(ConfigError, match=r"packing joins sequences into full rows.*but padding_free is off"):
+        speed.resolve(with_speed(SFT, packing=True, padding_free="off"))
+
+
 def test_flow_preflight_names_the_stage_whose_speed_option_cant_run():
     from gym import preflight
     from gym.pipeline import TrainFlowConfig

@@ -132,6 +132,11 @@ def resolve(config: TrainConfig) -> Resolved:
             )
     if s.unsloth and liger:
         liger = False  # Unsloth patches the same layers with its own kernels
+    if packing and s.padding_free == "off":  # packing won, silently
+        raise ConfigError(
+            "packing joins sequences into full rows, which is padding-free by nature, but padding_free is "
+            "off: drop --train.speed.padding_free off to pack, or --train.speed.packing to pad"
+        )
     # LongLoRA's shifted sparse attention (gym.train.s2attn) replaces the model's attention and groups
     # each row: a flattened row would be grouped across its sequences, through a dense mask of the row.
     s2 = config.finetuning_type == "longlora" and config.longlora.shift_attention
