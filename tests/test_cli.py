@@ -112,6 +112,20 @@ def test_data_preview_reads_a_dataset_as_a_method_does(tmp_path, capsys, gym_hom
     assert "(--method sft, then --method dpo)" in capsys.readouterr().err
 
 
+def test_data_preview_says_which_pairs_training_leaves_out(tmp_path, capsys):
+    # It said only that training cuts longer pairs' answers; one whose prompt fills cutoff_len is left out
+    rows = [
+        {"prompt": "word " * 300, "chosen": "a", "rejected": "b"},
+        {"prompt": "hi", "chosen": "y", "rejected": "n"},
+    ]
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["data", str(data), "--model", "gym-tiny", "--cutoff_len", "64"]) == 0
+    out = capsys.readouterr().out
+    says = "note: 1 of 2 pair(s) have a prompt of cutoff_len=64 tokens or more: no answer token fits, so"
+    assert says in out and "they are left out" in out
+
+
 def test_registry_list_columns_are_as_wide_as_their_longest_value(capsys):
     assert main(["registry"]) == 0
     header, *rows = capsys.readouterr().out.splitlines()

@@ -88,6 +88,24 @@ def _as_prompt(record: dict[str, Any]) -> dict[str, Any]:
     return {"prompt": messages[:-1], "answer": messages[-1]["content"]}
 
 
+def _left_out(tokenized: Any, cutoff_len: int) -> list[str]:
+    """Pairs and KTO records whose prompt alone fills cutoff_len: training leaves them out (their answers
+    are not cut, as the note on longer records says), as gym.train.pairs says before training."""
+    if tokenized.kind not in ("preference", "kto"):
+        return []
+    from gym.errors import DataError
+    from gym.train.pairs import answer_room
+
+    method = "dpo" if tokenized.kind == "preference" else "kto"
+    try:
+        return [
+            n.replace("training ", "", 1)
+            for n in answer_room(method, tokenized.kind, tokenized.path, None, cutoff_len)
+        ]
+    except DataError as exc:  # every one: training would refuse the data, saying so
+        return [str(exc).removeprefix(f"{method}: ").replace("training ", "", 1)]
+
+
 def preview(
     dataset: str,
     n: int = 3,
@@ -130,6 +148,7 @@ def preview(
     parts = [header, f"template {ref.template}; {LEGEND[tokenized.kind]}"]
     shown = f" (of the first {n})" if tokenized.kind != "text" and ingested.num_records > n else ""
     parts += [f"note{shown}: {note}" for note in data_notes(tokenized.model_dump(), settings.cutoff_len)]
+    parts += [f"note{shown}: {note}" for note in _left_out(tokenized, settings.cutoff_len)]
     # Record numbers as in the dataset: those left out (nothing trainable within cutoff_len) are skipped.
     dropped = set(tokenized.dropped_records)
     numbers = [i for i in range(1, ingested.num_records + 1) if i not in dropped]
