@@ -437,8 +437,9 @@ def check_markers(tokenizer: Any, template: str, model: str | Path) -> None:
         raise ConfigError(
             f"template {template!r} writes {shown}, which the tokenizer of {model} does not have as single "
             "tokens: they would be trained as ordinary text, and the model would never learn to end its turn "
-            "on one. Leave out --template (the model's own), give one its tokenizer knows, or add them "
-            f"with --new_special_tokens {','.join(missing)}"
+            "on one. Use a template whose tokens the tokenizer has (a registry model, or a folder gym wrote, "
+            "has its own: leave out --template), or add them to the tokenizer with gym train's "
+            f"--new_special_tokens {','.join(missing)}"
         )
 
 
