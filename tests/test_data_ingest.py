@@ -217,6 +217,35 @@ def test_hub_id_offline_fails_fast_and_leaves_nothing():
     assert datasets_area() == before
 
 
+def test_an_unpinned_hub_dataset_is_identified_by_the_commit_its_branch_points_to(tmp_path, monkeypatch):
+    # Keyed on the hub id and revision `main` only, a dataset updated on the hub was never read again
+    # (--refresh-cache included): its first download's records were served as the new ones
+    from huggingface_hub import constants
+
+    from gym.data import readers
+    from gym.data.ingest import dataset_digest, source_stamp
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    refs = tmp_path / "datasets--gym-test-org--changing" / "refs"
+    refs.mkdir(parents=True)
+    spec = DatasetSpec(name="gym-test-org/changing", hub_id="gym-test-org/changing", format="alpaca")
+    digests, stamps = [], []
+    for commit in ("a" * 40, "b" * 40):  # as `datasets` left the branch after each download
+        (refs / "main").write_text(commit)
+        readers.hub_commit.cache_clear()  # once per process: a new run
+        digests.append(dataset_digest(spec))
+        stamps.append(source_stamp("gym-test-org/changing"))
+    assert digests[0] != digests[1] and stamps[0] != stamps[1]
+    assert stamps[1]["commit"] == "b" * 40
+    readers.hub_commit.cache_clear()
+    pinned = spec.model_copy(update={"revision": "c" * 40})  # a commit pins itself, cached or not
+    assert readers.hub_commit(spec.hub_id, pinned.revision) == "c" * 40
+    (refs / "main").unlink()
+    readers.hub_commit.cache_clear()
+    assert readers.hub_commit(spec.hub_id, None) is None, "unknown: the id and revision alone, as before"
+    readers.hub_commit.cache_clear()
+
+
 def test_wrong_format_for_the_method():
     result = ingest(resolve_dataset(DATA / "alpaca.jsonl"))
     with pytest.raises(ConfigError, match="'dpo' needs a preference dataset"):

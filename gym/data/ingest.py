@@ -75,10 +75,12 @@ def source_identity(spec: DatasetSpec) -> dict[str, Any]:
     if spec.generator:
         return {"generator": spec.generator, "demo_source": hash_file(Path(demo.__file__))}
     if spec.hub_id:
+        commit = readers.hub_commit(spec.hub_id, spec.revision)  # an unpinned dataset that changed: new data
         return {
             "hub_id": spec.hub_id,
             "revision": spec.revision,
             **({"subset": spec.subset} if spec.subset else {}),
+            **({"commit": commit} if commit else {}),
         }
     path = Path(spec.file or "")
     if path.is_file():
@@ -100,7 +102,8 @@ def source_stamp(name: str) -> dict[str, Any]:
     except GymError as e:
         return {"unresolved": str(e)}
     files = stamp(Path(spec.file), ctime=True) if spec.file else None  # ctime: `touch -r`, `cp -p` edits
-    return {"spec": spec.model_dump(mode="json"), "files": files}
+    commit = readers.hub_commit(spec.hub_id, spec.revision) if spec.hub_id else None  # the hub changed it
+    return {"spec": spec.model_dump(mode="json"), "files": files, **({"commit": commit} if commit else {})}
 
 
 def dataset_digest(spec: DatasetSpec) -> str:

@@ -418,6 +418,31 @@ def looks_like_hub_id(name: str) -> bool:
     )
 
 
+@functools.cache
+def hub_commit(hub_id: str, revision: str | None) -> str | None:
+    """The commit a hub dataset's `revision` (None: its default branch) points to: asked of the hub when
+    online, else read from the local Hugging Face cache (where `datasets` downloaded it); None when
+    neither knows (then the hub id and revision alone identify it, as before). Once per process.
+
+    An unpinned dataset read again after it changed on the hub is then new data, not the old digest's."""
+    from huggingface_hub import constants
+
+    ref = revision or "main"
+    if not constants.HF_HUB_OFFLINE:
+        try:
+            from huggingface_hub import HfApi
+
+            sha = HfApi().dataset_info(hub_id, revision=ref, timeout=10).sha
+            if sha:
+                return str(sha)
+        except Exception:  # no network, a private dataset without a token...: the cache may know
+            pass
+    cached = Path(constants.HF_HUB_CACHE) / f"datasets--{hub_id.replace('/', '--')}" / "refs" / ref
+    if cached.is_file():
+        return cached.read_text(encoding="utf-8").strip() or None
+    return ref if re.fullmatch(r"[0-9a-f]{40}", ref) else None  # a commit pins itself
+
+
 def read_hub(hub_id: str, split: str, revision: str | None, subset: str | None = None) -> Records:
     """Records of a hub dataset (its configuration `subset`, if given) through `datasets.load_dataset`
     (uses the local HF cache offline)."""
