@@ -171,9 +171,11 @@ def _resolve(name_or_path: str, template: str | None, dry_run: bool = False) -> 
             default_system=meta.get("default_system"),
         )
     if _path_like(name_or_path):  # `./my-model`, `/x/y`, `~/m`: a folder the user meant, not a hub id
+        where = Path(name_or_path).expanduser().resolve()
+        full = f" ({where})" if str(where) != name_or_path else ""  # a relative path: where it looked
         raise ConfigError(
-            f"model {name_or_path!r}: no such directory ({Path(name_or_path).expanduser().resolve()}); "
-            "give a model folder (with config.json), a registry name or a hub id"
+            f"model {name_or_path!r}: no such directory{full}; give a model folder (with config.json), a "
+            "registry name or a hub id"
         )
     if template is None:
         if registered := tracking.registered_uri_hint(name_or_path):
@@ -203,6 +205,8 @@ def _path_like(name: str) -> bool:
     """A name only a local path has: it starts with `.`, `/` or `~`, or is no hub id (`owner/name`)."""
     from gym.data.readers import looks_like_hub_id
 
+    if "://" in name:  # a URL is neither (and its login must not be echoed as a resolved path)
+        return False
     return name.startswith((".", "/", "~")) or not looks_like_hub_id(name)
 
 

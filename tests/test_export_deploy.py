@@ -134,7 +134,7 @@ def test_pushing_needs_a_token_and_the_network_and_never_shows_the_token(gym_hom
     # A model that isn't there is said first: no token or network would have made the push work.
     missing = str(gym_home / "output" / "qwen3-lora")
     assert main(["deploy", "--model", missing, "--hf_token", secret, "--push_to_hub"]) == 2
-    assert f"unknown model {missing!r}" in capsys.readouterr().err
+    assert f"model {missing!r}: no such directory; give a model folder" in capsys.readouterr().err
     # A token without --push_to_hub: the bundle is written, a note says the token went unused.
     target = gym_home / "bundle"
     assert main(["deploy", "--model", "gym-tiny", "--target", str(target), "--hf_token", secret]) == 0
