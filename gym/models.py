@@ -171,8 +171,8 @@ def _resolve(name_or_path: str, template: str | None, dry_run: bool = False) -> 
             default_system=meta.get("default_system"),
         )
     if _path_like(name_or_path):  # `./my-model`, `/x/y`, `~/m`: a folder the user meant, not a hub id
-        where = Path(name_or_path).expanduser().resolve()
-        full = f" ({where})" if str(where) != name_or_path else ""  # a relative path: where it looked
+        looked = str(Path(name_or_path).expanduser().resolve())
+        full = f" ({looked})" if looked != name_or_path else ""  # a relative path: where it looked
         raise ConfigError(
             f"model {name_or_path!r}: no such directory{full}; give a model folder (with config.json), a "
             "registry name or a hub id"

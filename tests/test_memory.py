@@ -130,7 +130,8 @@ def test_a_run_resumed_short_of_memory_checkpoints_and_ends_with_the_same_weight
     for done in ("result.json", "model", "checkpoints/checkpoint-6"):
         shutil.rmtree(stage / done) if (stage / done).is_dir() else (stage / done).unlink()
     short_of_memory(monkeypatch, 1e-6)  # the GPU is busier now: this time gym checkpoints
-    resumed = train.run(config, warm_tiny, data)
+    # ... and saves every step (the same stage: which checkpoints a run keeps changes no weight)
+    resumed = train.run(config.model_copy(update={"save_steps": 1, "save_total_limit": 5}), warm_tiny, data)
     assert resumed.choices["gradient_checkpointing"].startswith("on:")
     assert resumed.stage_dir == kept.stage_dir and resumed.resumed_from is not None
     assert Path(resumed.resumed_from).name == "checkpoint-3"
@@ -144,6 +145,8 @@ def test_a_run_resumed_short_of_memory_checkpoints_and_ends_with_the_same_weight
         return bool(torch.load(args, weights_only=False).gradient_checkpointing)
 
     assert not trained_with("checkpoint-3") and trained_with("checkpoint-6")
+    # the resumed run saved as its own save_steps said (it kept the checkpoint's: every 3)
+    assert {f"checkpoint-{n}" for n in (4, 5)} <= {p.name for p in (stage / "checkpoints").iterdir()}
     # Recomputing activations changes memory, not the result: the same weights, bit for bit.
     after = load_file(Path(resumed.model_dir) / "model.safetensors")
     before = load_file(Path(warm_tiny.path) / "model.safetensors")

@@ -596,10 +596,11 @@ def _report_progress(trainer: Any, stage: str) -> None:
     """A progress bar (and the per-step log on the `gym.train` logger) instead of printed log dicts."""
     from transformers import PrinterCallback
 
-    from gym.train.progress import ProgressCallback
+    from gym.train.progress import ProgressCallback, StepsFromArgs
 
     trainer.remove_callback(PrinterCallback)
     trainer.add_callback(ProgressCallback(stage))
+    trainer.add_callback(StepsFromArgs())
 
 
 def _numbers(metrics: dict[str, Any]) -> dict[str, float]:

@@ -87,3 +87,13 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
         if previous is None or now <= previous[0] or seen < previous[1]:
             return None
         return (seen - previous[1]) / (now - previous[0])
+
+
+class StepsFromArgs(TrainerCallback):  # type: ignore[misc]
+    """A resumed run saves (and logs, and evaluates) every as many steps as its own settings say: the
+    Trainer brings back the interrupted run's `save_steps` with its state, and only warns when they
+    differ, so a run started again with `--save_steps 100` kept saving every 50 (gym.train's stage
+    identity leaves save_steps out, so that such a run resumes at all)."""
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        state.compute_steps(args, state.max_steps)
