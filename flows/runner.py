@@ -20,7 +20,7 @@ import math
 import signal
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -134,15 +134,45 @@ def parse_config(
     specific wins). A mistake in the file's settings names the file (a GymError, or a ValidationError
     raised as ConfigError)."""
     config = config_cls().model_dump()
-    for settings in _settings(config_cls, args, under, under_path):
+    given = _settings(config_cls, args, under, under_path)
+    for settings in given:
         config = merge(config, settings)
     try:
-        return config_cls.model_validate(config)
+        parsed = config_cls.model_validate(config)
     except ValidationError as exc:
         from_file = file_only(config_cls, args, under)
         if under_path is None or not any(_dotted_loc(e["loc"]) in from_file for e in exc.errors()):
             raise
-        raise ConfigError(f"{under_path}: {describe(exc)}") from None
+
+        # each mistake blamed where it was made: the file's, or the command line's
+        def where(loc: tuple[Any, ...]) -> str:
+            return f"{under_path}: " if _dotted_loc(loc) in from_file else ""
+
+        raise ConfigError(describe(exc, where)) from None
+    _check_variants(parsed, given, stage_fields(config_cls))
+    return parsed
+
+
+def _check_variants(config: BaseModel, given: list[dict[str, Any]], stages: list[str]) -> None:
+    """A LoRA setting the user gave (either spelling, in a file or on the command line) that contradicts
+    the stage's variant (`--finetuning_type dora --train.lora.use_dora false`): the variant silently won.
+    Said here, before anything runs (gym.train.adapters.lora_settings can't tell a default false apart)."""
+    from gym.train.adapters import IMPLIED
+
+    for stage in stages:
+        train = getattr(config, stage, None)
+        kind = getattr(train, "finetuning_type", None)
+        lora: dict[str, Any] = {}
+        for settings in given:
+            lora.update(settings.get(stage, {}).get("lora", {}))
+        for name, value in IMPLIED.get(str(kind), {}).items():
+            if name in lora and lora[name] != value:
+                shown = [json.dumps(v) if isinstance(v, bool) else v for v in (lora[name], value)]
+                given_value, implied = shown
+                raise ConfigError(
+                    f"{stage}.lora.{name} is {given_value}, but finetuning_type {kind} is LoRA with "
+                    f"lora.{name} {implied}: drop {stage}.lora.{name}, or use finetuning_type lora"
+                )
 
 
 def _settings(
@@ -381,8 +411,9 @@ def user_error(message: str) -> int:
     return 2
 
 
-def describe(exc: ValidationError) -> str:
-    """Pydantic's errors as parameter paths with what was wrong: `sft.learning_rate: Input should be ...`."""
+def describe(exc: ValidationError, where: Callable[[tuple[Any, ...]], str] | None = None) -> str:
+    """Pydantic's errors as parameter paths with what was wrong: `sft.learning_rate: Input should be ...`;
+    each after `where(its location)`, if given (the config file a setting came from)."""
     parts = []
     for err in exc.errors():
         flag = ".".join(str(p) for p in err["loc"])
@@ -391,7 +422,8 @@ def describe(exc: ValidationError) -> str:
         hidden = hidden or secrets.holds_secret(given)  # never echo a key
         got = "" if hidden else f" (got {given!r})"
         msg = err["msg"].removeprefix("Value error, ")  # a validator's own sentence says what is wrong
-        parts.append(f"{flag}: {msg}{got}" if flag else f"{msg}{got}")  # a whole-config validator: no path
+        before = where(err["loc"]) if where else ""
+        parts.append(f"{before}{flag}: {msg}{got}" if flag else f"{msg}{got}")  # a whole-config validator
     return "; ".join(parts)
 
 

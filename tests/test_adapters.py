@@ -137,6 +137,19 @@ def test_variants_are_the_lora_settings_that_name_them():
         args = build_parser(TrainFlowConfig).parse_args(["--finetuning_type", kind, f"--{name}", "false"])
         with pytest.raises(ConfigError, match=f"{name}: false, but finetuning_type {kind} is LoRA with"):
             parse_config(TrainFlowConfig, args)
+    # gym's own spelling, before anything runs (a false that is also the default can't be told apart later)
+    for kind, flag in [
+        ("dora", "use_dora=false"),
+        ("rslora", "use_rslora=false"),
+        ("pissa", "init=gaussian"),
+    ]:
+        argv = ["--finetuning_type", kind, f"--train.lora.{flag}"]
+        with pytest.raises(
+            ConfigError, match=rf"^train\.lora\.{flag.split('=')[0]} is .*, but finetuning_type {kind}"
+        ):
+            parse_config(TrainFlowConfig, build_parser(TrainFlowConfig).parse_args(argv))
+    argv = ["--finetuning_type", "dora", "--train.lora.use_dora=true"]  # as the variant says: fine
+    assert parse_config(TrainFlowConfig, build_parser(TrainFlowConfig).parse_args(argv))
 
 
 def test_rslora_scales_by_the_square_root_of_the_rank():

@@ -597,3 +597,10 @@ def test_a_mistake_on_the_command_line_is_not_blamed_on_the_config_file(tmp_path
     assert err[-1].startswith("error: dataset: no such file or folder 'none.jsonl'"), err
     assert main(["train", str(yaml), "--learning_rate", "-2"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: train.learning_rate: Input")
+    # mistakes in both: each blamed where it was made (all of them were put on the file)
+    assert main(["train", str(yaml), "--cutoff_len", "0"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert (
+        last.startswith("error: data.cutoff_len: Input should be")
+        and f"; {yaml}: train.learning_rate" in last
+    )
