@@ -300,7 +300,7 @@ def check_dataset(field: str, name: str, use: str) -> None:
     """Each dataset `name` names (one, or a comma-separated list) resolves, and holds the record kind
     `use` (a method, or `exact_match`) reads when its format is known without reading the whole
     dataset (registry entries, local files)."""
-    from gym.data.formats import KIND_COLUMNS, KIND_FORMATS, METHOD_KIND
+    from gym.data.formats import KIND_COLUMNS, KIND_FORMATS, METHOD_KIND, methods_for
     from gym.data.mix import check_kinds, names
     from gym.data.registry import resolve_dataset
 
@@ -315,7 +315,7 @@ def check_dataset(field: str, name: str, use: str) -> None:
     for part, spec in zip(parts, specs, strict=True):
         if need is not None and spec.kind not in (None, need) and (spec.kind, need) != SFT_PROMPTS:
             is_method = use in METHOD_KIND
-            takes = ", ".join(m for m, k in METHOD_KIND.items() if k == spec.kind)
+            takes = ", ".join(methods_for(spec.kind))
             other = f", or a method that trains on {spec.kind} data ({takes})" if is_method and takes else ""
             if use == "exact_match":  # LLaMA-Factory's eval_dataset is a stage's held-out data
                 other = (

@@ -257,7 +257,7 @@ def test_wrong_format_for_the_method():
 @pytest.mark.parametrize(
     ("method", "fixture", "columns", "takes"),
     [
-        ("dpo", "alpaca.jsonl", "with chosen and rejected answers", "trains on sft data (sft)"),
+        ("dpo", "alpaca.jsonl", "with chosen and rejected answers", "(sft, ppo, grpo, gspo, tf_grpo)"),
         ("kto", "preference_lf.json", "and a boolean label", "trains on preference data (dpo, ipo, "),
     ],
 )

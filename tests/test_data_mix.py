@@ -90,6 +90,11 @@ def test_a_mix_of_record_kinds_fails_naming_each_part(files):
     with pytest.raises(ConfigError) as caught:
         check_dataset("dataset", value, "sft")
     assert f"but dataset '{files['pairs']}' holds preference records" in str(caught.value)
+    # sft and prompt parts for online RL, which reads each alone as prompts: advice that fits
+    prompts = files["alpaca"].with_name("prompts.jsonl")
+    write(prompts, [{"prompt": "2+2?", "answer": "4"}])
+    with pytest.raises(ConfigError, match="online RL reads an sft dataset as prompts on its own, but"):
+        check_dataset("dataset", f"{files['alpaca']},{prompts}", "grpo")
 
 
 def test_the_cache_key_of_a_mix_follows_each_part(files):

@@ -548,6 +548,14 @@ def detect_format(record: Mapping[str, Any] | Iterable[str]) -> str | None:
     return None
 
 
+def methods_for(kind: str) -> list[str]:
+    """The methods that train on records of `kind`: online RL and TF-GRPO read sft data as prompts too."""
+    readers = [m for m, k in METHOD_KIND.items() if k == kind]
+    if kind == "sft":
+        readers += [m for m, k in METHOD_KIND.items() if k == "prompt"]
+    return readers + (["tf_grpo"] if kind in ("sft", "prompt") else [])
+
+
 def require_kind(dataset_kind: str, method: str, dataset: str | None = None) -> None:
     """Raise ConfigError unless `method` trains on datasets of kind `dataset_kind`."""
     if method not in METHOD_KIND:
@@ -555,7 +563,7 @@ def require_kind(dataset_kind: str, method: str, dataset: str | None = None) -> 
     need = METHOD_KIND[method]
     if dataset_kind != need:
         name = f"dataset {dataset!r}" if dataset else "the dataset"
-        others = ", ".join(m for m, k in METHOD_KIND.items() if k == dataset_kind)
+        others = ", ".join(methods_for(dataset_kind))
         hint = SFT_AS_PROMPTS if (dataset_kind, need) == ("sft", "prompt") else ""
         raise ConfigError(
             f"method {method!r} needs a {need} dataset (format {KIND_FORMATS[need]}: records with "

@@ -59,10 +59,14 @@ def check_kinds(kinds: dict[str, str]) -> None:
     """A ConfigError unless the parts of a mix (name -> record kind) hold one kind of record."""
     if len(set(kinds.values())) > 1:
         listed = ", ".join(f"{part} ({kind})" for part, kind in kinds.items())
-        raise ConfigError(
-            f"datasets {listed} hold different kinds of records; a mix needs one kind: train each kind "
-            "in its own stage (e.g. sft_then_dpo)"
-        )
+        what = "train each kind in its own stage (e.g. sft_then_dpo)"
+        if set(kinds.values()) == {"sft", "prompt"}:  # online RL reads either alone as prompts
+            what = (
+                "online RL reads an sft dataset as prompts on its own, but the parts of a mix are joined "
+                "before that: mix sft data with sft data and prompt data with prompt data, or give the sft "
+                "part a `prompt` and `answer` (its last answer)"
+            )
+        raise ConfigError(f"datasets {listed} hold different kinds of records; a mix needs one kind: {what}")
 
 
 def interleave(
