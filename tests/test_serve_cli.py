@@ -138,5 +138,7 @@ def test_a_stopping_server_finishes_the_requests_in_flight_unless_told_how_long_
     assert proc.returncode == 0, err
     if shutdown_timeout is None:
         assert got.get("tokens") == 16 * 480, got
-    else:
-        assert "error" in got and "timeout graceful shutdown exceeded" in err
+    else:  # cancelled: an OpenAI-shaped 503 to retry, not a plain-text 500 and a traceback
+        assert isinstance(got.get("error"), openai.APIStatusError), got
+        assert got["error"].status_code == 503 and "shutting down" in got["error"].message
+        assert "timeout graceful shutdown exceeded" in err and "Traceback" not in err

@@ -109,6 +109,8 @@ def build_app(
                 return JSONResponse(body, 401, headers={"WWW-Authenticate": "Bearer"})
         return await call_next(request)
 
+    app.add_middleware(ShutdownCancelled)  # added last: outside the API key's middleware
+
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
@@ -408,6 +410,34 @@ async def _stream(
         yield "data: " + json.dumps(error_body(f"generation failed: {exc}", "server_error")) + "\n\n"
     finally:
         gate.leave()
+
+
+class ShutdownCancelled:
+    """A request the server cancels while stopping (past --shutdown-timeout, or a second Ctrl-C) gets an
+    OpenAI-shaped 503 to retry elsewhere, not uvicorn's plain-text 500 and a traceback in the log. A
+    streamed reply that has begun can only end where it is."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        started = False
+
+        async def sending(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except asyncio.CancelledError:
+            if scope["type"] != "http" or started:
+                raise
+            log.warning("request cancelled: the server is stopping")
+            body = error_body("the server is shutting down: send the request again", "server_error")
+            headers = [(b"content-type", b"application/json"), (b"retry-after", b"1")]
+            await send({"type": "http.response.start", "status": 503, "headers": headers})
+            await send({"type": "http.response.body", "body": json.dumps(body).encode()})
 
 
 def _install_error_handlers(app: FastAPI) -> None:
