@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal
@@ -262,10 +263,16 @@ def _describe(err: SchemaError, entries: Any) -> str:
         msg = f"missing required field {missing[0]!r}; add it (see models.schema.json)"
     elif err.validator == "additionalProperties":
         known = list(err.schema.get("properties", {}))
-        extra = sorted(set(err.instance) - set(known))
+        patterns = list(err.schema.get("patternProperties", {}))
+        # the keys that are extra: named by no property and matching no pattern (a valid `cdpo` was blamed)
+        unnamed = set(err.instance) - set(known)
+        extra = sorted(k for k in unnamed if not any(re.search(p, k) for p in patterns))
         close = difflib.get_close_matches(extra[0], known, n=1)
         guess = f"did you mean {close[0]!r}? " if close else ""
-        path, msg = path + extra[:1], f"unknown field {extra[0]!r}; {guess}allowed: {', '.join(known)}"
+        allowed = ", ".join(known) if known else "names matching " + " or ".join(patterns)
+        if extra[0].partition(":")[2]:  # train_defaults' `method:family`
+            allowed += " (the family after ':' is full or lora)"
+        path, msg = path + extra[:1], f"unknown field {extra[0]!r}; {guess}allowed: {allowed}"
     elif err.validator == "pattern":
         what = err.schema.get("description") or f"must match {err.validator_value}"
         msg = f"{_short(err.instance)} is not valid: {what}"

@@ -179,6 +179,17 @@ def test_a_train_defaults_key_naming_no_method_is_refused(tmp_path, shipped):
         load_models(f)
 
 
+def test_a_train_defaults_family_typo_is_named_not_a_valid_key(tmp_path, shipped):
+    # `sft:lroa` blamed the entry's valid `cdpo` key, with an empty list of what is allowed
+    typo = {"sft:lroa": {"learning_rate": 0.1}}
+    f = broken(tmp_path, shipped, 0, lambda e: e["train_defaults"].update(typo))
+    with pytest.raises(RegistryError) as err:
+        load_models(f)
+    msg = str(err.value)
+    assert "train_defaults.sft:lroa: unknown field 'sft:lroa'; allowed: names matching" in msg
+    assert "(the family after ':' is full or lora)" in msg and "'cdpo'" not in msg
+
+
 def test_a_train_defaults_setting_training_lacks_is_refused_naming_it():
     from gym.errors import ConfigError
     from gym.train.config import TrainConfig, with_defaults
