@@ -143,7 +143,25 @@ def setup_of(result: Any) -> str:
     """How a benchmark result was measured; two scores compare only when this is equal."""
     shots = "default" if result.shots is None else result.shots
     chat = ", chat template" if getattr(result, "style", "lm-eval") == "chat" else ""
-    return f"{result.engine}, {shots}-shot, {result.n_questions} questions{chat}"
+    asked = getattr(result, "questions_digest", None)
+    which = f" ({QUESTIONS} {asked})" if asked else ""
+    return f"{result.engine}, {shots}-shot, {result.n_questions} questions{which}{chat}"
+
+
+QUESTIONS = "set"  # how setup_of names the digest of what was asked (see same_setup)
+
+
+def same_setup(ours: str | None, theirs: str | None) -> bool:
+    """Two setups (setup_of) are one measurement; a score recorded before gym named which questions it
+    asked compares on the rest of its setup."""
+    if ours == theirs:
+        return True
+    if ours is None or theirs is None:
+        return False
+    unnamed = re.compile(rf" \({QUESTIONS} [0-9a-f]+\)")
+    if unnamed.search(ours) and unnamed.search(theirs):
+        return False  # both name their questions, and they differ (or the rest does)
+    return unnamed.sub("", ours) == unnamed.sub("", theirs)
 
 
 def heldout_scores(result: Any, suffix: str) -> dict[str, float]:

@@ -28,7 +28,7 @@ from pydantic import BaseModel
 from gym import tracking
 from gym.cli_options import ArgumentParser
 from gym.errors import ConfigError
-from gym.lineage import HELD_OUT_SETUP, scores_of, setups_of
+from gym.lineage import HELD_OUT_SETUP, same_setup, scores_of, setups_of
 from gym.secrets import link_url
 
 Mode = Literal["max", "min"]
@@ -182,13 +182,13 @@ def _decide(
 def _same_setup(
     metric: str, challenger: dict[str, str], champion: dict[str, str], champion_version: str, reason: str
 ) -> tuple[bool, str]:
-    """A score compares only with one measured the same way: a benchmark's shots, questions and engine; a
-    held-out metric's number of records (a champion registered before held-out setups were recorded is
-    compared as before)."""
+    """A score compares only with one measured the same way: a benchmark's shots, questions (which, and how
+    many) and engine; a held-out metric's number of records (a champion registered before held-out setups
+    were recorded is compared as before)."""
     evaluation = metric.split(".", 1)[0]  # mmlu_after.stem was measured by evaluation mmlu_after
     ours, theirs = setups_of(challenger).get(evaluation), setups_of(champion).get(evaluation)
     legacy = theirs is None and (ours or "").startswith(HELD_OUT_SETUP)  # scored before gym recorded how
-    if ours == theirs or legacy:
+    if same_setup(ours, theirs) or legacy:
         return True, reason
     return False, (
         f"{metric} was measured differently on the challenger ({ours or 'setup not recorded'}) and on "

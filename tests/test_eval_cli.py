@@ -4,6 +4,7 @@ any lm-eval task by name (here a task YAML of our own), and user errors as `erro
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,14 @@ def test_any_lm_eval_task_by_name_in_the_same_result_format(tmp_path, capsys):
     assert summary["overall"] == pytest.approx(
         (summary["subjects"]["toy_a"] * 4 + summary["subjects"]["toy_b"] * 3) / 7
     )
+    # What was asked, from the hashes lm-eval logs per document: what promotion compares setups by.
+    assert re.fullmatch("[0-9a-f]{12}", summary["questions_digest"]) and full["questions_digest"]
+    other = tmp_path / "other"
+    _toy_tasks(other)
+    (other / "toy_b.jsonl").write_text((other / "toy_b.jsonl").read_text().replace("colour", "color", 1))
+    argv = ["eval", "--model", "gym-tiny", "--lm-eval-task", "toy", "--include-path", str(other), "--json"]
+    assert main(argv) == 0
+    assert last_json(capsys.readouterr().out)["questions_digest"] != summary["questions_digest"]
 
 
 @pytest.mark.parametrize(

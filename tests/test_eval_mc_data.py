@@ -34,6 +34,20 @@ def test_folder_and_zip_read_the_same_questions(benchmark, tmp_path):
     assert {"1.50", "NA", "None", "  padded  ", 'a "quoted", comma', "two\nlines"} & cells
 
 
+def test_the_digest_names_what_was_asked_not_only_how_many(tmp_path):
+    """Two scores over as many questions compare only when they asked the same ones (gym.lineage)."""
+    data = write_benchmark("mmlu", tmp_path / "a")
+    whole = load_benchmark("mmlu", data, shots=1)
+    assert whole.digest() == load_benchmark("mmlu", write_benchmark("mmlu", tmp_path / "b"), shots=1).digest()
+    one, other = (load_benchmark("mmlu", data, subjects=[s], limit=6, shots=1) for s in SUBJECTS["mmlu"])
+    first_three = load_benchmark("mmlu", data, limit=3, shots=1)
+    assert one.n_questions == other.n_questions == 6 == first_three.n_questions
+    assert len({whole.digest(), one.digest(), other.digest(), first_three.digest()}) == 4
+    assert load_benchmark("mmlu", data, shots=2).digest() != whole.digest()  # other few-shot examples
+    reseeded = load_benchmark("mmlu", write_benchmark("mmlu", tmp_path / "c", seed=1), shots=1)
+    assert reseeded.n_questions == whole.n_questions and reseeded.digest() != whole.digest()
+
+
 def test_hub_parquet_layout_reads_like_the_csvs(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq

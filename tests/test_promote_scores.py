@@ -7,6 +7,7 @@ available scores when asked for an unknown one. Real MLflow (SQLite) and real Pr
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -25,10 +26,16 @@ from tests.serve_fixtures import noisy_tiny
 
 
 def mmlu(
-    overall: float, stem: float, questions: int = 8, shots: int = 5, style: str = "lm-eval"
+    overall: float,
+    stem: float,
+    questions: int = 8,
+    shots: int = 5,
+    style: str = "lm-eval",
+    asked: str | None = None,
 ) -> EvalResult:
     return EvalResult(
         style=style,
+        questions_digest=asked,
         benchmark="mmlu",
         model="m",
         overall=overall,
@@ -89,6 +96,14 @@ def test_benchmark_scores_reach_tags_and_card_and_promote_only_when_measured_ali
     registered(noisy_tiny(tmp_path / "d", seed=4), name, mmlu(0.95, 0.9, style="chat"))
     chat = promote(name, "mmlu_after")
     assert not chat.promoted and chat.champion == "2" and "8 questions, chat template" in chat.reason
+    # Which questions: a score that names them compares with one recorded before gym named them (v2), but
+    # not with one over other questions of the same count (another subject set, another --limit cut).
+    registered(noisy_tiny(tmp_path / "e", seed=5), name, mmlu(0.97, 0.9, asked="a" * 12))
+    assert promote(name, "mmlu_after").champion == "5"
+    registered(noisy_tiny(tmp_path / "f", seed=6), name, mmlu(0.99, 0.9, asked="b" * 12))
+    other = promote(name, "mmlu_after")
+    assert not other.promoted and other.champion == "5"
+    assert f"8 questions (set {'b' * 12})" in other.reason and f"(set {'a' * 12})" in other.reason
 
     with pytest.raises(
         ConfigError, match=r"'mmlu_afterr'.*available: bleu_after, exact_match_after, mmlu_after"
@@ -123,7 +138,7 @@ def test_an_evaluation_after_registration_is_recorded_on_the_version(
         "1",
     ]
     argv += ["--eval_limit", "3", "--json"]
-    measured = {}
+    measured, setups = {}, {}
     for alias in ("champion", "challenger"):
         assert main(evaluate, EvaluateConfig, ["--model", f"models:/{name}@{alias}", *argv]) == 0
         summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -132,11 +147,14 @@ def test_an_evaluation_after_registration_is_recorded_on_the_version(
         assert float(mv.tags["score.mmlu"]) == summary["mmlu"]
         assert float(mv.tags["score.mmlu.stem"]) == summary["mmlu/STEM"]
         assert float(mv.tags["score.exact_match"]) == summary["exact_match"]
-        assert mv.tags["score_setup.mmlu"] == "gym, 1-shot, 6 questions"
+        setup = mv.tags["score_setup.mmlu"]
+        assert re.fullmatch(r"gym, 1-shot, 6 questions \(set [0-9a-f]{12}\)", setup)
         assert mv.tags["gym.last_evaluated_by"] == summary["flow_run_id"]
-        assert f"| mmlu | {summary['mmlu']:.4f} | gym, 1-shot, 6 questions |" in mv.description
+        assert f"| mmlu | {summary['mmlu']:.4f} | {setup} |" in mv.description
+        setups[alias] = setup
         assert float(mv.tags["score.mmlu_after"]) == 0.4  # what registration recorded stays
         measured[alias] = summary["mmlu"]
+    assert setups["champion"] == setups["challenger"]  # the same questions
     decision = promote(name, "mmlu")  # on the later evaluation's scores
     assert (decision.champion_score, decision.challenger_score) == (
         measured["champion"],

@@ -198,6 +198,7 @@ def to_result(
         n_questions=sum(sizes.values()),
         seconds=seconds,
         shots=shots,
+        questions_digest=_asked(out.get("samples", {})),
         engine="lm-eval",
         predictions={t: p for t, p in predictions.items() if p is not None},
         answers={t: a for t, a in answers.items() if a is not None and predictions.get(t) is not None},
@@ -209,6 +210,23 @@ def _main_metric(task_results: dict[str, Any]) -> str:
         if key not in SKIP_KEYS and "_stderr" not in key and isinstance(value, (int, float)):
             return key
     raise ConfigError(f"lm-eval reported no metric: {sorted(task_results)}")
+
+
+def _asked(samples: dict[str, list[dict[str, Any]]]) -> str | None:
+    """Digest of what lm-eval asked (each task's documents, first prompts and targets, as the hashes it
+    logs with each sample), as EvalResult.questions_digest; None without logged samples."""
+    from gym.hashing import hash_obj
+
+    if not samples:
+        return None
+    keys = ("doc_hash", "prompt_hash", "target_hash")
+    return hash_obj(
+        {
+            task: [[s.get(k) for k in keys] for s in sorted(rows, key=lambda s: s["doc_id"])]
+            for task, rows in samples.items()
+        },
+        length=12,
+    )
 
 
 def _answers(samples: list[dict[str, Any]]) -> list[int] | None:

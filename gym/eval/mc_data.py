@@ -63,6 +63,22 @@ class BenchmarkData:
     def n_questions(self) -> int:
         return sum(len(s.questions) for s in self.subjects)
 
+    def digest(self) -> str:
+        """What was asked: each subject's name in the prompts, its few-shot examples and its questions
+        (text, choices, answer). Two scores compare only when this is equal (gym.lineage.setup_of):
+        other subjects, or other questions of the same count, are another measurement."""
+        from dataclasses import asdict
+
+        from gym.hashing import hash_obj
+
+        return hash_obj(
+            [
+                [s.info.key, s.info.name, [asdict(q) for q in s.shots], [asdict(q) for q in s.questions]]
+                for s in self.subjects
+            ],
+            length=12,
+        )
+
 
 TABLE_SUFFIXES = (".csv", ".parquet", ".arrow")
 # The hub's layouts, as a subject's file name pattern (glob) and a regex matching it.

@@ -213,6 +213,7 @@ def _result(
         n_questions=sum(sizes.values()),
         seconds=seconds,
         shots=settings.shots,
+        questions_digest=data.digest(),
         engine="gym",
         style=settings.style,
         notes=notes,

@@ -29,6 +29,11 @@ class EvalResult(BaseModel):
         description="Wall time of the evaluation, reading data and loading the model included."
     )
     shots: int | None = None
+    questions_digest: str | None = Field(
+        None,
+        description="Digest of what was asked (subjects, few-shot examples, questions and answers): scores "
+        "compare only when it is equal (None: not recorded).",
+    )
     engine: str = Field("gym", description="gym (its own evaluator) or lm-eval.")
     style: str = Field(
         "lm-eval", description="The prompt: lm-eval's plain few-shot text, or chat (the chat template)."
@@ -58,6 +63,7 @@ class EvalResult(BaseModel):
             "n_questions": self.n_questions,
             "seconds": round(self.seconds, 3),
             "shots": self.shots,
+            "questions_digest": self.questions_digest,
             "engine": self.engine,
             "style": self.style,
             "notes": self.notes,
