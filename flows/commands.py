@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel
 
-from gym.cli_options import dotlist, read_config_file, split_config_file
+from gym.cli_options import Switch, dotlist, read_config_file, split_config_file
 from gym.errors import ConfigError, GymError
 from gym.train.config import FINETUNING_TYPES
 
@@ -90,7 +90,8 @@ def methods_of(
     if not any(getattr(cli_keys, k) is not None for k in picks) and _method_form(cli_keys) is None:
         merged = argparse.Namespace(**vars(file_keys))  # the file picks the method
         merged.finetuning_type = _method_form(file_keys)
-        merged.training_free = file_keys.training_free or cli_keys.training_free
+        given = cli_keys.training_free is not None  # `--training_free_grpo false` overrides the file's true
+        merged.training_free = cli_keys.training_free if given else file_keys.training_free
         method = _picked(merged)
     else:
         merged = argparse.Namespace(**vars(cli_keys))
@@ -105,7 +106,7 @@ def methods_of(
             "training_free": file_keys.training_free or None,
         }
         for key, value in from_file.items():
-            if value is None or getattr(merged, key):
+            if value is None or getattr(merged, key) is not None:  # not in the file, or the command line's
                 continue
             trial = argparse.Namespace(**{**vars(merged), key: value})
             try:
@@ -135,9 +136,8 @@ def _method_parser() -> argparse.ArgumentParser:
     pre.add_argument("--stage")
     pre.add_argument("--pref_loss")
     pre.add_argument("--finetuning_type")
-    pre.add_argument(
-        "--training_free_grpo", "--grpo_training_free", dest="training_free", action="store_true"
-    )
+    # `--x`, `--x true|false`, `--no-x`, as every boolean flag (None: not given, so a file's choice holds)
+    pre.add_argument("--training_free_grpo", "--grpo_training_free", dest="training_free", action=Switch)
     return pre
 
 

@@ -159,12 +159,26 @@ def test_the_papers_command_line(prefect_server, sim_endpoint, puzzles, tmp_path
         ),
         ("--method tf_grpo --group-size 4", "tf_grpo", "--group-size 4"),
         ("--finetuning_type grpo", "grpo", ""),
+        # a boolean flag as every other: `--x true|false` and `--no-x` (false: online GRPO, as asked)
+        ("--finetuning_type grpo --training_free_grpo true --group_size 5", "tf_grpo", "--group_size 5"),
+        ("--finetuning_type grpo --training_free_grpo false", "grpo", ""),
+        ("--finetuning_type grpo --grpo_training_free=false", "grpo", ""),
+        ("--finetuning_type grpo --no-training_free_grpo", "grpo", ""),
         ("--finetuning_type lora --method dpo", "dpo", ""),
     ],
 )
 def test_gym_train_routes_the_training_free_flags(argv, method, rest):
     got, _, remaining = method_of(argv.split())
     assert got == method and remaining == rest.split()
+
+
+def test_the_command_lines_training_free_false_overrides_a_files_true():
+    from flows.commands import methods_of
+
+    assert methods_of(["--training_free_grpo"], ["--finetuning_type", "grpo"], None)[0] == "tf_grpo"
+    cli = ["--finetuning_type", "grpo", "--training_free_grpo", "false"]
+    assert methods_of(["--training_free_grpo"], cli, None)[0] == "grpo"
+    assert methods_of(["--training_free_grpo=false"], ["--finetuning_type", "grpo"], None)[0] == "grpo"
 
 
 def test_benchmarks_with_a_policy_behind_an_endpoint_fail_before_any_work(capsys):

@@ -293,3 +293,22 @@ def test_gym_serve_names_what_it_serves_and_the_client_keys_its_calls_by_it(serv
     assert served.engine.digest
     client = OpenAIClient(served.url, "gym-tiny")
     assert client.identity == f"openai:{served.url}#gym-tiny@{served.engine.digest}"
+
+
+def test_a_local_optimizer_past_its_window_is_told_what_fills_it_not_to_check_an_endpoint(tiny_ref, tmp_path):
+    """A model run in this process (no endpoint) whose extract prompt, quoting its own summaries, fills its
+    512-token window: the run said "check that the endpoint is up and reachable and its API key is set",
+    and to use "fewer experiences, a shorter question", neither of which is in that prompt. Now it names
+    what is."""
+    env = SimEnv(seed=1, families=4, train_per_family=2, eval_per_family=0)
+    train_q, _ = env.questions()
+    settings = TfGrpoSettings(group_size=4, epochs=1, batch_size=4, reward="numeric", seed=2)
+    clients = {"policy": SimPolicy(env), "optimizer": LocalClient(tiny_ref.path, template=tiny_ref.template)}
+    rt = Runtime(settings, model=None, clients=clients, run_dir=tmp_path / "run", cache_dir=tmp_path / "c")
+    with pytest.warns(RuntimeWarning, match="all 1 steps degraded") as caught:
+        train(rt, train_q, max_steps=1)
+    message = str(caught[0].message)
+    assert "context window is 512: nothing is left to generate" in message
+    fix = "the extract prompt quotes the optimizer's earlier replies, each up to its max_tokens (now 1024): "
+    assert fix + "lower --optimizer.max_tokens" in message
+    assert "endpoint" not in message and "API key" not in message and "shorter question" not in message

@@ -70,6 +70,7 @@ def http_refusal(error: str) -> tuple[int, str] | None:
 # `python -m http.server` and other static file servers).
 PERMANENT_STATUS = (401, 403, 404, 405, 501)
 REFUSAL_CHARS = 300  # of the server's message, quoted in an error
+WINDOW_FULL = "nothing is left to generate"  # a local model's prompt fills its window (engine says why)
 
 
 class EndpointError(ConfigError):
@@ -349,8 +350,7 @@ class LocalClient:
         if prompt_tokens >= window:
             raise LLMError(
                 f"{self.identity}: the prompt has {prompt_tokens} tokens and the model's context window is "
-                f"{window}: nothing is left to generate; shorten the prompt (fewer experiences, a shorter "
-                "question) or use a model with a longer window"
+                f"{window}: {WINDOW_FULL}"
             )
         return min(max_tokens, window - prompt_tokens)
 

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from gym import workspace
 from gym.errors import ConfigError
 from gym.tfgrpo import stages
-from gym.tfgrpo.clients import REFUSAL_CHARS, http_refusal
+from gym.tfgrpo.clients import REFUSAL_CHARS, WINDOW_FULL, LocalClient, http_refusal
 from gym.tfgrpo.config import ResolvedRole
 from gym.tfgrpo.data import Question, StepPlan, check_answers, derive_seed, plan_steps, steps_per_epoch
 from gym.tfgrpo.injection import EXPERIENCE_FILE, shipped_json
@@ -243,11 +243,17 @@ REACHABILITY = "check that the endpoint is up and reachable and its API key is s
 OPTIMIZER_STAGES = ("summarize", "extract", "extract_repair", "consolidate", "consolidate_repair")
 
 
-def unanswered_advice(error: str, role: ResolvedRole) -> str:
-    """Why calls of `role` went unanswered and what to change, from a failed call's `error`. A client
-    error (HTTP 4xx) is the endpoint refusing the request as sent: its message and the setting to
-    change; otherwise (no connection, a timeout, a 5xx, rate limits after the client's retries) the
-    endpoint was not there to answer."""
+def unanswered_advice(
+    error: str, role: ResolvedRole, stage: str | None = None, rt: Runtime | None = None
+) -> str:
+    """Why calls of `role` (at `stage`) went unanswered and what to change, from a failed call's `error`.
+    A client error (HTTP 4xx) is the endpoint refusing the request as sent: its message and the setting
+    to change; otherwise (no connection, a timeout, a 5xx, rate limits after the client's retries) the
+    endpoint was not there to answer. A model run in this process (no endpoint) has no endpoint or key
+    to check: its error says what happened, and a prompt past its window what makes the prompt long."""
+    if rt is not None and isinstance(getattr(rt, role.name).client, LocalClient):
+        fix = f"; {_window_fix(stage, rt)}" if WINDOW_FULL in error else ""
+        return f" (the first error: {error[:REFUSAL_CHARS]}){fix}"
     refused = http_refusal(error)
     if refused is None or refused[0] >= 500 or refused[0] in (408, 429):
         return f" (the first error: {error[:REFUSAL_CHARS]}); {REACHABILITY}"
@@ -256,6 +262,27 @@ def unanswered_advice(error: str, role: ResolvedRole) -> str:
         message = message[: REFUSAL_CHARS - 3] + "..."
     said = message or "no message"
     return f": the endpoint refused the requests (HTTP {status}: {said}); {_fix(status, message, role)}"
+
+
+def _window_fix(stage: str | None, rt: Runtime) -> str:
+    """What fills a local model's window at `stage`: the settings that shorten that prompt."""
+    longer = "or run the role on a model with a longer context window"
+    if stage in ("summarize", "judge"):  # the prompt quotes the policy's answers
+        quoted = "the group's answers" if stage == "summarize" else "an answer"
+        return (
+            f"the {stage} prompt quotes {quoted}, each up to the policy's max_tokens (now "
+            f"{rt.policy.role.max_tokens}): lower --policy.max_tokens (a smaller --group_size quotes fewer), "
+            f"{longer}"
+        )
+    if stage in OPTIMIZER_STAGES:  # extract and consolidate quote the optimizer's own summaries / proposals
+        return (
+            f"the {stage} prompt quotes the optimizer's earlier replies, each up to its max_tokens (now "
+            f"{rt.optimizer.role.max_tokens}): lower --optimizer.max_tokens, {longer}"
+        )
+    return (  # rollouts and held-out evaluation: the question and the injected library
+        "the policy's prompt is the question and the experience library: shorten the questions, inject "
+        f"fewer experiences (--retrieval_top_k K), {longer}"
+    )
 
 
 def _fix(status: int, message: str, role: ResolvedRole) -> str:
@@ -311,7 +338,7 @@ def _degraded_note(rt: Runtime, manifests: list[StepManifest]) -> str:
     if error is None:
         return f"the first problem: {first}"
     stage = next(c.stage for c in failed if c.error == error)
-    advice = unanswered_advice(error, _role_of(rt, stage))
+    advice = unanswered_advice(error, _role_of(rt, stage), stage, rt)
     return f"the first problem: {first}; {len(failed)} calls failed{advice}"
 
 
@@ -323,10 +350,10 @@ def _check_evals(rt: Runtime, evals: list[EvalRecord]) -> None:
     failed, calls = sum(e.failed for e in missing), sum(len(e.calls) for e in missing)
     error = _first_error(c for e in missing for c in e.calls) or "no error recorded"
     tags = ", ".join(e.tag for e in missing)
+    advice = unanswered_advice(error, rt.policy.role, "eval", rt)
     warnings.warn(
         f"TF-GRPO: held-out Mean@k/Pass@k missing (null) for {tags}: {failed} of their {calls} calls got no "
-        f"answer, and a failed call is not scored{unanswered_advice(error, rt.policy.role)}; then run again "
-        "(the answered calls are reused)",
+        f"answer, and a failed call is not scored{advice}; then run again (the answered calls are reused)",
         RuntimeWarning,
         stacklevel=3,
     )
@@ -347,7 +374,7 @@ def finish(
         if calls and not sum(m.tokens for m in manifests):  # no call was answered: not a run to ship
             first = next((p for m in manifests for p in m.problems), "no reason recorded")
             errors = (r.error for m in manifests for g in m.groups for r in g.rollouts if r.error)
-            advice = unanswered_advice(next(errors, first), rt.policy.role)
+            advice = unanswered_advice(next(errors, first), rt.policy.role, "rollout", rt)
             raise ConfigError(
                 f"TF-GRPO: none of the {calls} calls to the model was answered, so nothing was learned"
                 f"{advice}, then run again: the steps are redone"
@@ -355,9 +382,11 @@ def finish(
         optimizer = [c for c in _calls(manifests) if c.stage in OPTIMIZER_STAGES]
         if optimizer and all(c.error for c in optimizer):  # the policy answered, the optimizer never did
             error = _first_error(optimizer) or "no error recorded"
+            stage = next((c.stage for c in optimizer if c.error == error), None)
+            advice = unanswered_advice(error, rt.optimizer.role, stage, rt)
             raise ConfigError(
                 f"TF-GRPO: none of the {len(optimizer)} optimizer calls (summarize, extract, consolidate) "
-                f"was answered, so nothing was learned{unanswered_advice(error, rt.optimizer.role)}, then "
+                f"was answered, so nothing was learned{advice}, then "
                 "run again: the steps are redone"
             )
         warnings.warn(
