@@ -30,7 +30,7 @@ from gym.data.registry import AUTO
 from gym.eval.suite import BenchmarkOptions
 from gym.models import ModelRef
 from gym.pipeline import registry_choices
-from gym.secrets import NO_LOGIN_SCHEMA
+from gym.secrets import NO_LOGIN_ITEMS, NO_LOGIN_SCHEMA
 from tasks.data import ingest_dataset
 from tasks.evaluate import benchmark_eval, check_benchmarks_task, exact_match
 from tasks.model import resolve_model
@@ -67,6 +67,7 @@ class EvaluateConfig(BaseModel):
         [],
         description="mmlu, ceval, cmmlu (NAME=DIR for a folder, .zip or hub id; default: the hub) "
         "or lm-eval:TASK for any lm-eval task.",
+        json_schema_extra=NO_LOGIN_ITEMS,
     )
     benchmark_options: BenchmarkOptions = Field(
         # Every question: an evaluation run scores whole benchmarks, as lm-eval does (the training flows

@@ -15,7 +15,7 @@ from gym.data.registry import AUTO, held_out
 from gym.data.tokenize import TokenizeSettings
 from gym.errors import ConfigError
 from gym.eval.suite import BenchmarkOptions
-from gym.secrets import NO_LOGIN_SCHEMA
+from gym.secrets import NO_LOGIN_ITEMS, NO_LOGIN_SCHEMA
 from gym.tfgrpo.config import TfGrpoSettings
 from gym.train.config import SCORING_METHODS, TrainConfig
 from gym.train.rl_config import ONLINE_METHODS
@@ -130,6 +130,7 @@ class FlowConfig(BaseModel):
         [],
         description="Benchmarks scored before and after training: mmlu, ceval, cmmlu (NAME=DIR for a folder, "
         ".zip or hub id; default: the hub) or lm-eval:TASK for any lm-eval task.",
+        json_schema_extra=NO_LOGIN_ITEMS,
     )
     benchmark_options: BenchmarkOptions = Field(
         default_factory=BenchmarkOptions,
@@ -358,6 +359,7 @@ class TfGrpoFlowConfig(TfGrpoSettings):
         [],
         description="Benchmarks scored before and after (the learned library injected after): mmlu, ceval, "
         "cmmlu (NAME=DIR for local files) or lm-eval:TASK. Needs the model's weights (no --endpoint).",
+        json_schema_extra=NO_LOGIN_ITEMS,
     )
     benchmark_options: BenchmarkOptions = Field(
         default_factory=BenchmarkOptions,

@@ -66,12 +66,17 @@ def _any_case(word: str) -> str:
 # refuses a run given one before it stores its parameters. Only the schema carries it (pydantic's regex
 # has no look-ahead); gym's own check is tracking.check_store (url_credentials).
 _SECRET_PARAM_WORDS = ("key", "token", "auth", "secret", "password", "passwd", "credential", "sig")
+# urlsplit drops leading spaces and controls, and tabs and newlines anywhere (`\thttp://u:p@h`,
+# `ht\ttp://...`): a value holding a tab or newline is refused outright (no name, path or URL has one), and
+# a user part is looked for after any `://`, not only after a scheme at the start (also `mmlu=URL`).
 NO_LOGIN_SCHEMA: JsonDict = {
-    "pattern": r"^(?![A-Za-z][A-Za-z0-9+.-]*://[^/?#]*@)"
+    "pattern": r"^(?![^\t\r\n]*[\t\r\n])(?![\s\S]*://[^/?#]*@)"
     + r"(?![^?#;]*[?#;](?:[^#]*[&;#])?[^=&;#]*(?:"
     + "|".join(map(_any_case, _SECRET_PARAM_WORDS))
     + r")[^=&;#]*=)"
 }
+# The same for each item of a list setting (benchmarks: `mmlu=https://...`).
+NO_LOGIN_ITEMS: JsonDict = {"items": {"type": "string", **NO_LOGIN_SCHEMA}}
 
 
 # A URL's scheme and `//netloc` (the part a user and password go in), as urlsplit finds them.

@@ -442,7 +442,10 @@ def end_failed_runs(tag: str, value: str, status: str = "FAILED", uri: str | Non
     """`end_open_runs` for a flow run that failed, where tracking may never have started: nothing is
     opened or made when the flow's store could not be used (no SQLite database yet, a file store MLflow
     refuses: the run's preflight said so) and nothing waits on a tracking server that doesn't answer.
-    Returns a line to log when runs may be left open, else None; never raises."""
+    Returns a line to log when runs may be left open, else None; never raises. A `uri` with a login was
+    refused before the flow's first task (check_store): no run was made there, and it is not contacted."""
+    if uri and secrets.url_credentials(uri):
+        return None
     u = tracking_uri(uri, create=False)
     db = _sqlite_file(u)
     if (db is not None and not db.is_file()) or (db is None and _file_store_refused(u)):

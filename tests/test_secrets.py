@@ -205,6 +205,12 @@ def test_a_missing_model_version_names_the_store_as_it_is(gym_home):
         "postgresql://h/db?sslmode=require",
         "http://h/keys/path?x=1#frag",
         "databricks",
+        # what urlsplit (so gym, and a client) ignores before reading a URL hid its login from the schema
+        " http://u:p@h/x",
+        "\thttps://u:p@h/x",
+        "\x01http://u:p@h",
+        "ht\ttp://u:p@h/x",
+        "http://h/x?pass\nword=1",
     ],
 )
 def test_the_deployment_schema_refuses_the_urls_gym_refuses(url):
@@ -243,6 +249,11 @@ def test_a_login_in_a_dataset_or_model_value_is_not_quoted_back(capsys, gym_home
         ("flows.evaluate:evaluate", {"eval_dataset": "https://bob:hunter2@h/eval.jsonl"}),
         ("flows.tf_grpo:tf_grpo", {"model": "https://bob:hunter2@h/model"}),
         ("flows.tf_grpo:tf_grpo", {"dataset": "https://bob:hunter2@h/q.jsonl"}),
+        ("flows.train:train", {"dataset": " https://bob:hunter2@example.com/data.jsonl"}),
+        ("flows.evaluate:evaluate", {"model": "\thttps://bob:hunter2@h/model"}),
+        ("flows.train:train", {"output": {"tracking_uri": " http://bob:hunter2@127.0.0.1:5999"}}),
+        ("flows.train:train", {"benchmarks": ["mmlu=https://bob:hunter2@example.com/mmlu"]}),
+        ("flows.evaluate:evaluate", {"benchmarks": ["mmlu", "ceval=https://bob:hunter2@h/ceval.zip"]}),
     ],
 )
 def test_the_deployment_schema_refuses_a_login_in_a_model_or_dataset(flow_path, config):
@@ -260,4 +271,8 @@ def test_the_deployment_schema_refuses_a_login_in_a_model_or_dataset(flow_path, 
     fine: object = "org/some-dataset" if "dataset" in field else "models:/gym-tiny-sft@champion"
     if field == "warm_start":
         fine = {"dataset": "./warm.jsonl"}
+    if field == "output":
+        fine = {"tracking_uri": "http://127.0.0.1:5999"}
+    if field == "benchmarks":
+        fine = ["mmlu", "ceval=/data/ceval.zip", "cmmlu=haonan-li/cmmlu", "lm-eval:hellaswag"]
     assert not validate({"config": {field: fine}}, schema), f"{fine} refused"

@@ -254,13 +254,24 @@ def test_a_tracking_server_that_stops_mid_run_is_one_error_line(
     assert {r.info.status for r in runs} >= {"RUNNING"}
 
 
-def test_the_failure_hook_skips_a_server_that_does_not_answer_at_once(gym_home):
+def test_the_failure_hook_skips_a_server_that_does_not_answer_at_once(gym_home, monkeypatch):
     port = free_port()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", with_login(f"http://127.0.0.1:{port}"))  # a login: env only
     started = time.monotonic()
-    note = tracking.end_failed_runs("prefect_flow_run_id", "x", uri=with_login(f"http://127.0.0.1:{port}"))
+    note = tracking.end_failed_runs("prefect_flow_run_id", "x")
     assert time.monotonic() - started < 3
     assert note is not None and note.startswith("can't end this flow run's MLflow runs: the MLflow server at")
     assert f"http://127.0.0.1:{port} doesn't answer" in note and SECRET not in note
+
+
+def test_the_failure_hook_leaves_alone_a_store_refused_for_its_login(gym_home):
+    """A deployment run given `tracking_uri` with a login fails its first task (check_store); the hook
+    then tried that server and warned it "doesn't answer", as if runs were left open there."""
+    port = free_port()
+    assert (
+        tracking.end_failed_runs("prefect_flow_run_id", "x", uri=with_login(f"http://127.0.0.1:{port}"))
+        is None
+    )
 
 
 # -- 4. the failure hook after a store the preflight refused -------------------------------------------
