@@ -8,7 +8,9 @@ base model, method, datasets with digests, hyperparameters, eval scores, and how
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from gym.lineage import Lineage
@@ -50,16 +52,36 @@ def _flow_run(lineage: Lineage) -> str:
     return f"[`{lineage.flow_run_id}`]({url})" if url else f"`{lineage.flow_run_id}`"
 
 
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(?:/[\w.-]+)?")  # `gpt2`, `Qwen/Qwen2.5-0.5B-Instruct`
+
+
+def hub_base(base: str | None) -> str | None:
+    """The base as the Hub's metadata names it (`base_model`, which the Hub refuses on a push unless it is
+    a model id there): a registry model's hub id, a hub id as given; None for a model only gym builds
+    (gym-tiny) and for a folder."""
+    from gym.models import registry_entry
+
+    if not base:
+        return None
+    spec = registry_entry(base)
+    if spec is not None:
+        return str(spec.hub_id) if spec.hub_id else None
+    if not HUB_ID.fullmatch(base) or Path(base).expanduser().exists():
+        return None
+    return base
+
+
 def render(name: str, lineage: Lineage, stop_tokens: list[str] | None = None) -> str:
     """README.md text for model `name`."""
     from gym.train.config import SCORING_METHODS
 
     scorer = bool(lineage.method) and str(lineage.method).split("+")[-1] in SCORING_METHODS
+    hub = hub_base(lineage.base_model)
     front = [
         "---",
         "library_name: transformers",
         f"pipeline_tag: {'text-classification' if scorer else 'text-generation'}",
-        f"base_model: {json.dumps(lineage.base_model)}",
+        *([f"base_model: {json.dumps(hub)}"] if hub else []),
         *_yaml_list("tags", ["gym", *(lineage.method.split("+") if lineage.method else [])]),
         *_yaml_list("datasets", [str(d["name"]) for d in lineage.datasets.values() if d.get("name")]),
         "---",
@@ -77,7 +99,10 @@ def render(name: str, lineage: Lineage, stop_tokens: list[str] | None = None) ->
     if lineage.registry_entry:
         entry = f"`{lineage.registry_entry}` (digest `{lineage.registry_digest}`)"
     facts = [
-        ("base model", f"`{lineage.base_model}`"),
+        (
+            "base model",
+            f"`{lineage.base_model}`" + (f" (hub: `{hub}`)" if hub and hub != lineage.base_model else ""),
+        ),
         ("method", lineage.method or "(not recorded)"),
         ("chat template", f"`{lineage.template}`" if lineage.template else "(the tokenizer's own)"),
         *_system_row(lineage.default_system),

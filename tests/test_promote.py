@@ -66,7 +66,7 @@ def test_a_registration_carries_lineage_and_card_and_same_content_reuses_its_ver
     assert Lineage.from_tags(tags) == lineage
     assert "hf_x" not in tags[LINEAGE_TAG]  # secrets in the config are redacted
     card = mv.description
-    assert card.startswith("---\n") and 'base_model: "gym-tiny"' in card and "demo_sft" in card
+    assert card.startswith("---\n") and "| base model | `gym-tiny` |" in card and "demo_sft" in card
     assert "d" * 16 in card and "learning_rate" in card
 
     again = register(variants[0], "tiny-reg", lineage.model_copy(update={"flow_run_id": "flow-2"}), run_id)
@@ -78,6 +78,30 @@ def test_a_registration_carries_lineage_and_card_and_same_content_reuses_its_ver
     back = register(variants[0], "tiny-reg", lineage, run_id)
     assert (back.version, back.reused) == ("1", True)
     assert str(client.get_model_version_by_alias("tiny-reg", "challenger").version) == "1"
+
+
+QWEN = "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+@pytest.mark.parametrize(
+    ("base", "metadata", "row"),
+    [
+        # a registry model: the Hub's metadata names its hub id (the Hub refuses a push whose base_model
+        # is no model there), the card's table both
+        ("qwen2.5-0.5b-instruct", QWEN, f"`qwen2.5-0.5b-instruct` (hub: `{QWEN}`)"),
+        (QWEN, QWEN, f"`{QWEN}`"),
+        ("some-org/not-in-the-registry", "some-org/not-in-the-registry", "`some-org/not-in-the-registry`"),
+        ("gym-tiny", None, "`gym-tiny`"),  # gym builds it: on no hub
+        ("/models/my-base", None, "`/models/my-base`"),  # a folder
+    ],
+)  # fmt: skip
+def test_the_cards_base_model_metadata_is_a_hub_id_or_left_out(base, metadata, row):
+    from gym.card import render
+
+    card = render("m", Lineage(base_model=base))
+    front = card.split("\n---\n", 1)[0]
+    assert (f"base_model: {json.dumps(metadata)}" in front) if metadata else "base_model" not in front
+    assert f"| base model | {row} |" in card
 
 
 def test_champion_moves_only_when_the_challenger_wins_by_the_margin(gym_home, variants):
