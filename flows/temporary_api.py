@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import IO
 
 import httpx
@@ -132,13 +133,62 @@ def _write_stderr(line: bytes) -> None:
         sys.stderr.flush()
 
 
+def _new_database() -> Path | None:
+    """Prefect's SQLite database file when it does not exist yet (the API that starts first on this
+    PREFECT_HOME creates and migrates it), else None."""
+    url = get_current_settings().server.database.connection_url
+    text = url.get_secret_value() if url is not None else ""
+    prefix = "sqlite+aiosqlite:///"
+    if not text.startswith(prefix) or ":memory:" in text:
+        return None
+    path = Path(text.removeprefix(prefix)).expanduser()
+    return None if path.exists() else path
+
+
+class FirstStart:
+    """Runs started at once on a new Prefect database start their temporary APIs one after the other.
+
+    Each API migrates the database as it starts; two migrating one new database at once fail (alembic's
+    "expected to match one row", or "no such table" in the other), and a third start could collide
+    again: all of them failed within the start-up timeout. The first holds a lock beside the database
+    until its API answers (the database then made); the others wait for it, then find it made. Only a
+    database that does not exist yet is locked: a run on one that does starts at once."""
+
+    def __init__(self) -> None:
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        database = _new_database()
+        if database is None or self.fd is not None:
+            return
+        import fcntl
+
+        try:
+            database.parent.mkdir(parents=True, exist_ok=True)
+            lock = database.with_name(f".{database.name}.gym-start.lock")
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError:  # a home it cannot write: the server's own start says so
+            return
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held until this API answers (or this process ends)
+        self.fd = fd
+        if database.exists():  # another run's API made it while this one waited
+            self.release()
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # and the lock with it
+            self.fd = None
+
+
 class TemporaryApi:
-    """One temporary API server process: `start` returns at once, `ready` waits for its health check."""
+    """One temporary API server process: `start` returns at once (on a new database, once no other
+    run's API is creating it: FirstStart), `ready` waits for its health check."""
 
     def __init__(self) -> None:
         self.port = 0
         self.process: subprocess.Popen[bytes] | None = None
         self.stderr: HeldBack | None = None
+        self.first = FirstStart()
 
     @property
     def url(self) -> str:
@@ -147,6 +197,7 @@ class TemporaryApi:
     def start(self) -> TemporaryApi:
         # The command and environment Prefect's SubprocessASGIServer uses (settings made in this
         # process, such as the workspace's result storage, reach the server as variables).
+        self.first.acquire()
         self.port = free_port()
         env = {
             **os.environ,
@@ -182,6 +233,12 @@ class TemporaryApi:
 
     def ready(self, timeout_s: float | None = None) -> None:
         """Wait until the API answers its health check (a port taken meanwhile: start again elsewhere)."""
+        try:
+            self._ready(timeout_s)
+        finally:
+            self.first.release()
+
+    def _ready(self, timeout_s: float | None = None) -> None:
         limit = timeout_s or float(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
         deadline = time.monotonic() + limit
         starts = 1
@@ -195,6 +252,7 @@ class TemporaryApi:
                     logger.debug(f"Prefect's temporary API did not start ({said}); starting it again")
                     starts += 1
                     self.start()
+                    deadline = time.monotonic() + limit  # each start has the whole time
                     continue
                 if status is not None:
                     self.stderr.finish()
@@ -231,6 +289,7 @@ class TemporaryApi:
     def stop(self) -> None:
         """Send the run's last logs and events, then stop the server (at once, not at exit, so nothing
         Prefect prints follows the run's own last lines)."""
+        self.first.release()
         if self.process is None:
             return
         stopped_while_serving = False

@@ -291,6 +291,75 @@ def test_a_temporary_api_start_that_is_retried_prints_nothing(tmp_path):
     assert "address already in use" not in proc.stderr and "ERROR" not in proc.stderr, proc.stderr[-3000:]
 
 
+AT_ONCE = """
+import json
+from flows.temporary_api import TemporaryApi
+from gym.errors import GymError
+api = TemporaryApi()
+starts = []
+start = api.start
+api.start = lambda: starts.append(1) or start()
+api.start()
+try:
+    api.ready(timeout_s=120)
+    print(json.dumps({"error": None, "starts": len(starts)}))
+except GymError as e:
+    print(json.dumps({"error": str(e), "starts": len(starts)}))
+finally:
+    api.stop()
+"""
+
+
+def test_temporary_apis_started_at_once_on_a_new_database_all_start(tmp_path):
+    """Three runs started at once as the first on a PREFECT_HOME: their APIs each migrated the new
+    database, collided, and all three failed within the start-up timeout (restarts shared it). Now one
+    creates it while the others wait, and each starts."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect")
+    env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", AT_ONCE], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]  # fmt: skip
+    outs = [p.communicate(timeout=300) for p in procs]
+    for proc, (out, err) in zip(procs, outs, strict=True):
+        assert proc.returncode == 0, err[-3000:]
+        # each started once: none collided with another's migration (which restarts it, and could again)
+        assert json.loads(out.strip().splitlines()[-1]) == {"error": None, "starts": 1}, err[-3000:]
+        assert "Traceback" not in err and "CommandError" not in err, err[-3000:]
+    assert (tmp_path / "prefect" / "prefect.db").is_file()
+
+
+WAITS = """
+import json, threading, time
+from flows.temporary_api import FirstStart, TemporaryApi
+other = FirstStart()
+other.acquire()  # another run's API, creating the new database
+threading.Timer(3, other.release).start()
+began = time.monotonic()
+api = TemporaryApi().start()
+waited = time.monotonic() - began
+api.ready(timeout_s=120)
+api.stop()
+again = time.monotonic()
+TemporaryApi().start().stop()  # the database exists now: no waiting on anyone
+print(json.dumps({"waited": waited, "then": time.monotonic() - again}))
+"""
+
+
+def test_a_temporary_api_on_a_new_database_waits_for_the_one_creating_it(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect")
+    env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    proc = subprocess.run(
+        [sys.executable, "-c", WAITS], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["waited"] >= 2.9 and out["then"] < 2.5, out
+
+
 SERVER_STUB = """
 import signal, sys, time
 def stopped(*args):
