@@ -236,7 +236,7 @@ LORA_NAMES = {n for n, (path, _) in STAGE.items() if path.startswith("lora.")} |
 # Settings gym can't honour yet: name -> what to do instead (an error when given, unless false or null).
 REFUSED = {
     "hf_hub_token": "gym reads a hub token from $HF_TOKEN only, never from settings (Prefect and MLflow "
-    "store those): remove it from the file and `export HF_TOKEN=...`",
+    "store those): remove the setting and `export HF_TOKEN=...`",
     "cache_dir": "set $HF_HOME (the hub's cache folder) instead",
     "model_revision": "gym loads the revision a model's registry entry pins (`revision` in "
     "registry/models.json; `main` for a hub id it has no entry for): add an entry for the model with that "

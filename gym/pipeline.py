@@ -80,7 +80,9 @@ class OutputSettings(BaseModel):
     promote_mode: Literal["auto", "max", "min"] = Field(
         "auto", description="max: higher scores win; min: lower win; auto: min for losses, else max."
     )
-    experiment: str = Field("gym", description="MLflow experiment name.")
+    experiment: str = Field(
+        "gym", min_length=1, pattern=r"\S", description="MLflow experiment name (not empty, not blank)."
+    )
     tracking_uri: str | None = Field(
         None,
         description="MLflow tracking URI, without a login (MLFLOW_TRACKING_USERNAME / _PASSWORD hold it); "

@@ -95,7 +95,7 @@ def _publish_exact_match(result: ExactMatch, label: str) -> None:
         f"exact-match-{label}",
         f"## exact match {label}\n\n{table(scores)}\n"
         f"| prompt (end) | reference | prediction |\n|---|---|---|\n{samples}\n",
-        f"Held-out exact match {label} training",
+        f"Held-out exact match {label} training" if label in ("before", "after") else "Held-out exact match",
     )
 
 

@@ -416,6 +416,7 @@ def test_deepspeed_and_fp16_are_refused_saying_what_gym_does_instead():
     ) as error:
         parse(["--hf_hub_token", "hf_secret_value"])
     assert "hf_secret_value" not in str(error.value)  # the token is never echoed
+    assert "from the file" not in str(error.value)  # it was given on the command line
 
 
 def test_a_lora_or_api_reward_model_is_refused_saying_what_to_do():

@@ -180,6 +180,12 @@ def test_a_missing_path_names_the_flag_and_close_names(tmp_path: Path, monkeypat
     with pytest.raises(ConfigError) as e:
         resolve_dataset("unrelated.jsonl")
     assert "did you mean" not in str(e.value) and "--dataset_dir" in str(e.value)
+    # An absolute path is looked up there only: no word on where relative ones are, nor --dataset_dir
+    # (a deployment run has no such parameter)
+    with pytest.raises(ConfigError) as e:
+        resolve_dataset(str(tmp_path / "chat.jsonl"))
+    assert str(e.value) == f"no such file or folder {str(tmp_path / 'chat.jsonl')!r}; did you mean "\
+        f"{str(tmp_path / 'chats.jsonl')!r}?"  # fmt: skip
 
 
 @pytest.mark.parametrize("name", ["link.jsonl", "linked"])

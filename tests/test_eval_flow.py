@@ -63,6 +63,8 @@ def test_evaluate_flow_tracks_benchmarks_and_generation_metrics(prefect_server, 
         "abstract_algebra",
         "high_school_biology",
     }
+    # the held-out score's artifact: an evaluation run trains nothing ("... eval training", it said)
+    assert {a.description for a in table_artifacts("exact-match-eval")} == {"Held-out exact match"}
 
 
 def test_training_flow_scores_benchmarks_before_and_after(prefect_server, tmp_path, capsys):

@@ -189,6 +189,17 @@ def test_a_name_or_alias_mlflow_refuses_stops_the_flow_before_any_work(gym_home,
     preflight.check(TrainFlowConfig(output=OutputSettings(register_as="team-model_1", alias="candidate")))
 
 
+@pytest.mark.parametrize("experiment", ["", "  "])
+def test_an_empty_experiment_name_is_refused_not_replaced_by_gym(experiment, capsys):
+    """`--output.experiment ''` trained and logged to the experiment `gym`, without a word."""
+    from flows.cli import main
+
+    assert main(["train", "--max-steps", "1", "--output.experiment", experiment]) == 2
+    assert (
+        capsys.readouterr().err.strip().splitlines()[-1].startswith("error: output.experiment: String should")
+    )
+
+
 def test_gym_promote_command_prints_the_decision(gym_home, capsys):
     from flows.cli import main
 

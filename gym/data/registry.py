@@ -279,6 +279,8 @@ def _no_such_path(name: str, root: Path) -> str:
             matches = difflib.get_close_matches(place.name, names, n=3, cutoff=0.8)
             close += [str(Path(name).parent / match) for match in matches]
     guess = f"did you mean {', '.join(repr(c) for c in dict.fromkeys(close))}? " if close else ""
+    if given.is_absolute():  # looked up there only: where relative paths are looked up is beside the point
+        return f"no such file or folder {name!r}" + (f"; {guess.strip()}" if guess else "")
     return (
         f"no such file or folder {name!r}; {guess}(relative paths are looked up in the current directory, "
         f"then in the data dir {root}: set it with --dataset_dir, data_root= in Python, or $GYM_DATA_DIR)"
