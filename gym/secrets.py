@@ -23,7 +23,8 @@ _SECRET_WORD = re.compile(
 )
 _TOKEN = re.compile(r"(^|[_-])token$", re.IGNORECASE)
 _TEXT_TOKEN = re.compile(r"(^|[_-])(pad|eos|bos|unk|sep|cls|mask|stop|special|start|end)[_-]token$", re.I)
-_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s'\"<>]+", re.IGNORECASE)
+# A URL in text: not its closing punctuation (`(http://h/?token=x)`: the `)` is the sentence's).
+_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s'\"<>]*[^\s'\"<>.,;:!?)\]]", re.IGNORECASE)
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -127,6 +128,22 @@ def link_url(url: str) -> str:
         return stripped
     start, end = head.span("netloc")
     return stripped[:start] + head["netloc"].rpartition("@")[2] + stripped[end:]
+
+
+def without_credentials(url: str) -> str:
+    """`url` as it should be given instead: `link_url`'s, without its key-like query and fragment
+    parameters at all (`http://host/?token=***` is `http://host/`)."""
+    linked = link_url(url)
+    rest, hash_, fragment = linked.partition("#")
+    rest, question, query = rest.partition("?")
+
+    def kept(text: str) -> str:
+        return "&".join(
+            p for p in text.split("&") if p and not _SECRET_PARAM.search(unquote(p.partition("=")[0]))
+        )
+
+    query, fragment = kept(query), kept(fragment)
+    return rest + (question if query else "") + query + (hash_ if fragment else "") + fragment
 
 
 def scrub(text: str) -> str:

@@ -90,8 +90,9 @@ def credentials_advice(uri: str) -> str:
     )
     if uri.startswith(("http://", "https://")):
         return (
-            f"{said}: give it without them ({secrets.link_url(uri)}) and set MLFLOW_TRACKING_USERNAME and "
-            "MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN), MLflow's own variables, instead"
+            f"{said}: give it without them ({secrets.without_credentials(uri)}) and set "
+            "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN), MLflow's own "
+            "variables, instead"
         )
     # a database's login has no variable of MLflow's: the whole URI goes in the environment
     return f"{said}: give the whole URI in MLFLOW_TRACKING_URI instead (the environment is not stored)"

@@ -119,6 +119,17 @@ def test_a_tracking_uri_with_credentials_as_a_setting_is_refused_before_prefect_
     assert message.startswith("output.tracking_uri: the tracking URI carries credentials")
     assert "(http://127.0.0.1:5300)" in message and "MLFLOW_TRACKING_USERNAME" in message
     assert "MLFLOW_TRACKING_PASSWORD" in message and SECRET not in message
+    # a token in the query: the URI to give has none (it read `(http://127.0.0.1:5300/?token=***`, its `)`
+    # taken for the token's end when the message was scrubbed)
+    with pytest.raises(ConfigError) as caught:
+        preflight.check(
+            TrainFlowConfig(output=OutputSettings(tracking_uri=f"http://127.0.0.1:5300/?token={SECRET}"))
+        )
+    assert "give it without them (http://127.0.0.1:5300/) and set" in str(caught.value)
+    assert (
+        secrets.scrub(f"(http://h/?token={SECRET}), http://h/x?key={SECRET}.")
+        == "(http://h/?token=***), http://h/x?key=***."
+    )
 
     started = time.monotonic()
     assert main(train, TrainFlowConfig, [*SMALL_RUN, "--output.tracking_uri", uri]) == 2
