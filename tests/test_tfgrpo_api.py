@@ -61,6 +61,22 @@ def test_experience_manager_crud_versions_and_prompt_format(tmp_path):
         [{"operation": "delete", "id": "G0"}, {"operation": "update", "id": "G9", "text": "t"}]
     )
     assert len(result.applied) == 1 and len(em) == 2 and "**removed**" in em.diff_markdown(reopened)
+    # What is no operation at all is reported too (it was dropped without a trace), numbered as given;
+    # an Op object beside dicts is applied as it is.
+    result = em.apply_operations(
+        [
+            {"operation": "update", "id": "G77", "text": "When z, q."},
+            {"operation": "frobnicate"},
+            Add(text="When a list is empty, say so."),
+            "delete everything",
+        ]
+    )
+    assert len(result.applied) == 1 and not result.rejected and len(em) == 3
+    assert [u.split(":")[0] for u in result.unreadable] == ["operation 1", "operation 2", "operation 4"]
+    assert "G77" in result.unreadable[0] and "frobnicate" in result.unreadable[1]
+    assert (
+        em.apply_operations('[{"operation": "delete", "id": "G5"}]').unreadable[0].startswith("operation 1:")
+    )
 
 
 @pytest.mark.slow  # loads sentence-transformers and the embedding model (~5-20 s here)

@@ -67,6 +67,9 @@ class ApplyResult(BaseModel):
     library: Library
     applied: tuple[Op, ...] = ()
     rejected: tuple[Rejected, ...] = ()
+    # what could not be read as an operation at all (an unknown id or kind, a missing field: the parser's
+    # message for each), when the batch was given as text or dicts (ExperienceManager.apply_operations)
+    unreadable: tuple[str, ...] = ()
 
     @property
     def changed(self) -> bool:

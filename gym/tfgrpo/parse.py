@@ -179,6 +179,15 @@ def _clean_text(raw: Any) -> str | None:
     return _ALIAS_PREFIX.sub("", raw).strip() or None
 
 
+def read_op(item: Any, aliases: Mapping[str, str]) -> tuple[Op | None, str | None]:
+    """One operation in the LLM's JSON shape (a dict): (the op, None), (None, what is wrong with it), or
+    (None, None) for a no-op; never raises."""
+    try:
+        return _op(item, aliases)
+    except Exception as exc:  # as parse_ops: junk in, an error out
+        return None, f"unreadable ({type(exc).__name__}: {exc})"
+
+
 def _op(item: Any, aliases: Mapping[str, str]) -> tuple[Op | None, str | None]:
     if not isinstance(item, dict):
         return None, f"not an object: {str(item)[:60]!r}"

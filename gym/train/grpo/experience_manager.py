@@ -19,7 +19,6 @@ and keeps every version in `<library_path>/versions/`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,8 +27,8 @@ from gym import workspace
 from gym.errors import ConfigError
 from gym.tfgrpo.injection import EXPERIENCE_FILE, experience_block, inject, shipped_json
 from gym.tfgrpo.library import Library, diff, word_count
-from gym.tfgrpo.ops import Add, ApplyResult, Delete, Merge, Op, Update, apply
-from gym.tfgrpo.parse import parse_ops, resolve_id
+from gym.tfgrpo.ops import Add, ApplyResult, Delete, Merge, NoOp, Op, Update, apply
+from gym.tfgrpo.parse import parse_ops, read_op, resolve_id
 
 
 class ExperienceManager:
@@ -89,15 +88,26 @@ class ExperienceManager:
 
     def apply_operations(self, operations: Sequence[Op | dict[str, Any]] | str) -> ApplyResult:
         """Apply a batch (Op objects, dicts in the LLM's JSON shape, or its raw text); invalid or
-        conflicting operations are reported in the result, not applied, and never raise."""
-        if isinstance(operations, str) or any(isinstance(o, dict) for o in operations):
-            text = operations if isinstance(operations, str) else json.dumps(list(operations))
-            ops, _ = parse_ops(text, self.library.aliases())
+        conflicting operations are reported in the result, not applied, and never raise: `rejected`
+        (operations that don't apply or conflict) and `unreadable` (what is no operation at all, as
+        text or dicts: an unknown id or kind, a missing field)."""
+        unreadable: list[str] = []
+        if isinstance(operations, str):
+            ops, unreadable = parse_ops(operations, self.library.aliases())
         else:
-            ops = list(operations)  # type: ignore[arg-type]
+            ops = []
+            for n, item in enumerate(operations, start=1):
+                if isinstance(item, (Add, Update, Delete, Merge, NoOp)):
+                    ops.append(item)
+                    continue
+                op, problem = read_op(item, self.library.aliases())
+                if problem:
+                    unreadable.append(f"operation {n}: {problem}")
+                elif op is not None:
+                    ops.append(op)
         result = apply(self.library, ops)
         self.library = result.library
-        return result
+        return result.model_copy(update={"unreadable": tuple(unreadable)}) if unreadable else result
 
     def _apply(self, ops: list[Op]) -> None:
         result = apply(self.library, ops)
