@@ -184,6 +184,9 @@ def test_grpo_trainer_training_free_learns_into_the_experience_manager(tmp_path)
     result = trainer.train()
     assert result.mean_at_k[-1] > result.mean_at_k[0] and len(exp_manager) == result.library_size > 0
     assert exp_manager.versions() and load_shipped(tmp_path / "out") == exp_manager.library.texts
+    # every version the run made, as `--experience_lib_path` keeps them (only the last was kept)
+    made = sorted(p.name for p in (Path(result.run_dir) / "libraries").glob("v*.json"))
+    assert len(made) > 2 and [p.name for p in exp_manager.versions()] == made
     exp_manager.save(tmp_path / "experience_lib" / "final.json")
     assert json.loads((tmp_path / "experience_lib" / "final.json").read_text())["items"]
     with pytest.raises(ConfigError, match=r"\['group_size'\] apply only to training_free=True"):

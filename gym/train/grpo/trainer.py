@@ -38,8 +38,8 @@ from gym.hashing import hash_obj
 from gym.tfgrpo.clients import LLMClient, LoadedClient
 from gym.tfgrpo.config import TfGrpoSettings
 from gym.tfgrpo.data import Question, load_questions
-from gym.tfgrpo.engine import RunResult, train
-from gym.tfgrpo.injection import EXPERIENCE_FILE, shipped_json, written_by
+from gym.tfgrpo.engine import RunResult, export_library, train
+from gym.tfgrpo.injection import EXPERIENCE_FILE, written_by
 from gym.tfgrpo.library import Library
 from gym.tfgrpo.runtime import Runtime, with_start
 from gym.train.grpo.experience_manager import ExperienceManager
@@ -232,11 +232,9 @@ class GRPOTrainer:
         rt = with_start(make, self.experience_manager.library, writer, versions)
         self.result = train(rt, questions, held_out, initial=rt.start, max_steps=self.max_steps)
         self.experience_manager.library = Library.load(self.result.library_file)
-        if folder is not None:
-            saved = self.experience_manager.save()
-            # recording the run that wrote it, so that running this again resumes that run (with_start)
-            text = shipped_json(self.experience_manager.library.to_json(), s.retrieval_top_k, rt.origin)
-            workspace.atomic_write_text(saved, text)
+        if folder is not None:  # every version the run made, as the CLI's --experience_lib_path keeps them;
+            # experiences.json records the run that wrote it, so that running this again resumes that run
+            export_library(rt.run_dir, folder, s.retrieval_top_k, rt.origin)
         output_dir = _read(self.args, "output_dir")
         if output_dir:
             self.save_model(output_dir)
