@@ -33,7 +33,7 @@ from gym.card import render
 from gym.cli_options import ArgumentParser, flag_error
 from gym.errors import ConfigError
 from gym.lineage import Lineage, registry_entry
-from gym.models import adapter_base, require_safetensors
+from gym.models import adapter_base, endpoint_library, require_safetensors
 from gym.ollama import gguf_notes, modelfile
 from gym.templates import canonical_template, load_template, split_markers, with_default_system
 from gym.tfgrpo.injection import EXPERIENCE_FILE
@@ -121,6 +121,8 @@ def locate(model: str, base: str | None = None, template: str | None = None) -> 
             local.name, inner.weights, adapter, inner.lineage.base_model, inner.lineage, local / "model"
         )
     if not (local / "config.json").is_file():
+        if (library := endpoint_library(local)) is not None:
+            raise library
         raise ConfigError(
             f"{local} holds neither a model (config.json) nor a PEFT adapter (adapter_config.json)"
         )

@@ -141,17 +141,8 @@ def _resolve(name_or_path: str, template: str | None, dry_run: bool = False) -> 
                     f"base with `gym export --model {local} --out DIR` and use DIR, or (gym serve, chat, "
                     f"eval) pass --model_name_or_path BASE --adapter_name_or_path {local}"
                 )
-            api_library = _gym_meta(local)
-            if api_library.get("method") == "tf_grpo" and api_library.get("endpoint"):
-                from gym.secrets import strip_url
-
-                where = strip_url(str(api_library["endpoint"]))
-                raise ConfigError(
-                    f"{local} is a Training-Free GRPO library learned for the model "
-                    f"{api_library.get('model')!r} behind {where}: it has no "
-                    f"weights to load here. Use it with that model: `gym tfgrpo show {local}` prints the "
-                    "experiences to give it as a system message"
-                )
+            if (library := endpoint_library(local)) is not None:
+                raise library
             raise ConfigError(f"{local} is not a model directory (no config.json)")
         require_safetensors(local)
         meta = _gym_meta(local)  # what gym recorded when it wrote this folder (nothing for others)
@@ -208,6 +199,21 @@ def _path_like(name: str) -> bool:
     if "://" in name:  # a URL is neither (and its login must not be echoed as a resolved path)
         return False
     return name.startswith((".", "/", "~")) or not looks_like_hub_id(name)
+
+
+def endpoint_library(local: Path) -> ConfigError | None:
+    """The error for a folder holding a Training-Free GRPO library learned through an endpoint (no
+    weights: what it is, and how to use it), None for any other folder."""
+    meta = _gym_meta(local)
+    if meta.get("method") != "tf_grpo" or not meta.get("endpoint"):
+        return None
+    from gym.secrets import strip_url
+
+    return ConfigError(
+        f"{local} is a Training-Free GRPO library learned for the model {meta.get('model')!r} behind "
+        f"{strip_url(str(meta['endpoint']))}: it has no weights to load here. Use it with that model: "
+        f"`gym tfgrpo show {local}` prints the experiences to give it as a system message"
+    )
 
 
 def registry_entry(name_or_hub_id: str) -> Any:

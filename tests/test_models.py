@@ -153,6 +153,11 @@ def test_a_library_learned_for_an_api_model_says_how_to_use_it(tmp_path):
     message = str(caught.value)
     assert "Training-Free GRPO library learned for the model 'deepseek-chat'" in message
     assert f"gym tfgrpo show {tmp_path}" in message
+    # gym export and gym deploy say the same (they said it holds "neither a model nor a PEFT adapter")
+    from gym.export import locate
+
+    with pytest.raises(ConfigError, match="Training-Free GRPO library learned for the model 'deepseek-chat'"):
+        locate(str(tmp_path), None, None)
 
 
 @pytest.mark.parametrize("path", ["./no/such/model", "/no/such/model", "~/no-such-model"])
