@@ -154,6 +154,7 @@ def run_console(command: Callable[[], int]) -> NoReturn:
     SIGPIPE's status, as a shell command does, instead of a BrokenPipeError traceback. Ctrl-C ends it
     with one line and SIGINT's status (a run says how to go on: flows/runner.py).
     """
+    _gym_warnings_as_lines()
     try:
         code = command()
         sys.stdout.flush()
@@ -170,6 +171,26 @@ def run_console(command: Callable[[], int]) -> NoReturn:
         print(f"error: {disk_full_error(exc)}", file=sys.stderr)  # the environment's: one line
         code = 2
     exit_process(code)
+
+
+def _gym_warnings_as_lines() -> None:
+    """gym's own warnings (GymWarning) as one `gym: warning: ...` line, as its logged ones are, not
+    Python's `/path/to/gym/module.py:184: RuntimeWarning: ...` and a line of its source; others as ever."""
+    import warnings
+
+    from gym.errors import GymWarning
+
+    shown = warnings.showwarning
+
+    def show(
+        message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None
+    ) -> None:
+        if isinstance(category, type) and issubclass(category, GymWarning):
+            print(f"gym: warning: {message}", file=file or sys.stderr, flush=True)
+            return
+        shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
 
 
 def exit_process(code: int) -> NoReturn:

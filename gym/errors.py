@@ -16,6 +16,11 @@ class GymError(Exception):
         super().__init__(*(scrub(a) if isinstance(a, str) else a for a in args))
 
 
+class GymWarning(RuntimeWarning):
+    """What a run should know but that does not stop it (a TF-GRPO step degraded...): a Python warning for
+    the library's users; on gym's command line, one `gym: warning: ...` line (gym.cli.run_console)."""
+
+
 class ConfigError(GymError, ValueError):
     """A configuration value (flow parameter, registry entry, CLI flag) is invalid."""
 

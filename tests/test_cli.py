@@ -298,3 +298,22 @@ def test_options_that_would_do_nothing_are_refused_not_ignored(capsys):
     shown = capsys.readouterr().out
     assert main(["data", "preview", "demo_sft", "-n", "1"]) == 0
     assert shown == capsys.readouterr().out and "6000 sft records" in shown
+
+
+def test_gyms_own_warnings_are_one_line_on_the_command_line(monkeypatch, capsys):
+    """A degraded TF-GRPO run printed `/work/main/tasks/tfgrpo.py:184: RuntimeWarning: TF-GRPO: ...` and a
+    line of gym's source; other warnings are shown as before."""
+    import warnings
+
+    from gym.cli import _gym_warnings_as_lines
+    from gym.errors import GymWarning
+
+    shown: list[str] = []
+    monkeypatch.setattr(warnings, "showwarning", lambda message, *args, **kw: shown.append(str(message)))
+    _gym_warnings_as_lines()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.warn("TF-GRPO: all 1 steps degraded", GymWarning, stacklevel=1)
+        warnings.warn("something else", UserWarning, stacklevel=1)
+    assert capsys.readouterr().err == "gym: warning: TF-GRPO: all 1 steps degraded\n"
+    assert shown == ["something else"]  # as Python (here: the showwarning before) shows it

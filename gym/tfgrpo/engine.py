@@ -21,7 +21,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from gym import workspace
-from gym.errors import ConfigError
+from gym.errors import ConfigError, GymWarning
 from gym.tfgrpo import stages
 from gym.tfgrpo.clients import REFUSAL_CHARS, WINDOW_FULL, LocalClient, http_refusal
 from gym.tfgrpo.config import ResolvedRole
@@ -354,7 +354,7 @@ def _check_evals(rt: Runtime, evals: list[EvalRecord]) -> None:
     warnings.warn(
         f"TF-GRPO: held-out Mean@k/Pass@k missing (null) for {tags}: {failed} of their {calls} calls got no "
         f"answer, and a failed call is not scored{advice}; then run again (the answered calls are reused)",
-        RuntimeWarning,
+        GymWarning,
         stacklevel=3,
     )
 
@@ -392,14 +392,14 @@ def finish(
         warnings.warn(
             f"TF-GRPO: all {len(manifests)} steps degraded, so nothing was learned (the library is as it "
             f"began); {_degraded_note(rt, manifests)}",
-            RuntimeWarning,
+            GymWarning,
             stacklevel=2,
         )
     elif any(c.error for c in _calls(degraded)):  # degraded by failed calls, not by unreadable replies
         warnings.warn(
             f"TF-GRPO: {len(degraded)} of {len(manifests)} steps degraded (each applied only what was "
             f"valid); {_degraded_note(rt, manifests)}",
-            RuntimeWarning,
+            GymWarning,
             stacklevel=2,
         )
     _check_evals(rt, evals)
