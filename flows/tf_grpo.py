@@ -150,10 +150,11 @@ def tf_grpo(config: TfGrpoFlowConfig = DEFAULTS) -> dict[str, Any]:
         tag = eval_tag(run.steps, step.index, len(questions), run.settings.batch_size)
         if held_out and tag is not None:  # each epoch's end (and a --max-steps run's last step)
             evals.append(evaluate_library.submit(quote(run), quote(library), tag))
-    if bar is not None:
-        bar.done()
+    stepped = time.monotonic()  # the steps' time, which the closing line shows
     raise_first_failure([*published, *evals])
     result = finish_run(run, library, [opaque(e) for e in evals], tracked, uri, started)
+    if bar is not None:  # once the run is known to have learned (else its error, not "done", ends it)
+        bar.done(now=stepped)
 
     model_dir, model = ship_model(run, result)
     scores_after = [  # the shipped model: its experiences.json is injected into every prompt

@@ -100,6 +100,20 @@ def test_a_run_whose_optimizer_was_refused_every_time_fails_naming_its_max_token
     assert "\n" not in message and "reachable" not in message
 
 
+def test_a_flow_that_learned_nothing_does_not_say_done_before_its_error(prefect_server, tmp_path, capsys):
+    """The console said `tf_grpo: done, 1 step in 0:08, library 0 items`, then the run failed."""
+    from flows.cli import main
+
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps({"question": f"q{i}", "answer": "7"}) + "\n" for i in range(3)))
+    with endpoint(refuse_optimizer=True) as url:
+        argv = f"train --method tf_grpo --endpoint {url} --model fake --dataset {data} --eval_dataset none "
+        argv += "--group-size 4 --epochs 1 --batch_size 3 --reward numeric"
+        assert main(argv.split()) == 2
+    err = capsys.readouterr().err
+    assert "so nothing was learned" in err.strip().splitlines()[-1] and "tf_grpo: done" not in err
+
+
 def test_a_missing_summary_says_why_its_call_failed():
     from gym.tfgrpo import stages
     from gym.tfgrpo.data import StepPlan
