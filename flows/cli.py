@@ -78,6 +78,11 @@ def version() -> str:
     return f"{installed('gym') or 'gym (not installed)'}\npython {python}, {', '.join(libraries)}\n"
 
 
+# Commands that write a folder and end with it (not a flow run, which Prefect's own SIGTERM handling ends):
+# a SIGTERM unwinds them, so that what they were writing is removed (gym.cli.terminated_as_exit).
+WRITERS = ("export", "deploy")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -98,6 +103,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if name not in OWN_CONSOLE:
         progress.console_defaults(verbose=progress.verbose())  # libraries' progress bars off
     try:
+        if name in WRITERS:
+            from gym.cli import terminated_as_exit
+
+            with terminated_as_exit():
+                return _command(name)(rest)
         return _command(name)(rest)
     except GymError as exc:
         print(f"error: {exc}", file=sys.stderr)

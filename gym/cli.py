@@ -9,12 +9,14 @@ live above the library, in flows/commands.py. `main(argv)` runs any of them in-p
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 from gym.cli_options import ArgumentParser, whole_number
@@ -191,6 +193,27 @@ def _gym_warnings_as_lines() -> None:
         shown(message, category, filename, lineno, file, line)
 
     warnings.showwarning = show
+
+
+@contextlib.contextmanager
+def terminated_as_exit() -> Iterator[None]:
+    """A SIGTERM (a plain `kill`, `timeout`, a container stopping) ends the block as Ctrl-C does: the
+    stack unwinds, so a folder being written is removed (gym.workspace.atomic_dir), then the process
+    exits with SIGTERM's status. Python's default ended the process where it stood, leaving the
+    half-written folder beside the output (with the weights in it) until a later write of the same one."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        print("\nterminated", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def exit_process(code: int) -> NoReturn:

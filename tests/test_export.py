@@ -516,3 +516,47 @@ def test_a_template_the_tokenizer_cannot_encode_is_refused_and_nothing_is_writte
 def test_a_base_given_for_a_full_model_gets_a_note(gym_home, tmp_path, capsys):
     export_model("gym-tiny", tmp_path / "out", base="qwen3-8b")
     assert "note: --base qwen3-8b is not read: gym-tiny is a full model" in capsys.readouterr().err
+
+
+SLOW_EXPORT = """
+import sys, time
+import transformers.modeling_utils as mu
+save = mu.PreTrainedModel.save_pretrained
+def slow(self, *args, **kwargs):
+    out = save(self, *args, **kwargs)
+    print("WRITTEN", flush=True)
+    time.sleep(60)  # as a big model's write takes
+    return out
+mu.PreTrainedModel.save_pretrained = slow
+from flows.cli import main
+from gym.cli import run_console
+run_console(lambda: main(sys.argv[1:]))
+"""
+
+
+def test_an_export_stopped_with_sigterm_leaves_nothing_half_written(gym_home, tmp_path):
+    """A plain `kill` (or `timeout`, a container stopping) mid-write left a hidden staging folder with the
+    weights beside --out, removed only by a later export to the same folder; Ctrl-C left nothing."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    resolve("gym-tiny")  # built before: the one slow write is the export's
+    out = tmp_path / "exports" / "tiny"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_EXPORT, "export", "--model", "gym-tiny", "--out", str(out)],
+        cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "WRITTEN" in line:
+            break
+    assert any(p.name.startswith(".") for p in out.parent.iterdir()), "the export was being staged"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert err.strip().splitlines()[-1] == "terminated" and "Traceback" not in err
+    assert sorted(p.name for p in out.parent.iterdir()) == [], "no staging folder, no lock, no --out"
