@@ -76,8 +76,12 @@ def crash_pool_runs(api_url: str, pool: str = services.WORK_POOL) -> int:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
         FlowRunFilter,
+        FlowRunFilterId,
         FlowRunFilterState,
         FlowRunFilterStateType,
+        TaskRunFilter,
+        TaskRunFilterState,
+        TaskRunFilterStateType,
         WorkPoolFilter,
         WorkPoolFilterName,
     )
@@ -91,9 +95,22 @@ def crash_pool_runs(api_url: str, pool: str = services.WORK_POOL) -> int:
             flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=live))),
             work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[pool])),
         )
+        message = "stopped by `gym down` (the worker and its flow-run processes were stopped)"
         for run in runs:
-            message = "stopped by `gym down` (the worker and its flow-run processes were stopped)"
             client.set_flow_run_state(run.id, Crashed(message=message), force=True)
+        # and their task runs, which showed Running for good beside the run's later attempts
+        tasks = (
+            client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id for run in runs])),
+                task_run_filter=TaskRunFilter(
+                    state=TaskRunFilterState(type=TaskRunFilterStateType(any_=live))
+                ),
+            )
+            if runs
+            else []
+        )
+        for task_run in tasks:
+            client.set_task_run_state(task_run.id, Crashed(message=message), force=True)
     return len(runs)
 
 

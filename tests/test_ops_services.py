@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from prefect import task
 
 from gym import services
 from tests.ops_servers import gym_up, services_state
@@ -138,6 +139,11 @@ def test_a_server_that_exits_while_starting_quotes_its_own_start_not_older_ones(
     assert "database is locked" in Path(service.log).read_text(), "the log keeps every start"
 
 
+@task(name="train sft")
+def training_task() -> None:
+    """What a deployment run's training task is, to the server."""
+
+
 def test_gym_down_during_a_run_leaves_no_slot_taken_and_no_run_running(tmp_path: Path):
     """`gym down` while a deployment run trained left its flow run Running for ever and its slot of the
     gym-gpu limit taken (Prefect keeps the slots' leases in memory): every later training task waited,
@@ -152,6 +158,7 @@ def test_gym_down_during_a_run_leaves_no_slot_taken_and_no_run_running(tmp_path:
         with stack.client() as client:
             deployment = client.read_deployment_by_name("train/train")
             run = client.create_flow_run_from_deployment(deployment.id, state=Running())
+            training = client.create_task_run(training_task, run.id, "0", state=Running())
             client.increment_concurrency_slots_with_lease(
                 names=[f"tag:{GPU_TAG}"], slots=1, mode="concurrency", lease_duration=600
             )  # what the run's training task holds
@@ -163,7 +170,9 @@ def test_gym_down_during_a_run_leaves_no_slot_taken_and_no_run_running(tmp_path:
         with stack.client() as client:
             assert client.read_global_concurrency_limit_by_name(f"tag:{GPU_TAG}").active_slots == 0
             state = client.read_flow_run(run.id).state
+            task_state = client.read_task_run(training.id).state
         assert state.is_crashed() and "gym down" in state.message
+        assert task_state.is_crashed() and "gym down" in task_state.message  # it stayed Running for good
 
 
 def test_gym_up_takes_the_ports_it_last_ran_on_and_refuses_a_busy_one(gym_home):
