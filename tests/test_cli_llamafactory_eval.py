@@ -216,6 +216,21 @@ def test_gym_eval_scores_an_eval_yaml_on_task_dir_files(tmp_path, capsys):
     assert [len(p) for p in full["predictions"].values()] == [6, 6]
 
 
+def test_a_merged_adapters_score_names_the_adapter_and_its_base(tmp_path, capsys):
+    """The result's `model` was the workspace folder the adapter was merged into (merged-adapter-...),
+    naming neither what was asked for nor its base."""
+    folder, _, _ = lora_adapter(tmp_path / "saves" / "lora" / "sft")
+    data = task_dir(tmp_path / "evaluation", "mmlu")
+    save_dir = tmp_path / "saves" / "eval"
+    yaml = write_yaml(
+        tmp_path / "eval.yaml",
+        LF_EVAL.format(adapter=folder, task="mmlu_test", task_dir=data, save_dir=save_dir),
+    )
+    summary = _run(yaml, capsys, "--limit", "1", "--n_shot", "0")
+    assert summary["model"] == f"{folder.resolve()} on gym-tiny"
+    assert json.loads((save_dir / "results.json").read_text())["model"] == summary["model"]
+
+
 @pytest.mark.skipif(not REAL_MMLU.is_dir(), reason="the real MMLU is not on this machine")
 def test_gym_eval_scores_an_eval_yaml_on_the_real_mmlu(tmp_path, capsys):
     save_dir = tmp_path / "saves" / "eval"

@@ -99,10 +99,28 @@ def _resolve_model(args: argparse.Namespace) -> ModelRef:
 
     ref = own_template_ref(args.model, args.template)
     if ref is None:
-        return resolve(args.model, args.template, args.trust_remote_code)
+        return _merged_as_asked(resolve(args.model, args.template, args.trust_remote_code))
     if args.style == "chat":
         tokenizer_template(Path(ref.path), args.model)  # none: the error says to pass --template
-    return ref.model_copy(update={"trust_remote_code": args.trust_remote_code})
+    return _merged_as_asked(ref.model_copy(update={"trust_remote_code": args.trust_remote_code}))
+
+
+def _merged_as_asked(ref: ModelRef) -> ModelRef:
+    """A merge gym made of --adapter_name_or_path into --model_name_or_path is named as the user asked
+    for it (`ADAPTER on BASE`) in the result, not as the workspace folder it was merged into."""
+    import json
+
+    from gym.cli_llamafactory_tools import MERGE_SOURCE
+
+    source = Path(ref.path) / MERGE_SOURCE
+    if not source.is_file():
+        return ref
+    from gym.export import portable_base
+
+    merged = json.loads(source.read_text(encoding="utf-8"))
+    base = merged.get("base")
+    base = (portable_base(base) or base) if base else "its base"  # gym-tiny, not the folder gym built it in
+    return ref.model_copy(update={"name": f"{merged['adapter']} on {base}"})
 
 
 def _benchmark(text: str) -> str:
