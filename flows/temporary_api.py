@@ -145,6 +145,9 @@ def _new_database() -> Path | None:
     return None if path.exists() else path
 
 
+WAIT_NOTE_S = 3.0  # a run waiting this long for another's API to create the database says so
+
+
 class FirstStart:
     """Runs started at once on a new Prefect database start their temporary APIs one after the other.
 
@@ -161,7 +164,6 @@ class FirstStart:
         database = _new_database()
         if database is None or self.fd is not None:
             return
-        import fcntl
 
         try:
             database.parent.mkdir(parents=True, exist_ok=True)
@@ -169,10 +171,42 @@ class FirstStart:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError:  # a home it cannot write: the server's own start says so
             return
-        fcntl.flock(fd, fcntl.LOCK_EX)  # held until this API answers (or this process ends)
-        self.fd = fd
+        if not self._wait(fd, database):
+            os.close(fd)  # the other run is stopped (Ctrl-Z) or slow: start anyway, as before the lock
+            return
+        self.fd = fd  # held until this API answers (or this process ends)
         if database.exists():  # another run's API made it while this one waited
             self.release()
+
+    @staticmethod
+    def _wait(fd: int, database: Path) -> bool:
+        """Take the lock on `fd`: at once, or within the API start-up timeout (saying so after a few
+        seconds); False when another run held it all that time."""
+        import fcntl
+
+        limit = float(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
+        began, said = time.monotonic(), False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                waited = time.monotonic() - began
+                if waited >= limit:
+                    print(
+                        f"note: another run held Prefect's new database {database} for {limit:.0f} s: "
+                        "starting this run's temporary API anyway",
+                        file=sys.stderr,
+                    )
+                    return False
+                if waited >= WAIT_NOTE_S and not said:
+                    print(
+                        f"note: waiting for another run's temporary API to create Prefect's database "
+                        f"{database}",
+                        file=sys.stderr,
+                    )
+                    said = True
+                time.sleep(0.1)
 
     def release(self) -> None:
         if self.fd is not None:

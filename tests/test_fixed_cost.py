@@ -360,6 +360,39 @@ def test_a_temporary_api_on_a_new_database_waits_for_the_one_creating_it(tmp_pat
     assert out["waited"] >= 2.9 and out["then"] < 2.5, out
 
 
+HELD = """
+import json, time
+from flows.temporary_api import FirstStart, TemporaryApi
+other = FirstStart()
+other.acquire()  # another run, stopped (Ctrl-Z) while its API creates the database: never released
+began = time.monotonic()
+api = TemporaryApi().start()
+waited = time.monotonic() - began
+api.ready(timeout_s=120)
+api.stop()
+print(json.dumps({"waited": waited}))
+"""
+
+
+def test_a_run_holding_the_new_database_too_long_does_not_stop_another(tmp_path):
+    """A run stopped (Ctrl-Z) while its API created the database kept another run waiting, silently,
+    for as long as it was stopped. Now the other waits the API start-up timeout at most, saying so."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect")
+    env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    env["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "4"
+    proc = subprocess.run(
+        [sys.executable, "-c", HELD], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["waited"] >= 3.9
+    assert "waiting for another run's temporary API to create Prefect's database" in proc.stderr
+    assert (
+        "held Prefect's new database" in proc.stderr
+        and "starting this run's temporary API anyway" in proc.stderr
+    )
+
+
 SERVER_STUB = """
 import signal, sys, time
 def stopped(*args):
