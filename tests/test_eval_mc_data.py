@@ -44,6 +44,11 @@ def test_the_digest_names_what_was_asked_not_only_how_many(tmp_path):
     assert one.n_questions == other.n_questions == 6 == first_three.n_questions
     assert len({whole.digest(), one.digest(), other.digest(), first_three.digest()}) == 4
     assert load_benchmark("mmlu", data, shots=2).digest() != whole.digest()  # other few-shot examples
+    both = [
+        load_benchmark("mmlu", data, subjects=order, shots=1)
+        for order in (SUBJECTS["mmlu"], SUBJECTS["mmlu"][::-1])
+    ]
+    assert both[0].digest() == both[1].digest() == whole.digest()  # the same set, asked in another order
     reseeded = load_benchmark("mmlu", write_benchmark("mmlu", tmp_path / "c", seed=1), shots=1)
     assert reseeded.n_questions == whole.n_questions and reseeded.digest() != whole.digest()
 

@@ -74,7 +74,7 @@ class BenchmarkData:
         return hash_obj(
             [
                 [s.info.key, s.info.name, [asdict(q) for q in s.shots], [asdict(q) for q in s.questions]]
-                for s in self.subjects
+                for s in sorted(self.subjects, key=lambda s: s.info.key)  # the set: --subjects b a is a b
             ],
             length=12,
         )
