@@ -157,7 +157,8 @@ def _resolve(name_or_path: str, template: str | None, dry_run: bool = False) -> 
             path=str(local.resolve()),
             template=local_template,
             digest=_local_digest(local),
-            base_model=meta.get("base_model") or str(local),
+            # the folder wherever it is asked for from (`models/mine` read as a hub id elsewhere: gym.card)
+            base_model=meta.get("base_model") or str(local.resolve()),
             new_token_ids=[int(i) for i in meta.get("new_token_ids", [])],
             default_system=meta.get("default_system"),
         )

@@ -181,3 +181,20 @@ def test_a_hub_model_the_hub_cannot_serve_is_one_line_naming_it():
         raise OSError("We couldn't connect to 'https://huggingface.co' to load the files.\nmore")
     with pytest.raises(ValueError, match="a library's own"), _loading(ref, (OSError, ValueError)):
         raise ValueError("a library's own")  # not the hub's: as it was
+
+
+def test_a_folder_model_is_its_own_base_by_absolute_path(gym_home, tmp_path, monkeypatch):
+    """`--model models/mine` recorded base_model as typed: rendered from another directory, the card took
+    `models/mine` for a hub id and wrote it as `base_model` metadata (which the Hub refuses on a push)."""
+    import shutil
+
+    from gym.card import hub_base
+
+    folder = tmp_path / "models" / "mine"
+    shutil.copytree(resolve("gym-tiny").path, folder)
+    (folder / "gym_model.json").unlink(missing_ok=True)  # a folder gym did not write
+    monkeypatch.chdir(tmp_path)
+    ref = resolve("models/mine", "chatml")
+    assert ref.base_model == str(folder.resolve())
+    monkeypatch.chdir(tmp_path / "models")
+    assert hub_base(ref.base_model) is None
