@@ -24,7 +24,7 @@ _SECRET_WORD = re.compile(
 _TOKEN = re.compile(r"(^|[_-])token$", re.IGNORECASE)
 _TEXT_TOKEN = re.compile(r"(^|[_-])(pad|eos|bos|unk|sep|cls|mask|stop|special|start|end)[_-]token$", re.I)
 # A URL in text: not its closing punctuation (`(http://h/?token=x)`: the `)` is the sentence's).
-_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s'\"<>]*[^\s'\"<>.,;:!?)\]]", re.IGNORECASE)
+_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s'\"<>]*[^\s'\"<>.,;:!?)\]}]", re.IGNORECASE)
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -73,7 +73,7 @@ _SECRET_PARAM_WORDS = ("key", "token", "auth", "secret", "password", "passwd", "
 NO_LOGIN_SCHEMA: JsonDict = {
     "pattern": r"^(?![^\t\r\n]*[\t\r\n])(?![\s\S]*://[^/?#]*@)"
     + r"(?![^?#;]*[?#;](?:[^#]*[&;#])?[^=&;#]*(?:"
-    + "|".join(map(_any_case, _SECRET_PARAM_WORDS))
+    + "|".join([*map(_any_case, _SECRET_PARAM_WORDS), "%"])  # `%74oken=`: a name the schema can't decode
     + r")[^=&;#]*=)"
 }
 # The same for each item of a list setting (benchmarks: `mmlu=https://...`).

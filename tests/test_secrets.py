@@ -211,6 +211,7 @@ def test_a_missing_model_version_names_the_store_as_it_is(gym_home):
         "\x01http://u:p@h",
         "ht\ttp://u:p@h/x",
         "http://h/x?pass\nword=1",
+        "https://h/d.jsonl?%74oken=2",  # percent-encoded: the schema can't decode it, gym does
     ],
 )
 def test_the_deployment_schema_refuses_the_urls_gym_refuses(url):

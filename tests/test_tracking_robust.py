@@ -130,6 +130,7 @@ def test_a_tracking_uri_with_credentials_as_a_setting_is_refused_before_prefect_
         secrets.scrub(f"(http://h/?token={SECRET}), http://h/x?key={SECRET}.")
         == "(http://h/?token=***), http://h/x?key=***."
     )
+    assert secrets.scrub(f"{{http://h/?token={SECRET}}}") == "{http://h/?token=***}"
 
     started = time.monotonic()
     assert main(train, TrainFlowConfig, [*SMALL_RUN, "--output.tracking_uri", uri]) == 2
