@@ -82,7 +82,10 @@ def methods_of(
     parser = _method_parser()
     file_keys, _ = parser.parse_known_args(in_file)
     cli_keys, rest = parser.parse_known_args(argv)
-    _picked(file_keys)  # a file that contradicts itself is refused, as a command line is
+    try:
+        _picked(file_keys)  # a file that contradicts itself is refused, as a command line is
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}" if path else str(exc)) from None  # the file's, not a flag's
     method = _picked(cli_keys)
     types = [ns.finetuning_type for ns in (cli_keys, file_keys) if ns.finetuning_type in FINETUNING_TYPES]
     adaptation = types[0] if types else None
@@ -164,7 +167,7 @@ def _picked(known: argparse.Namespace) -> str:
     elif known.training_free and method != "tf_grpo":  # it was dropped, and the method trained as asked
         raise ConfigError(
             f"--training_free_grpo makes GRPO training-free (method tf_grpo); method {method!r} has no "
-            "training-free form: drop the flag, or use --method grpo with it"
+            "training-free form: drop it, or use method grpo with it"
         )
     return method
 

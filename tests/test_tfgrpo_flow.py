@@ -12,6 +12,7 @@ from mlflow import MlflowClient
 from flows.cli import main
 from flows.commands import method_of
 from gym import tracking
+from gym.errors import ConfigError
 from gym.tfgrpo.injection import load_shipped
 from gym.tfgrpo.library import Library
 from gym.tfgrpo.sim import SimEnv, SimOptimizer, SimPolicy
@@ -179,6 +180,9 @@ def test_the_command_lines_training_free_false_overrides_a_files_true():
     cli = ["--finetuning_type", "grpo", "--training_free_grpo", "false"]
     assert methods_of(["--training_free_grpo"], cli, None)[0] == "grpo"
     assert methods_of(["--training_free_grpo=false"], ["--finetuning_type", "grpo"], None)[0] == "grpo"
+    # a file that contradicts itself is named (the error blamed a flag)
+    with pytest.raises(ConfigError, match=r"^run.yaml: --training_free_grpo .* method 'dpo' has no training"):
+        methods_of(["--stage=dpo", "--training_free_grpo"], [], Path("run.yaml"))
 
 
 def test_benchmarks_with_a_policy_behind_an_endpoint_fail_before_any_work(capsys):
