@@ -223,20 +223,36 @@ def test_ctrl_c_ends_the_run_at_once_with_a_line_saying_how_to_go_on(gym_home):
         httpx.get(f"{url}/health", timeout=2)  # the run stopped its API
 
 
-CANNOT_START = """
+# Each script below follows this one, which counts how many times its API is started.
+COUNTING_STARTS = """
 import json
-from flows.temporary_api import STARTS, TemporaryApi
+from flows import temporary_api
+from flows.temporary_api import TemporaryApi
 from gym.errors import GymError
-api = TemporaryApi()
-starts = []
-start = api.start
-api.start = lambda: starts.append(1) or start()
+def counted(api):
+    api.starts = 0
+    start = api.start
+    def counting():
+        api.starts += 1
+        return start()
+    api.start = counting
+    return api
+"""
+
+
+def counting_starts(script: str) -> list[str]:
+    """The command that runs `script` after COUNTING_STARTS."""
+    return [sys.executable, "-c", COUNTING_STARTS + script]
+
+
+CANNOT_START = """
+api = counted(TemporaryApi())
 api.start()
 try:
     api.ready(timeout_s=600)
     print(json.dumps({"error": None}))
 except GymError as e:
-    print(json.dumps({"error": str(e), "starts": len(starts), "allowed": STARTS}))
+    print(json.dumps({"error": str(e), "starts": api.starts, "allowed": temporary_api.STARTS}))
 """
 
 
@@ -246,7 +262,7 @@ def test_a_temporary_api_that_cannot_start_fails_the_run_at_once(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env["PREFECT_HOME"] = str(tmp_path / "file" / "prefect")
     proc = subprocess.run(
-        [sys.executable, "-c", CANNOT_START], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+        counting_starts(CANNOT_START), cwd=REPO, env=env, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -257,21 +273,17 @@ def test_a_temporary_api_that_cannot_start_fails_the_run_at_once(tmp_path):
 
 
 RETRIED = """
-import json, socket
-from flows import temporary_api
+import socket
 taken = socket.socket()
 taken.bind(("127.0.0.1", 0))
 taken.listen()
 first = [taken.getsockname()[1]]  # the first start gets a port something else holds
 free = temporary_api.free_port
 temporary_api.free_port = lambda: first.pop() if first else free()
-api = temporary_api.TemporaryApi()
-starts = []
-start = api.start
-api.start = lambda: starts.append(1) or start()
+api = counted(TemporaryApi())
 api.start()
 api.ready(timeout_s=600)
-print(json.dumps({"starts": len(starts), "port": api.port, "taken": taken.getsockname()[1]}))
+print(json.dumps({"starts": api.starts, "port": api.port, "taken": taken.getsockname()[1]}))
 api.stop()
 """
 
@@ -283,7 +295,7 @@ def test_a_temporary_api_start_that_is_retried_prints_nothing(tmp_path):
     env["PREFECT_HOME"] = str(tmp_path / "prefect")
     env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"  # no network here: its telemetry would log an error
     proc = subprocess.run(
-        [sys.executable, "-c", RETRIED], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+        counting_starts(RETRIED), cwd=REPO, env=env, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -292,19 +304,13 @@ def test_a_temporary_api_start_that_is_retried_prints_nothing(tmp_path):
 
 
 AT_ONCE = """
-import json
-from flows.temporary_api import TemporaryApi
-from gym.errors import GymError
-api = TemporaryApi()
-starts = []
-start = api.start
-api.start = lambda: starts.append(1) or start()
+api = counted(TemporaryApi())
 api.start()
 try:
     api.ready(timeout_s=120)
-    print(json.dumps({"error": None, "starts": len(starts)}))
+    print(json.dumps({"error": None, "starts": api.starts}))
 except GymError as e:
-    print(json.dumps({"error": str(e), "starts": len(starts)}))
+    print(json.dumps({"error": str(e), "starts": api.starts}))
 finally:
     api.stop()
 """
@@ -317,8 +323,10 @@ def test_temporary_apis_started_at_once_on_a_new_database_all_start(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env["PREFECT_HOME"] = str(tmp_path / "prefect")
     env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    # the waiters wait as long as the first API takes on a loaded machine (past it they start anyway)
+    env["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "120"
     procs = [
-        subprocess.Popen([sys.executable, "-c", AT_ONCE], cwd=REPO, env=env, stdout=subprocess.PIPE,
+        subprocess.Popen(counting_starts(AT_ONCE), cwd=REPO, env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
         for _ in range(3)
     ]  # fmt: skip
