@@ -313,6 +313,28 @@ def test_a_lone_surrogate_names_the_file_record_and_field(tmp_path: Path, name: 
     assert (e.value.record, e.value.field) == ((1, "instruction") if name == "a.jsonl" else (2, "output"))
 
 
+TOP = "given twice in the record"
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "record", "field", "says"),
+    [
+        ("a.jsonl", '{"instruction": "a", "output": "first", "output": "second"}\n', 1, "output", TOP),
+        ("a.json", '[{"instruction": "a", "output": "b"}, {"instruction": "a", "output": "b", '
+         '"instruction": "c"}]', 2, "instruction", TOP),
+        ("a.jsonl", '{"instruction": "a", "output": "b"}\n{"messages": [{"role": "user", "content": "x", '
+         '"content": "y"}]}\n', 2, "messages", "key 'content' is given twice in one of its objects"),
+    ],
+)  # fmt: skip
+def test_a_key_given_twice_in_a_record_names_it(tmp_path: Path, name, content, record, field, says):
+    """json.loads keeps a repeated key's last value: the first answer of a record was dropped silently."""
+    (tmp_path / name).write_text(content, encoding="utf-8")
+    with pytest.raises(DataError) as e:
+        rows(tmp_path / name)
+    assert (e.value.file, e.value.record, e.value.field) == (str(tmp_path / name), record, field)
+    assert str(e.value.message).startswith(f"{says}; only its last value would be read")
+
+
 def test_a_surrogate_pair_is_one_character(tmp_path: Path):
     (tmp_path / "a.jsonl").write_text('{"instruction": "\\ud83d\\ude00", "output": "c"}\n', encoding="utf-8")
     assert rows(tmp_path / "a.jsonl")[0][2]["instruction"] == "\U0001f600"

@@ -132,8 +132,9 @@ def read_json(path: Path) -> Records:
     if path.suffix.lower() == ".json":
         text = path.read_text(encoding="utf-8-sig")
         if text.lstrip().startswith("["):
+            loads, repeats = _json_decoder()
             try:
-                rows = json.loads(text)
+                rows = loads(text)
             except json.JSONDecodeError as e:
                 raise DataError(
                     f"not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}",
@@ -144,7 +145,7 @@ def read_json(path: Path) -> Records:
                 raise DataError("expected a top-level array of records", file=file)
             escapes = _SURROGATE_ESCAPE.search(text) is not None
             for no, row in enumerate(rows, 1):
-                yield no, _checked(row, file, no, escapes)
+                yield no, _checked(row, file, no, escapes, bool(repeats))
             return
         if "\n" in text.strip() and _one_object(text):
             raise DataError(
@@ -164,6 +165,7 @@ def _one_object(text: str) -> bool:
 
 def _read_json_lines(path: Path) -> Records:
     file, no = str(path), 0
+    loads, repeats = _json_decoder()
     with open(path, encoding="utf-8-sig") as f:
         for line_no, line in enumerate(f, 1):
             if not line.strip():
@@ -171,7 +173,7 @@ def _read_json_lines(path: Path) -> Records:
             no += 1
             text = line.rstrip("\r\n")  # positions in the line, not past its end
             try:
-                row = json.loads(text)
+                row = loads(text)
             except json.JSONDecodeError as e:
                 cut = ", the line ends before its object does" if e.pos >= len(text.rstrip()) else ""
                 raise DataError(
@@ -181,13 +183,68 @@ def _read_json_lines(path: Path) -> Records:
                     hint="JSON Lines files need one complete JSON object per line",
                 ) from None
             no_at = RecordNo(no, line_no)
-            yield no_at, _checked(row, file, no_at, _SURROGATE_ESCAPE.search(text) is not None)
+            escapes = _SURROGATE_ESCAPE.search(text) is not None
+            yield no_at, _checked(row, file, no_at, escapes, bool(repeats))
 
 
-def _checked(row: Any, file: str, no: int, escapes: bool) -> dict[str, Any]:
+class _Repeated(dict):  # type: ignore[type-arg]
+    """A JSON object in which `key` appears more than once (json.loads keeps its last value only)."""
+
+    key: str
+
+
+def _json_decoder() -> tuple[Callable[[str], Any], list[str]]:
+    """json.loads for one data file, and the list of the keys it found repeated within an object, so
+    far: such an object is a `_Repeated`, for `_checked` to name (one of its values was dropped)."""
+    repeats: list[str] = []
+
+    def json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        found = dict(pairs)
+        if len(found) == len(pairs):
+            return found
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                break
+            seen.add(key)
+        repeated = _Repeated(found)
+        repeated.key = key
+        repeats.append(key)
+        return repeated
+
+    return functools.partial(json.loads, object_pairs_hook=json_object), repeats
+
+
+def _first_repeated(value: Any) -> _Repeated | None:
+    """The first object with a repeated key in a JSON value, or None."""
+    if isinstance(value, _Repeated):
+        return value
+    values = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    return next(filter(None, map(_first_repeated, values)), None)
+
+
+def _checked(row: Any, file: str, no: int, escapes: bool, repeats: bool = False) -> dict[str, Any]:
     """A JSON record as a dict; checked for lone surrogates when its text has `\\uD800`-`\\uDFFF` escapes
-    (a traceback of UnicodeEncodeError from Arrow, naming neither file nor record, before)."""
+    (a traceback of UnicodeEncodeError from Arrow, naming neither file nor record, before), and for a
+    key given twice in one object when the file has one (`repeats`: json keeps the last value only)."""
     record = _check_dict(row, file, no)
+    twice = _first_repeated(record) if repeats else None
+    if twice is not None:
+        inside = (
+            None if twice is record else next(k for k, v in record.items() if _first_repeated(v) is twice)
+        )
+        where = (
+            f"key {twice.key!r} is given twice in one of its objects"
+            if inside
+            else "given twice in the record"
+        )
+        raise DataError(
+            f"{where}; only its last value would be read",
+            file=file,
+            record=no,
+            field=inside or twice.key,
+            hint="keep the key once, with the value you mean",
+        )
     for key, value in record.items() if escapes else ():
         bad = _lone_surrogate([key, value])
         if bad is not None:
