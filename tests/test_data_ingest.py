@@ -376,3 +376,18 @@ def test_a_record_in_another_format_is_said_to_be_one(tmp_path: Path) -> None:
     with pytest.raises(DataError) as caught:
         ingest(resolve_dataset(str(broken)))
     assert "record 2" in str(caught.value) and "looks like" not in str(caught.value)
+
+
+def test_a_folder_whose_files_hold_different_formats_is_told_to_give_them_apart(tmp_path: Path) -> None:
+    """It was told to "keep one format per file", which each of its files did."""
+    folder = tmp_path / "chats"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text(json.dumps({"instruction": "a", "output": "b"}) + "\n")
+    chat = {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}
+    (folder / "b.jsonl").write_text(json.dumps(chat) + "\n")
+    with pytest.raises(DataError) as caught:
+        ingest(resolve_dataset(str(folder)))
+    message = str(caught.value)
+    assert str(folder / "b.jsonl") in message and "record 1" in message
+    assert "give each format's files as their own dataset, separated by commas" in message
+    assert "one format per file" not in message

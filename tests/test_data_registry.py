@@ -7,13 +7,14 @@ Run: .venv/bin/pytest tests/test_data_registry.py
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
 
 from gym.data.demo import DEMO_DATASETS
 from gym.data.registry import DatasetSpec, load_registry, resolve_dataset
-from gym.errors import ConfigError, DataError, RegistryError
+from gym.errors import ConfigError, DataError, GymWarning, RegistryError
 
 DATA = Path(__file__).parent / "fixtures" / "data"
 
@@ -180,12 +181,28 @@ def test_a_missing_path_names_the_flag_and_close_names(tmp_path: Path, monkeypat
     with pytest.raises(ConfigError) as e:
         resolve_dataset("unrelated.jsonl")
     assert "did you mean" not in str(e.value) and "--dataset_dir" in str(e.value)
+    assert str(e.value).startswith("no such file or folder 'unrelated.jsonl' (relative paths")  # no "; "
     # An absolute path is looked up there only: no word on where relative ones are, nor --dataset_dir
     # (a deployment run has no such parameter)
     with pytest.raises(ConfigError) as e:
         resolve_dataset(str(tmp_path / "chat.jsonl"))
     assert str(e.value) == f"no such file or folder {str(tmp_path / 'chat.jsonl')!r}; did you mean "\
         f"{str(tmp_path / 'chats.jsonl')!r}?"  # fmt: skip
+
+
+@pytest.mark.parametrize("pattern", ["*.jsonl", "data/chat?.jsonl", "data/[ab].jsonl"])
+def test_a_wildcard_is_said_not_to_be_expanded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pattern: str):
+    """A quoted `--dataset '*.jsonl'` was asked "did you mean 'chats.jsonl'?", one of the files it meant."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    for name in ("chats.jsonl", "data/chat1.jsonl", "data/a.jsonl"):
+        (tmp_path / name).write_text('{"instruction": "a", "output": "b"}\n')
+    with pytest.raises(ConfigError) as e:
+        resolve_dataset(pattern)
+    assert str(e.value) == (
+        f"no such file or folder {pattern!r}: gym does not expand wildcards; give the folder that holds "
+        "the files (all of them are read), or list them separated by commas"
+    )
 
 
 @pytest.mark.parametrize("name", ["link.jsonl", "linked"])
@@ -205,3 +222,21 @@ def test_the_registry_file_may_start_with_a_bom_but_must_be_utf8(tmp_path: Path)
     f.write_bytes(b'{"mine": {"generator": "demo_sft", "format": "alpaca", "description": "caf\xe9"}}')
     with pytest.raises(RegistryError, match=r"datasets.json: not UTF-8 text: line 1, byte 75 is 0xe9"):
         resolve_dataset("mine", registry=f)
+
+
+@pytest.mark.parametrize(("label", "warned"), [("yes", True), ("No", True), (-1, True), ("math", False)])
+def test_alpaca_data_with_yes_no_labels_is_said_not_to_be_kto(tmp_path: Path, label, warned: bool):
+    """A `label` column that is no KTO label (true/false, 1/0) makes an alpaca file: its user, meaning KTO
+    data labelled yes/no, was only told that kto needs a kto dataset. A category is ignored quietly."""
+    path = tmp_path / "labelled.jsonl"
+    path.write_text(json.dumps({"instruction": "a", "output": "b", "label": label}) + "\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        spec = resolve_dataset(str(path))
+    assert spec.format == "alpaca"
+    said = [str(w.message) for w in caught if issubclass(w.category, GymWarning)]
+    assert said == (
+        [f"{path}: its 'label' column (record 1: {label!r}) is no KTO label (true/false or 1/0), so the data "
+         "is read as alpaca and the column ignored; for KTO, write its labels as true/false"]
+        if warned else []
+    )  # fmt: skip

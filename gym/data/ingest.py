@@ -142,6 +142,7 @@ def read_records(spec: DatasetSpec, source: str, fmt: str, path: Path) -> int:
     schema = feats.arrow_schema
     guessed = fmt if spec.format is None or spec.format_guessed else None
     batch, count = [], 0
+    whole = str(Path(source).expanduser())  # the `file` of each record, unless a folder's files name theirs
 
     def passes() -> Iterator[tuple[str, int, Any]]:
         first = True
@@ -159,7 +160,7 @@ def read_records(spec: DatasetSpec, source: str, fmt: str, path: Path) -> int:
             try:
                 batch.append(normalize(record, fmt, Where(file, no, spec.columns, guessed)))
             except DataError as exc:
-                raise other_format(exc, record, fmt) from None
+                raise other_format(exc, record, fmt, in_folder=file != whole) from None
             count += 1
             if len(batch) == _BATCH:
                 writer.write_table(pa.Table.from_pylist(batch, schema=schema))
@@ -171,16 +172,22 @@ def read_records(spec: DatasetSpec, source: str, fmt: str, path: Path) -> int:
     return count
 
 
-def other_format(error: DataError, record: dict[str, Any], fmt: str) -> DataError:
+def other_format(error: DataError, record: dict[str, Any], fmt: str, in_folder: bool = False) -> DataError:
     """`error` (a record that failed as `fmt`), saying so when the record looks like another format: a
     file mixing formats fails on a field the odd record never had (`output` of an OpenAI record read
-    among alpaca ones)."""
+    among alpaca ones), and so does a folder whose files hold different formats (`in_folder`)."""
     seen = formats.detect_format(record) if isinstance(record, dict) else None
     if seen is None or seen == fmt:
         return error
+    fix = (
+        "a folder's files are one dataset in one format: give each format's files as their own dataset, "
+        "separated by commas"
+        if in_folder
+        else "keep one format per file, or name the format the file has"
+    )
     hint = (
         f"this record looks like {seen} data (fields {', '.join(map(str, sorted(record)))}), while the "
-        f"dataset is read as {fmt}: keep one format per file, or name the format the file has"
+        f"dataset is read as {fmt}: {fix}"
     )
     hint = f"{hint}; {error.hint}" if error.hint else hint
     return DataError(error.message, file=error.file, record=error.record, field=error.field, hint=hint)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,7 +35,7 @@ from gym.data import llamafactory
 from gym.data.demo import DEMO_DATASETS
 from gym.data.formats import FORMAT_KIND, apply_columns, check_columns, detect_format
 from gym.data.readers import EXTENSIONS, looks_like_hub_id, read_json_file, read_source
-from gym.errors import ConfigError, DataError, RegistryError
+from gym.errors import ConfigError, DataError, GymWarning, RegistryError
 from gym.paths import registry_dir
 
 Format = Literal["alpaca", "sharegpt", "openai", "preference", "kto", "prompt", "text"]
@@ -181,6 +182,16 @@ def spec_from_entry(name: str, entry: dict[str, Any], data_root: str | Path | No
     return DatasetSpec(name=name, **entry)
 
 
+# Labels a user may have given KTO data (a `label` column with other values, a category, is an extra
+# column, ignored quietly as LLaMA-Factory ignores extra columns).
+YES_OR_NO = {"yes", "no", "y", "n", "good", "bad", "positive", "negative", "pos", "neg", "desirable"}
+YES_OR_NO |= {"undesirable", "accept", "accepted", "reject", "rejected", "t", "f", "+", "-", "+1", "-1"}
+
+
+def _yes_or_no(label: Any) -> bool:
+    return (isinstance(label, str) and label.strip().lower() in YES_OR_NO) or label == -1
+
+
 def detect_source_format(
     source: str,
     columns: dict[str, str],
@@ -190,7 +201,17 @@ def detect_source_format(
 ) -> Format:
     """The format of a dataset, from its first record's fields (after the column mapping)."""
     for file, no, record in read_source(source, split=split, revision=revision, subset=subset):
-        fmt = detect_format(apply_columns(record, columns))  # the record: a label's value counts
+        mapped = apply_columns(record, columns)
+        fmt = detect_format(mapped)  # the record: a label's value counts
+        if fmt not in (None, "kto") and _yes_or_no(mapped.get("label")):  # KTO data, read as fmt
+            warnings.warn(
+                GymWarning(
+                    f"{file}: its 'label' column (record {no}: {mapped['label']!r:.40}) is no KTO label "
+                    f"(true/false or 1/0), so the data is read as {fmt} and the column ignored; for KTO, "
+                    "write its labels as true/false"
+                ),
+                stacklevel=2,
+            )
         if fmt is None:
             raise DataError(
                 f"cannot tell the dataset format from the fields {sorted(record)}",
@@ -278,10 +299,15 @@ def _no_such_path(name: str, root: Path) -> str:
             names = [p.name for p in folder.iterdir() if not p.name.startswith(".") and p.exists()]
             matches = difflib.get_close_matches(place.name, names, n=3, cutoff=0.8)
             close += [str(Path(name).parent / match) for match in matches]
-    guess = f"did you mean {', '.join(repr(c) for c in dict.fromkeys(close))}? " if close else ""
+    if any(c in given.name for c in "*?["):  # a pattern the shell left alone (quoted), or no shell at all
+        return (
+            f"no such file or folder {name!r}: gym does not expand wildcards; give the folder that holds "
+            "the files (all of them are read), or list them separated by commas"
+        )
+    guess = f"; did you mean {', '.join(repr(c) for c in dict.fromkeys(close))}?" if close else ""
     if given.is_absolute():  # looked up there only: where relative paths are looked up is beside the point
-        return f"no such file or folder {name!r}" + (f"; {guess.strip()}" if guess else "")
+        return f"no such file or folder {name!r}{guess}"
     return (
-        f"no such file or folder {name!r}; {guess}(relative paths are looked up in the current directory, "
+        f"no such file or folder {name!r}{guess} (relative paths are looked up in the current directory, "
         f"then in the data dir {root}: set it with --dataset_dir, data_root= in Python, or $GYM_DATA_DIR)"
     )
