@@ -107,6 +107,24 @@ def test_implicit_prompt_must_share_the_prefix():
     assert e.value.record == 7
 
 
+@pytest.mark.parametrize(
+    ("rec", "fmt", "field"),
+    [
+        ({"prompt": [msg("user", "q")], "chosen": [msg("assistant", "a"), msg("user", "b"),
+          msg("assistant", "c")], "rejected": [msg("assistant", "d")]}, "preference", "chosen"),
+        ({"prompt": "q", "completion": [msg("assistant", "a"), msg("assistant", "b")], "label": True}, "kto",
+         "completion"),
+    ],
+)  # fmt: skip
+def test_an_answer_of_several_messages_is_said_to_be_one(rec, fmt, field):
+    """One message in a list is an answer: several were refused as "must be a string, got list"."""
+    with pytest.raises(DataError) as e:
+        normalize(rec, fmt, W)
+    assert e.value.field == field
+    assert e.value.message == f"must be one assistant message, got {len(rec[field])} messages"
+    assert str(e.value.hint).startswith("the turns before the answer belong in the prompt")
+
+
 def test_kto_styles_and_labels():
     expected = {"prompt": [msg("user", "2+2?")], "completion": "4", "label": True}
     for rec in [

@@ -382,6 +382,18 @@ def completion(value: Any, name: str, w: Where, need: str) -> str:
         raise w.error(f"missing; {need}", name, MAPPING_HINT)
     if isinstance(value, list) and len(value) == 1:
         value = value[0]
+    elif isinstance(value, list) and value and all(isinstance(m, dict) for m in value):
+        raise w.error(
+            f"must be one assistant message, got {len(value)} messages",
+            name,
+            "the turns before the answer belong in the prompt"
+            + (
+                "; or give chosen and rejected as whole conversations sharing every turn but the last, with "
+                "no prompt"
+                if name in ("chosen", "rejected")
+                else ""
+            ),
+        )
     if isinstance(value, dict):
         msg = parse_message(value, name, 1, w)
         if msg["role"] != "assistant":
