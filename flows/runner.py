@@ -34,6 +34,7 @@ from gym.cli_options import (
     add_config_options,
     comma_separated,
     dotlist,
+    error_words,
     merge,
     overrides_from,
     read_config_file,
@@ -421,7 +422,7 @@ def describe(exc: ValidationError, where: Callable[[tuple[Any, ...]], str] | Non
         hidden = isinstance(given, (dict, type(None))) or secrets.secret_name(flag)
         hidden = hidden or secrets.holds_secret(given)  # never echo a key
         got = "" if hidden else f" (got {given!r})"
-        msg = err["msg"].removeprefix("Value error, ")  # a validator's own sentence says what is wrong
+        msg = error_words(err)
         before = where(err["loc"]) if where else ""
         parts.append(f"{before}{flag}: {msg}{got}" if flag else f"{msg}{got}")  # a whole-config validator
     return "; ".join(parts)

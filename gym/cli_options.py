@@ -159,12 +159,21 @@ def port(any_free: bool) -> Callable[[str], int]:
     return whole_number(low, 65535, f"a port from {low} to 65535")
 
 
+def error_words(error: Any) -> str:
+    """What one of pydantic's errors says is wrong, in a validator's own words where it wrote them (no
+    "Value error, "), and "must not be blank" for a text field whose pattern is one non-space (pydantic
+    said "String should match pattern '\\S'")."""
+    if error.get("type") == "string_pattern_mismatch" and error.get("ctx", {}).get("pattern") == r"\S":
+        return "must not be blank"
+    return str(error["msg"]).removeprefix("Value error, ")
+
+
 def flag_error(exc: ValidationError, dashes: bool = True) -> ConfigError:
     """Settings built from flags that failed validation, as one line naming the flag and the value:
     `--shard-size: <what is wrong> (got '0')` (`dashes`: the command spells its flags with dashes)."""
     first = exc.errors()[0]
     field = ".".join(str(p) for p in first["loc"])
-    message = first["msg"].removeprefix("Value error, ")  # a validator's own words, as it wrote them
+    message = error_words(first)
     given = first.get("input")
     shown = isinstance(given, str | int | float) and repr(given) not in message
     shown = shown and not (secrets.secret_name(field) or secrets.holds_secret(given))

@@ -94,6 +94,12 @@ def test_bad_flag_values_end_with_one_error_line(capsys):
             f"error: train.max_steps: give 1 or more steps, or -1 to train num_train_epochs (got {steps})"
         ]
 
+    # pydantic said "String should match pattern '\\S'"
+    assert main(train, TrainFlowConfig, ["--output.experiment", " \t"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: output.experiment: must not be blank (got ' \\t')"
+    ]
+
     with pytest.raises(SystemExit) as caught:
         main(train, TrainFlowConfig, ["--train.method", "sftt"])
     assert caught.value.code == 2
