@@ -31,7 +31,9 @@ pytestmark = pytest.mark.xdist_group("default-system")  # one worker trains the 
 SAID = 'Answer in one word. Quotes " and a brace %} stay as written.'
 USER = [{"role": "user", "content": "What is 2+2?"}]
 OWN = [{"role": "system", "content": "Talk like a pirate."}, *USER]
-STEPS = TrainConfig(method="sft", learning_rate=1e-3, max_steps=2, per_device_train_batch_size=4)
+STEPS = TrainConfig(
+    method="sft", learning_rate=1e-3, max_steps=2, per_device_train_batch_size=4, save_steps=1
+)
 
 
 def opens_with_said(text: str) -> bool:
@@ -112,6 +114,19 @@ def test_serving_and_evaluation_open_conversations_with_it(trained):
     data = ingest(resolve_dataset("demo_sft_eval"))
     scored = evaluate(resolve(result.model_dir), Path(data.path), limit=2, max_new_tokens=2)
     assert all(opens_with_said(s["prompt"]) for s in scored.samples)
+
+
+def test_a_checkpoint_served_opens_conversations_with_it(trained):
+    """A checkpoint (an interrupted run's, or an earlier step's) was served with its tokenizer's template
+    and no system message: the same weights as model/ answered another prompt."""
+    _, result = trained
+    checkpoints = sorted((Path(result.stage_dir) / "checkpoints").glob("checkpoint-*"))
+    assert [c.name for c in checkpoints] == ["checkpoint-1", "checkpoint-2"]
+    for checkpoint in checkpoints:
+        served = resolve_served(str(checkpoint))
+        assert (served.ref.default_system, served.template_name) == (SAID, "chatml")
+        with Engine.load(str(checkpoint)) as engine:
+            assert opens_with_said(engine.render_chat(USER))
 
 
 def test_export_and_registration_carry_it(trained, tmp_path):

@@ -424,6 +424,12 @@ def _train(
         config, model_ref, train_ds, eval_ds, checkpoints, stage_dir, max_length
     )
     _report_progress(trainer, config.method)
+    # the system message the data's conversations opened with, else the one the base already expects
+    system = load_meta(train_data).get("settings", {}).get("default_system")
+    saved = model_ref.model_copy(
+        update={"default_system": model_ref.default_system if system is None else system}
+    )
+    _checkpoints_know_their_model(trainer, saved)
     skipped: list[tuple[Path, str]] = []
     resume = last_checkpoint(checkpoints, skipped)
     if skipped and trainer.is_world_process_zero():
@@ -474,10 +480,6 @@ def _train(
     if not main:
         return None
     trainable, total = count_params(trainer.model)
-    # the system message the data's conversations opened with, else the one the base already expects
-    system = load_meta(train_data).get("settings", {}).get("default_system")
-    system = model_ref.default_system if system is None else system
-    saved = model_ref.model_copy(update={"default_system": system})
     with _disk_full_as_error(stage_dir):
         final = _save_final(trainer, tokenizer, saved, stage_dir, loader, stretch, max_length)
     model_dir, adapter_dir = final
@@ -592,6 +594,34 @@ def _tokens_at(checkpoint: str | None) -> int:
     return int(json.loads(state.read_text(encoding="utf-8")).get("num_input_tokens_seen") or 0)
 
 
+def model_facts(model_ref: ModelRef) -> dict[str, Any]:
+    """What gym records beside weights it wrote (MODEL_META): the chat template, the base model, the
+    token ids it added, the system message the model was trained with."""
+    system = model_ref.default_system
+    return (
+        {"template": model_ref.template, "base_model": model_ref.base_model}
+        | ({"new_token_ids": model_ref.new_token_ids} if model_ref.new_token_ids else {})
+        | ({"default_system": system} if system is not None else {})
+    )
+
+
+def _checkpoints_know_their_model(trainer: Any, model_ref: ModelRef) -> None:
+    """Each checkpoint gets gym's facts of the model it trains (MODEL_META), as the final model/ has
+    them: a checkpoint served, evaluated or exported (an interrupted run's, or an earlier step's) was
+    prompted without the system message it was trained with, and with its tokenizer's template."""
+    from transformers import TrainerCallback
+
+    facts = model_facts(model_ref)
+
+    class Facts(TrainerCallback):  # type: ignore[misc]
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if state.is_world_process_zero and folder.is_dir():
+                workspace.atomic_write_json(folder / MODEL_META, facts)
+
+    trainer.add_callback(Facts())
+
+
 def _report_progress(trainer: Any, stage: str) -> None:
     """A progress bar (and the per-step log on the `gym.train` logger) instead of printed log dicts."""
     from transformers import PrinterCallback
@@ -639,10 +669,5 @@ def _save_final(
         with workspace.atomic_dir(model_dir) as tmp:
             model.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
-            workspace.atomic_write_json(
-                tmp / MODEL_META,
-                {"template": model_ref.template, "base_model": model_ref.base_model}
-                | ({"new_token_ids": model_ref.new_token_ids} if model_ref.new_token_ids else {})
-                | ({"default_system": system} if system is not None else {}),
-            )
+            workspace.atomic_write_json(tmp / MODEL_META, model_facts(model_ref))
     return model_dir, adapter_dir
