@@ -68,6 +68,8 @@ def resolve(name_or_path: str, template: str | None = None, trust_remote_code: b
     """
     ref = _resolve(name_or_path, template)
     assert ref is not None  # only a dry run returns None
+    if not trust_remote_code:
+        require_no_own_code(ref)
     return ref.model_copy(update={"trust_remote_code": trust_remote_code}) if trust_remote_code else ref
 
 
@@ -76,10 +78,54 @@ def _stage_model(folder: Path) -> bool:
     return (folder / "model" / "config.json").is_file() and (folder / "model" / MODEL_META).is_file()
 
 
-def check(name_or_path: str, template: str | None = None) -> None:
-    """Every check `resolve` makes (name, template, offline availability), without building gym-tiny
-    or downloading anything: a cheap way to reject a bad model name before any work starts."""
-    _resolve(name_or_path, template, dry_run=True)
+def check(name_or_path: str, template: str | None = None, trust_remote_code: bool = False) -> None:
+    """Every check `resolve` makes (name, template, offline availability, code it may not run), without
+    building gym-tiny or downloading anything: a cheap way to reject a bad model before any work starts."""
+    ref = _resolve(name_or_path, template, dry_run=True)
+    if ref is not None and not trust_remote_code:
+        require_no_own_code(ref)
+
+
+def require_no_own_code(ref: ModelRef) -> None:
+    """Refuse, before anything loads it, a model (a folder, or a hub model in the local cache) that
+    transformers can only load by running the Python code it ships (config.json's `auto_map` for a
+    `model_type` transformers has no class of its own for): without trust_remote_code transformers
+    failed in a later task, with three tracebacks, and its tokenizer asked on the terminal whether to run
+    that code. A type transformers knows loads with its own classes, whatever auto_map says."""
+    config = _config_file(ref)
+    try:
+        facts = json.loads(config.read_text(encoding="utf-8")) if config is not None else {}
+    except (OSError, ValueError):
+        return  # loading it says what is wrong with the file
+    auto_map = facts.get("auto_map") if isinstance(facts, dict) else None
+    if not auto_map:
+        return
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    model_type = facts.get("model_type")
+    if model_type in CONFIG_MAPPING_NAMES:
+        return
+    files = sorted(
+        {str(v).split(".")[0] + ".py" for v in (auto_map.values() if isinstance(auto_map, dict) else [])}
+    )
+    raise ConfigError(
+        f"model {ref.name} runs its own Python code to load (config.json's auto_map names "
+        f"{', '.join(files) or 'its code'}; transformers has no model type {model_type!r} of its own): gym "
+        "runs a model's code only when asked to; read that code, then pass --trust_remote_code "
+        "(trust_remote_code=True in Python)"
+    )
+
+
+def _config_file(ref: ModelRef) -> Path | None:
+    """The model's config.json on this machine: in its folder, or in the Hugging Face cache; None when
+    there is none here (a hub model not downloaded yet)."""
+    folder = Path(ref.path)
+    if folder.is_dir():
+        return folder / "config.json" if (folder / "config.json").is_file() else None
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(ref.path, "config.json", revision=ref.revision or "main")
+    return Path(cached) if isinstance(cached, str) else None
 
 
 def _resolve(name_or_path: str, template: str | None, dry_run: bool = False) -> ModelRef | None:

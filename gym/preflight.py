@@ -240,7 +240,7 @@ def check_mix(config: Any) -> None:
             )
 
 
-def check_model(name: str, template: str | None) -> None:
+def check_model(name: str, template: str | None, trust_remote_code: bool = False) -> None:
     from gym.models import check
     from gym.templates import load_template
 
@@ -250,7 +250,7 @@ def check_model(name: str, template: str | None) -> None:
         except ConfigError as exc:
             raise ConfigError(f"template: {exc}") from None
     try:
-        check(name, template)
+        check(name, template, trust_remote_code)
     except ConfigError as exc:
         raise ConfigError(f"model: {exc}") from None
 
@@ -342,7 +342,7 @@ def check(config: FlowInputs) -> None:
     if isinstance(config, BaseModel):
         check_methods(config)
     if not getattr(config, "model_is_remote", False):  # a model known only to an API endpoint (TF-GRPO)
-        check_model(config.model, config.template)
+        check_model(config.model, config.template, bool(getattr(config, "trust_remote_code", False)))
         check_adapters(config)
     check_endpoints(config)
     for field, (name, use) in config.dataset_uses().items():

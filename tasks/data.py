@@ -85,4 +85,12 @@ def tokenize_dataset(
     """Render with the model's chat template, tokenize and mask labels into an artifact (sft records as
     prompts with `as_prompts`: online RL's data)."""
     path, template = Path(dataset.path), model.template
-    return tokenize(path, model.path, template, settings, revision=model.revision, as_prompts=as_prompts)
+    return tokenize(
+        path,
+        model.path,
+        template,
+        settings,
+        revision=model.revision,
+        as_prompts=as_prompts,
+        trust_remote_code=model.trust_remote_code,
+    )

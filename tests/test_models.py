@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from gym.data.tokenize import load_tokenizer as data_tokenizer
 from gym.errors import ConfigError
-from gym.models import load_model, load_tokenizer, resolve
+from gym.models import check, load_model, load_tokenizer, resolve
 
 
 def test_registry_name_and_its_hub_id_resolve_to_the_same_entry_offline():
@@ -63,7 +64,11 @@ def test_gym_tiny_loads_like_a_downloaded_model():
 
 
 CUSTOM_CONFIG = """
+import os, pathlib
 from transformers import LlamaConfig
+
+if os.environ.get("GYM_TEST_RAN"):
+    pathlib.Path(os.environ["GYM_TEST_RAN"]).write_text("the model's own code ran")
 
 
 class GymCustomConfig(LlamaConfig):
@@ -80,7 +85,8 @@ class GymCustomModel(LlamaForCausalLM):
 """
 
 
-def test_remote_code_runs_only_when_asked(tmp_path):
+def test_remote_code_runs_only_when_asked(tmp_path, monkeypatch):
+    monkeypatch.setenv("GYM_TEST_RAN", str(tmp_path / "RAN"))
     local = tmp_path / "custom"
     shutil.copytree(resolve("gym-tiny").path, local)
     (local / "configuration_custom.py").write_text(CUSTOM_CONFIG)
@@ -93,10 +99,44 @@ def test_remote_code_runs_only_when_asked(tmp_path):
     }
     (local / "config.json").write_text(json.dumps(config))
 
-    with pytest.raises(ValueError, match="trust_remote_code"):
-        load_model(resolve(str(local), template="chatml"))
+    # refused before anything loads, in one line (it failed in a later task, in transformers' traceback)
+    said = (
+        f"model {local} runs its own Python code to load (config.json's auto_map names "
+        "configuration_custom.py, modeling_custom.py; transformers has no model type 'gym_custom' of its "
+        "own): gym runs a model's code only when asked to; read that code, then pass --trust_remote_code "
+        "(trust_remote_code=True in Python)"
+    )
+    for refused in (lambda: resolve(str(local), template="chatml"), lambda: check(str(local), "chatml")):
+        with pytest.raises(ConfigError) as caught:
+            refused()
+        assert str(caught.value) == said
+    # the tokenize task's tokenizer asked on the terminal whether to run the config's code, then ran it
+    assert data_tokenizer(str(local)).eos_token == "<|im_end|>"
+    assert not (tmp_path / "RAN").exists()
+    # a tokenizer of its own: refused in a line
+    tokenizer_config = json.loads((local / "tokenizer_config.json").read_text())
+    custom = {**tokenizer_config, "tokenizer_class": "GymCustomTokenizer"}
+    custom["auto_map"] = {"AutoTokenizer": ["tokenization_custom.GymCustomTokenizer", None]}
+    (local / "tokenizer_config.json").write_text(json.dumps(custom))
+    with pytest.raises(ConfigError, match=r"runs its own Python code to load: .* --trust_remote_code"):
+        data_tokenizer(str(local))
+    (local / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+
+    check(str(local), "chatml", trust_remote_code=True)
     model = load_model(resolve(str(local), template="chatml", trust_remote_code=True))
     assert type(model).__name__ == "GymCustomModel"
+    assert (tmp_path / "RAN").exists()  # the test's own check: the code runs when asked to
+    assert data_tokenizer(str(local), trust_remote_code=True).eos_token == "<|im_end|>"
+
+
+def test_an_auto_map_beside_a_model_type_transformers_knows_needs_no_trust(tmp_path):
+    """Many hub models keep an auto_map from before transformers had their class: it loads its own."""
+    local = tmp_path / "known"
+    shutil.copytree(resolve("gym-tiny").path, local)
+    config = json.loads((local / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_old.OldModel"}
+    (local / "config.json").write_text(json.dumps(config))
+    assert type(load_model(resolve(str(local), template="chatml"))).__name__ == "LlamaForCausalLM"
 
 
 def test_a_trained_model_folder_deleted_from_the_workspace_says_how_to_rebuild(tmp_path):

@@ -221,15 +221,29 @@ def tokenizer_identity(tokenizer_dir: str | Path, revision: str | None = None) -
     raise ConfigError(f"tokenizer {str(tokenizer_dir)!r} is neither a local folder nor a hub id")
 
 
-def load_tokenizer(tokenizer_dir: str | Path, revision: str | None = None) -> Any:
+def load_tokenizer(
+    tokenizer_dir: str | Path, revision: str | None = None, trust_remote_code: bool = False
+) -> Any:
+    """The tokenizer at `tokenizer_dir` (a folder or hub id); the Python code a model repository ships runs
+    only with `trust_remote_code` (without it transformers asked on the terminal, then ran it)."""
     try:
         from transformers import AutoTokenizer  # imported here: it pulls in torch
 
-        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), revision=revision)
+        tokenizer = AutoTokenizer.from_pretrained(
+            str(tokenizer_dir), revision=revision, trust_remote_code=trust_remote_code
+        )
     except OSError as e:
         raise ConfigError(
             f"cannot load tokenizer {str(tokenizer_dir)!r}: {e}",
         ) from e
+    except ValueError as e:
+        if "trust_remote_code" not in str(e):
+            raise
+        raise ConfigError(
+            f"tokenizer {str(tokenizer_dir)!r} runs its own Python code to load: gym runs a model's code "
+            "only when asked to; read that code, then pass --trust_remote_code (trust_remote_code=True in "
+            "Python)"
+        ) from None
     # gym cuts sequences to cutoff_len itself: transformers' warning that a text is longer than the model's
     # max length ("will result in indexing errors") would only mislead here (gym.train.rope hints instead)
     tokenizer.model_max_length = int(1e30)
@@ -451,6 +465,7 @@ def tokenize(
     *,
     revision: str | None = None,
     as_prompts: bool = False,
+    trust_remote_code: bool = False,
 ) -> TokenizeResult:
     """Tokenize the ingested dataset at `dataset_dir`; return the existing artifact when already there.
 
@@ -482,7 +497,7 @@ def tokenize(
             file=sys.stderr,
         )
 
-    tokenizer = load_tokenizer(tokenizer_dir, revision)
+    tokenizer = load_tokenizer(tokenizer_dir, revision, trust_remote_code)
     if kind != "text":
         check_markers(tokenizer, template, tokenizer_dir)
     ds = load_saved(dataset_dir)  # the ingested data: damaged, it is refused naming its folder
