@@ -6,7 +6,6 @@ loaded through the same `from_pretrained` path, the embedded gym-tiny included.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import json
 import re
 from collections.abc import Iterator
@@ -221,7 +220,7 @@ def _resolve(name_or_path: str, template: str | None, dry_run: bool = False) -> 
                 f"model {name_or_path!r} is registered in MLflow, not in gym's registry: "
                 f"give it as {registered}"
             )
-        close = difflib.get_close_matches(name_or_path, list(models), n=3)
+        close = registry.close_names(name_or_path, list(models))
         hint = f" Did you mean: {', '.join(close)}?" if close else ""
         raise ConfigError(
             f"unknown model {name_or_path!r}: not a registry name or a local directory. "

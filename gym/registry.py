@@ -121,12 +121,19 @@ def load_models(path: Path | str | None = None) -> dict[str, ModelSpec]:
     return dict(_load(f.resolve(), f.stat().st_mtime_ns))
 
 
+def close_names(name: str, names: list[str], cutoff: float = 0.6) -> list[str]:
+    """Up to three of `names` close to `name`, whatever the case of either (`QWEN3-8B` is close to
+    `qwen3-8b`: compared as given, nothing was)."""
+    by_lower = {n.lower(): n for n in reversed(names)}
+    return [by_lower[c] for c in difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=cutoff)]
+
+
 def get_model(name: str, *, path: Path | str | None = None) -> ModelSpec:
     """The entry called `name`; an unknown name fails with the closest known names."""
     models = load_models(path)
     if name in models:
         return models[name]
-    close = difflib.get_close_matches(name, list(models), n=3, cutoff=0.5)
+    close = close_names(name, list(models), cutoff=0.5)
     hint = f"did you mean {', '.join(repr(c) for c in close)}?" if close else f"known: {', '.join(models)}."
     raise RegistryError(
         f"unknown model {name!r} in {path or models_file()}; {hint} "

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gym.errors import RegistryError
+from gym.errors import ConfigError, RegistryError
+from gym.models import resolve
 from gym.paths import registry_dir
 from gym.registry import (
     GIB,
@@ -109,6 +110,14 @@ def test_known_entries():
 def test_unknown_model_suggests_close_names():
     with pytest.raises(RegistryError, match=r"unknown model 'qwen2.5-7b-instrct'.*'qwen2.5-7b-instruct'"):
         get_model("qwen2.5-7b-instrct")
+
+
+def test_a_name_in_another_case_gets_the_entry_suggested():
+    """`QWEN3-8B` was suggested nothing (gym registry listed every name; gym train, none)."""
+    with pytest.raises(RegistryError, match=r"unknown model 'QWEN3-8B'.*; did you mean 'qwen3-8b',"):
+        get_model("QWEN3-8B")
+    with pytest.raises(ConfigError, match=r"unknown model 'QWEN3-0.6B'.* Did you mean: qwen3-0.6b"):
+        resolve("QWEN3-0.6B")
 
 
 def test_schema_file_is_draft_2020_12():
