@@ -344,6 +344,7 @@ def _check_reachable(hub_id: str, revision: str) -> None:
             f"HF_HUB_OFFLINE=1: download it while online (`hf download {hub_id}`), unset HF_HUB_OFFLINE, "
             "or pass a local directory"
         )
+    require_safetensors(Path(cached).parent, f"model {hub_id!r}: its cached snapshot")  # all it will have
 
 
 def _gym_meta(directory: Path) -> dict[str, Any]:
@@ -370,6 +371,12 @@ def derived(ref: ModelRef, directory: Path, digest: str) -> ModelRef:
 _PICKLED_WEIGHTS = re.compile(r"(pytorch_model|adapter_model|model|consolidated)[\w.-]*\.(bin|pt|pth|ckpt)")
 
 
+PICKLES_ADVICE = (
+    "gym loads safetensors only (unpickling a file can run code); convert it once, where you trust the file, "
+    "by loading it with transformers (PEFT for an adapter) and calling save_pretrained(NEW_DIR)"
+)
+
+
 def require_safetensors(folder: Path, what: str = "model") -> None:
     """Refuse a model or adapter folder whose weights are pickles only (`pytorch_model.bin`,
     `adapter_model.bin`), in one line saying how to convert them, before anything tries to load them."""
@@ -377,9 +384,8 @@ def require_safetensors(folder: Path, what: str = "model") -> None:
     pickled = [n for n in names if _PICKLED_WEIGHTS.fullmatch(n)]
     if pickled and not any(n.endswith(".safetensors") for n in names):
         raise ConfigError(
-            f"{what} {folder} holds its weights only as pickle files ({', '.join(pickled[:3])}): gym loads "
-            "safetensors only (unpickling a file can run code); convert it once, where you trust the file, "
-            "by loading it with transformers (PEFT for an adapter) and calling save_pretrained(NEW_DIR)"
+            f"{what} {folder} holds its weights only as pickle files ({', '.join(pickled[:3])}): "
+            f"{PICKLES_ADVICE}"
         )
 
 
@@ -408,6 +414,11 @@ def _loading(ref: ModelRef, errors: tuple[type[Exception], ...] = (OSError,)) ->
         if not Path(ref.path).is_dir():  # a hub id: a network or hub error (OSError), else a library's
             if not isinstance(exc, OSError):
                 raise
+            if "use_safetensors" in str(exc):  # transformers found no safetensors weights, only pickles
+                raise ConfigError(
+                    f"model {ref.path!r} has no safetensors weights on the hub or in the local cache, only "
+                    f"pickle files: {PICKLES_ADVICE}"
+                ) from None
             raise ConfigError(
                 f"model {ref.path!r} can't be loaded from the Hugging Face hub ({first}): check the id and "
                 "the connection, or download it while online and set HF_HUB_OFFLINE=1"

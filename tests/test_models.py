@@ -238,3 +238,27 @@ def test_a_folder_model_is_its_own_base_by_absolute_path(gym_home, tmp_path, mon
     assert ref.base_model == str(folder.resolve())
     monkeypatch.chdir(tmp_path / "models")
     assert hub_base(ref.base_model) is None
+
+
+def test_a_cached_hub_model_with_pickled_weights_only_is_refused_before_any_work(tmp_path, monkeypatch):
+    """It failed when loaded, told to check the id and the connection."""
+    from huggingface_hub import constants
+
+    snapshot = tmp_path / "hub" / "models--someone--pickled" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
+    for name in ("config.json", "tokenizer_config.json"):
+        shutil.copy(Path(resolve("gym-tiny").path) / name, snapshot / name)
+    (snapshot / "pytorch_model.bin").write_bytes(b"not read")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    for refused in (lambda: resolve("someone/pickled", "chatml"), lambda: check("someone/pickled", "chatml")):
+        with pytest.raises(ConfigError) as caught:
+            refused()
+        assert str(caught.value).startswith(
+            f"model 'someone/pickled': its cached snapshot {snapshot} holds its weights only as pickle files "
+            "(pytorch_model.bin): gym loads safetensors only"
+        )
+    (snapshot / "model.safetensors").write_bytes(b"")  # beside it: loads that one
+    assert resolve("someone/pickled", "chatml").path == "someone/pickled"
