@@ -15,6 +15,7 @@ from gym.plots import loss_plot
 from gym.rewards.base import code_identity
 from gym.rewards.base import identity as reward_identity
 from gym.train import TrainConfig, TrainResult, rl_common, run
+from gym.train.config import unread
 from gym.train.rl_config import ONLINE_METHODS
 from tasks._common import CACHED_TAG, gym_task
 from tasks.tracking import fmt, link, publish, run_logs, stage_run, table
@@ -63,7 +64,7 @@ def _given(config: TrainConfig, model: ModelRef, train_data: Any) -> dict[str, s
     has made it concrete (the model's and the method's defaults, gym's choices): a param once logged
     can't change, and "None" was all it said."""
     params = {
-        **config.model_dump(),
+        **config.model_dump(exclude=unread(config)),  # not the settings its method doesn't read
         "base_model": model.base_model,
         "start_model": model.path,
         "dataset_digest": train_data.digest,

@@ -140,6 +140,9 @@ def test_gym_train_grpo_in_the_papers_form_end_to_end(gym_home: Path):
     )
     grpo = next(c for c in children if c.data.tags["mlflow.runName"] == "grpo")
     assert grpo.data.params["rl.group_size"] == "4" and grpo.data.params["rl.reward_weights"] == "[1.0, 0.5]"
+    warm_start = next(c for c in children if c.data.tags["mlflow.runName"] == "sft")
+    assert "learning_rate" in warm_start.data.params
+    assert not [k for k in warm_start.data.params if k.startswith("rl.")], "the settings it never read"
     for key in ("train/reward", "train/reward_min", "train/reward_max", "train/rewards/final_answer/mean"):
         assert [m.step for m in client.get_metric_history(grpo.info.run_id, key)] == [1, 3, 6], (
             key

@@ -406,12 +406,16 @@ def hyperparameters(config: TrainConfig) -> dict[str, Any]:
     with, and none of the other kind of method's (PPO's value-function settings for GRPO...)."""
     if config.method in ONLINE_METHODS:
         config = config.model_copy(update={"rl": config.rl.resolved(config.method)})
+    return config.model_dump(mode="json", exclude_none=True, exclude=unread(config))
+
+
+def unread(config: TrainConfig) -> set[str]:
+    """The fields and sections of `config` its method and finetuning_type don't read."""
     kind = config.finetuning_type
-    unread = {f for f, methods in METHOD_FIELDS.items() if config.method not in methods}
-    unread |= {"lora"} if kind not in LORA_TYPES else set()
-    unread |= {section for section in ("freeze", "longlora") if kind != section}
-    unread |= {"quant"} if kind != "qlora" else set()
-    return config.model_dump(mode="json", exclude_none=True, exclude=unread)
+    fields = {f for f, methods in METHOD_FIELDS.items() if config.method not in methods}
+    fields |= {"lora"} if kind not in LORA_TYPES else set()
+    fields |= {section for section in ("freeze", "longlora") if kind != section}
+    return fields | ({"quant"} if kind != "qlora" else set())
 
 
 def family(finetuning_type: str) -> str:
