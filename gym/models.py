@@ -162,7 +162,7 @@ def _resolve(name_or_path: str, template: str | None, dry_run: bool = False) -> 
             )
         revision = spec.revision or "main"
         hub_id = str(spec.hub_id)  # the registry guarantees hub_id xor builder
-        _check_reachable(hub_id, revision)
+        check_reachable(hub_id, revision)
         return ModelRef(
             name=spec.name,
             path=hub_id,
@@ -207,7 +207,7 @@ def _resolve(name_or_path: str, template: str | None, dry_run: bool = False) -> 
             new_token_ids=[int(i) for i in meta.get("new_token_ids", [])],
             default_system=meta.get("default_system"),
         )
-    if _path_like(name_or_path):  # `./my-model`, `/x/y`, `~/m`: a folder the user meant, not a hub id
+    if path_like(name_or_path):  # `./my-model`, `/x/y`, `~/m`: a folder the user meant, not a hub id
         looked = str(Path(name_or_path).expanduser().resolve())
         full = f" ({looked})" if looked != name_or_path else ""  # a relative path: where it looked
         raise ConfigError(
@@ -227,7 +227,7 @@ def _resolve(name_or_path: str, template: str | None, dry_run: bool = False) -> 
             f"For any other hub id pass --template too.{hint}"
         )
     load_template(template)
-    _check_reachable(name_or_path, "main")
+    check_reachable(name_or_path, "main")
     return ModelRef(
         name=name_or_path,
         path=name_or_path,
@@ -238,7 +238,7 @@ def _resolve(name_or_path: str, template: str | None, dry_run: bool = False) -> 
     )
 
 
-def _path_like(name: str) -> bool:
+def path_like(name: str) -> bool:
     """A name only a local path has: it starts with `.`, `/` or `~`, or is no hub id (`owner/name`)."""
     from gym.data.readers import looks_like_hub_id
 
@@ -293,7 +293,7 @@ def adapter_base(base: str) -> tuple[str, dict[str, str]]:
         )
     spec = registry_entry(base)
     if spec is None:  # any other hub id
-        _check_reachable(base, "main")
+        check_reachable(base, "main")
         return base, {}
     ref = resolve(spec.name)
     return ref.path, {"base_model": ref.base_model, "template": ref.template}
@@ -331,7 +331,7 @@ def _resolve_mlflow(model_uri: str, template: str | None, dry_run: bool = False)
     )
 
 
-def _check_reachable(hub_id: str, revision: str) -> None:
+def check_reachable(hub_id: str, revision: str) -> None:
     """Offline (HF_HUB_OFFLINE=1), a hub model must already be in the local cache: say so early."""
     from huggingface_hub import constants, try_to_load_from_cache
 
