@@ -101,7 +101,8 @@ def _resolve_model(args: argparse.Namespace) -> ModelRef:
     if ref is None:
         return _merged_as_asked(resolve(args.model, args.template, args.trust_remote_code))
     if args.style == "chat":
-        tokenizer_template(Path(ref.path), args.model)  # none: the error says to pass --template
+        # none: the error says to pass --template
+        tokenizer_template(Path(ref.path), args.model, trust_remote_code=args.trust_remote_code)
     return _merged_as_asked(ref.model_copy(update={"trust_remote_code": args.trust_remote_code}))
 
 

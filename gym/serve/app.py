@@ -415,12 +415,19 @@ async def _stream(
 class ShutdownCancelled:
     """A request the server cancels while stopping (past --shutdown-timeout, or a second Ctrl-C) gets an
     OpenAI-shaped 503 to retry elsewhere, not uvicorn's plain-text 500 and a traceback in the log. A
-    streamed reply that has begun can only end where it is."""
+    streamed reply that has begun can only end where it is.
+
+    A second Ctrl-C also cancels the app's lifespan task, waiting for the shutdown uvicorn then skips:
+    Starlette reports that cancellation as a failed shutdown carrying its traceback, which uvicorn logged
+    as an ERROR. Nothing failed (the server stops at once, as asked), so the report goes without it."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(scope, receive, send)
+            return
         started = False
 
         async def sending(message: dict[str, Any]) -> None:
@@ -438,6 +445,25 @@ class ShutdownCancelled:
             headers = [(b"content-type", b"application/json"), (b"retry-after", b"1")]
             await send({"type": "http.response.start", "status": 503, "headers": headers})
             await send({"type": "http.response.body", "body": json.dumps(body).encode()})
+
+    async def _lifespan(self, scope: Any, receive: Any, send: Any) -> None:
+        cancelled = False
+
+        async def receiving() -> Any:
+            nonlocal cancelled
+            try:
+                return await receive()
+            except asyncio.CancelledError:
+                cancelled = True  # cancelled while waiting for startup or shutdown: the server is stopping
+                raise
+
+        async def sending(message: dict[str, Any]) -> None:
+            if cancelled and message["type"].endswith(".failed"):
+                log.debug("lifespan cancelled: the server stops at once")
+                message = {"type": message["type"]}  # without its traceback, uvicorn logs nothing
+            await send(message)
+
+        await self.app(scope, receiving, sending)
 
 
 def _install_error_handlers(app: FastAPI) -> None:

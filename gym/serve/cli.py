@@ -45,13 +45,24 @@ def parse_settings(argv: Sequence[str], prog: str = "gym serve") -> ServeSetting
 
 
 def api_key(env_var: str | None) -> str | None:
-    """The key from `env_var` (None when no variable is named); a named but empty variable is an error."""
+    """The key from `env_var` (None when no variable is named). A variable that is not set, is empty, or
+    holds whitespace around the key is an error: HTTP drops the whitespace around a header's value, so no
+    client could send such a key and every request would get a 401. The key itself is never shown."""
     if env_var is None:
         return None
-    key = os.environ.get(env_var, "")
-    if not key:
+    key = os.environ.get(env_var)
+    if key is None:
         raise ConfigError(
             f"--api-key-env {env_var}: that environment variable is not set (export the key in it)"
+        )
+    if not key.strip():
+        what = "holds only whitespace" if key else "is empty"
+        raise ConfigError(f"--api-key-env {env_var}: that environment variable {what} (export the key in it)")
+    if key != key.strip():
+        raise ConfigError(
+            f"--api-key-env {env_var}: that environment variable holds leading or trailing whitespace, which "
+            "HTTP drops from the Authorization header a client sends: every request would be refused (401). "
+            "Export the key without it"
         )
     return key
 
