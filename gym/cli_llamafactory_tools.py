@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 from collections.abc import Callable, Collection, Iterable, Sequence
@@ -494,6 +495,7 @@ def merge_adapter(
     source = {"adapter": str(folder.resolve()), "base": base, "template": template}
     workspace.atomic_write_json(written / MERGE_SOURCE, source)
     _drop_stale_merges(written, source, out or sys.stderr)
+    _share_weights(written, source, out or sys.stderr)
     return written
 
 
@@ -514,6 +516,46 @@ def _drop_stale_merges(current: Path, source: dict[str, Any], out: Any) -> None:
         if same:
             shutil.rmtree(folder, ignore_errors=True)
             print(f"note: removed {folder}, an earlier merge of {source['adapter']}", file=out)
+
+
+def _share_weights(current: Path, source: dict[str, Any], out: Any) -> None:
+    """Hard-link the weights of `current` to those of a merge of the same adapter and base made with
+    another template, where they are the same bytes: the merge was stored again for each template
+    (a full copy of the model: ~15 GB each for a 7B one)."""
+    import filecmp
+
+    for folder in sorted(current.parent.glob("merged-adapter-*")):
+        record = folder / MERGE_SOURCE
+        if folder == current or not record.is_file():
+            continue
+        try:
+            other = json.loads(record.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if (other.get("adapter"), other.get("base")) != (source["adapter"], source["base"]):
+            continue
+        shared = 0
+        for mine in sorted(current.glob("*.safetensors")):
+            theirs = folder / mine.name
+            if not theirs.is_file() or theirs.stat().st_ino == mine.stat().st_ino:
+                continue
+            if theirs.stat().st_size != mine.stat().st_size or not filecmp.cmp(mine, theirs, shallow=False):
+                continue
+            link = mine.with_name(f".{mine.name}.link")
+            link.unlink(missing_ok=True)
+            try:
+                os.link(theirs, link)
+                os.replace(link, mine)  # in one step: the file is whole whichever a reader opens
+                shared += 1
+            except OSError:  # a file system without hard links: each keeps its copy
+                link.unlink(missing_ok=True)
+        if shared:
+            print(
+                f"note: {current} shares its weights with {folder} (the same merge, with template "
+                f"{other.get('template')})",
+                file=out,
+            )
+            return
 
 
 def _adapter_folder(adapter: str, stage_ok: bool = False) -> Path:

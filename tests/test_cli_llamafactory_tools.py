@@ -223,7 +223,12 @@ def test_retraining_an_adapter_replaces_its_stale_merge_and_keeps_other_merges(a
 
     folder, _, _ = adapter
     first = merge_adapter(str(folder), None, None, out=io.StringIO())
-    other_template = merge_adapter(str(folder), None, "qwen3", out=io.StringIO())
+    said = io.StringIO()
+    other_template = merge_adapter(str(folder), None, "qwen3", out=said)
+    # the same weights under another template: stored once (a full copy each, before)
+    weights = [(first / p.name, p) for p in other_template.glob("*.safetensors")]
+    assert weights and all(a.stat().st_ino == b.stat().st_ino for a, b in weights)
+    assert f"note: {other_template} shares its weights with {first}" in said.getvalue()
     _, retrained, _ = lora_adapter(folder)  # the same folder, trained again: new weights
     notes = io.StringIO()
     second = merge_adapter(str(folder), None, None, out=notes)
