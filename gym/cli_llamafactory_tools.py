@@ -490,8 +490,11 @@ def merge_adapter(
         f"{base or 'its base'} once, into {merged}",
         file=out or sys.stderr,
     )
+    from gym.cli import terminated_as_exit
+
     settings = ExportSettings(trust_remote_code=trust_remote_code)
-    written = export_model(folder, merged, settings, base=base, template=template)
+    with terminated_as_exit():  # a `kill` while merging leaves no staging folder (as `gym export`)
+        written = export_model(folder, merged, settings, base=base, template=template)
     source = {"adapter": str(folder.resolve()), "base": base, "template": template}
     workspace.atomic_write_json(written / MERGE_SOURCE, source)
     _drop_stale_merges(written, source, out or sys.stderr)

@@ -26,6 +26,7 @@ from gym.serve.cli import build_parser as serve_parser
 from gym.serve.cli import parse_settings
 from gym.templates import load_template
 from tests.conftest import REPO
+from tests.test_export import SLOW_EXPORT  # its model writes take a minute
 
 IDS = torch.tensor([[5, 17, 300, 42, 7, 99]])
 
@@ -360,3 +361,29 @@ def test_an_override_after_the_file_is_blamed_on_the_command_line_not_the_file(t
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert "lerning_rate=1e-5" in last and "did you mean --learning_rate" in last
     assert not (tmp_path / "o").exists()
+
+
+def test_a_serve_stopped_with_sigterm_while_merging_leaves_nothing_half_written(adapter, gym_home):
+    """Its staging folder (the merged weights) stayed in the workspace, and it ended without a word."""
+    folder, _, _ = adapter
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "GYM_HOME": str(gym_home)}
+    cmd = [sys.executable, "-c", SLOW_EXPORT, "serve", "--model_name_or_path", "gym-tiny"]
+    cmd += ["--adapter_name_or_path", str(folder), "--port", "0"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "WRITTEN" in line:
+                break
+        models = gym_home / "models"
+        assert [p for p in models.iterdir() if "merged-adapter" in p.name and p.name.startswith(".")]
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert err.strip().splitlines()[-1] == "terminated" and "Traceback" not in err
+    assert not [
+        p.name for p in models.iterdir() if "merged-adapter" in p.name and not p.name.endswith(".lock")
+    ]
