@@ -197,6 +197,15 @@ def _settings(
             out.append(_overrides(config_cls, ns, stages, derived))
         except GymError as exc:
             raise _in_file(exc, under_path) if ns is under else exc from None
+    # each as the run will use it: the command line's over the file's, whichever gave the other
+    given = [(ns, cli_llamafactory.given(ns).get("overwrite_output_dir")) for ns in sources]
+    overwrite = [(ns, value) for ns, value in given if value is not None]
+    output_dirs = [d for tree in out if (d := (tree.get("output") or {}).get("output_dir"))]
+    if overwrite:
+        try:
+            cli_llamafactory.check_overwrite(overwrite[-1][1], output_dirs[-1] if output_dirs else None)
+        except GymError as exc:
+            raise _in_file(exc, under_path) if overwrite[-1][0] is under else exc from None
     return out
 
 

@@ -342,6 +342,20 @@ def given(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def check_overwrite(overwrite_output_dir: Any, output_dir: str | None) -> None:
+    """LLaMA-Factory's `overwrite_output_dir: false` refuses an `output_dir` that holds files, as
+    transformers refuses it; the two settings as the run will use them, from whichever source (config
+    file or command line) gave each."""
+    if str(overwrite_output_dir).lower() != "false" or not output_dir:
+        return
+    folder = Path(output_dir).expanduser()
+    if folder.is_dir() and any(folder.iterdir()):
+        raise ConfigError(
+            f"overwrite_output_dir: false, and output_dir {output_dir} holds files: pick another "
+            "output_dir, or set overwrite_output_dir true (gym replaces only a folder it wrote)"
+        )
+
+
 def overrides(
     args: argparse.Namespace, stages: Sequence[str], finetuning_type: str | None, alpha_given: bool
 ) -> dict[str, Any]:
@@ -362,14 +376,6 @@ def overrides(
             "do_train: false: gym train always trains; to score a model without training it, use gym eval "
             "(benchmarks) or python flows/evaluate.py (benchmarks and held-out data)"
         )
-    output_dir = getattr(args, "alias_output_dir", None)
-    if str(values.get("overwrite_output_dir", True)).lower() == "false" and output_dir:
-        folder = Path(output_dir).expanduser()
-        if folder.is_dir() and any(folder.iterdir()):  # as LLaMA-Factory (transformers) refuses it
-            raise ConfigError(
-                f"overwrite_output_dir: false, and output_dir {output_dir} holds files: pick another "
-                "output_dir, or set overwrite_output_dir true (gym replaces only a folder it wrote)"
-            )
     for name, kind in {"use_dora": "dora", "use_rslora": "rslora", "pissa_init": "pissa"}.items():
         if finetuning_type == kind and str(values.get(name)).lower() == "false":  # was silently overridden
             raise ConfigError(

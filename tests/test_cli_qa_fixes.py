@@ -24,7 +24,8 @@ def config_of(argv: list[str]) -> dict[str, Any]:
     assert isinstance(parser, ArgumentParser)
     under = parser.parse_file(*plan.config_file) if plan.config_file else None
     args = parser.parse_args(dotlist(plan.argv, parser._option_string_actions))  # as runner.main
-    return runner.parse_config(plan.config_cls, args, under).model_dump()
+    where = plan.config_file[0] if plan.config_file else None  # as runner.main: errors name the file
+    return runner.parse_config(plan.config_cls, args, under, where).model_dump()
 
 
 # 1. A misspelled adaptation type is not a method that disagrees with the one named.
@@ -233,7 +234,7 @@ def test_do_train_false_and_overwrite_output_dir_false_are_honoured_not_passed_o
     base = "stage: sft\ndo_train: {train}\nfinetuning_type: lora\ndataset: d\nmax_steps: 1\n"
     path = tmp_path / "eval_only.yaml"
     path.write_text(base.format(train="false"))
-    with pytest.raises(ConfigError, match=r"^do_train: false: gym train always trains; .*gym eval"):
+    with pytest.raises(ConfigError, match=rf"^{path}: do_train: false: gym train always trains; .*gym eval"):
         config_of([str(path)])
     path.write_text(base.format(train="true"))
     assert config_of([str(path)])["train"]["method"] == "sft"
@@ -247,3 +248,23 @@ def test_do_train_false_and_overwrite_output_dir_false_are_honoured_not_passed_o
     empty = tmp_path / "fresh"
     path.write_text(base.format(train="true") + f"output_dir: {empty}\noverwrite_output_dir: false\n")
     assert config_of([str(path)])["output"]["output_dir"] == str(empty)
+
+    # The two from different places, as the run will use them: the folder was replaced, or a run into
+    # a new folder refused for the file's own output_dir.
+    path.write_text(base.format(train="true") + f"output_dir: {empty}\n")
+    with pytest.raises(
+        ConfigError, match=r"^overwrite_output_dir: false, and output_dir .*saves holds files"
+    ):
+        config_of([str(path), "--overwrite_output_dir", "false", "--output_dir", str(out)])
+    with pytest.raises(
+        ConfigError, match=r"^overwrite_output_dir: false, and output_dir .*saves holds files"
+    ):
+        config_of([str(path), f"output_dir={out}", "overwrite_output_dir=false"])
+    path.write_text(base.format(train="true") + "overwrite_output_dir: false\n")
+    with pytest.raises(
+        ConfigError, match=rf"^{path}: overwrite_output_dir: false, and output_dir .*saves holds"
+    ):
+        config_of([str(path), f"output_dir={out}"])
+    path.write_text(base.format(train="true") + f"output_dir: {out}\noverwrite_output_dir: false\n")
+    assert config_of([str(path), f"output_dir={empty}"])["output"]["output_dir"] == str(empty)
+    assert config_of([str(path), "--overwrite_output_dir", "true"])["output"]["output_dir"] == str(out)
