@@ -204,8 +204,8 @@ NOT_NEEDED = {
     "need not fit in memory",
     "enable_thinking": "gym does not pass it to the chat template, which decides: qwen3 renders Qwen3's "
     "thinking turns, qwen3_nothink (gym's chatml) none",
-    "print_param_status": "gym reports every stage's trainable and total parameters (the summary's "
-    "trainable_params, MLflow)",
+    "print_param_status": "gym reports every stage's trainable and total parameters (its Prefect "
+    "artifact's table, its MLflow run's trainable_params and total_params metrics, its result.json)",
     "ignore_pad_token_for_loss": "gym never trains on padding (its labels are ignored there)",
 }
 # The settings of optimizers and model conversions gym has not (REFUSED below, when switched on), which
