@@ -39,6 +39,9 @@ from gym.templates import canonical_template, load_template, split_markers, with
 from gym.tfgrpo.injection import EXPERIENCE_FILE
 
 MARKER = "gym_model.json"
+# gym_model.json's keys in a folder `gym export` wrote: the name its card has, and the lineage the card
+# shows (an export of the export, as of a LLaMA-Factory-style output_dir, keeps both)
+EXPORTED_NAME, EXPORTED_LINEAGE = "name", "lineage"
 # gym_model.json's key saying `gym export` wrote the folder: training's model folders hold the file too,
 # and only an export may be replaced by another.
 EXPORTED = "exported_by"
@@ -145,9 +148,20 @@ def model_name(model: str) -> str:
     if not local.is_dir():
         return model
     local = local.resolve()
+    if exported := _exported_meta(local).get(EXPORTED_NAME):
+        return str(exported)
     if local.name in GENERIC_NAMES and local.parent.name:
         return local.parent.name
     return local.name or model
+
+
+def _exported_meta(directory: Path) -> dict[str, Any]:
+    """gym_model.json of a folder `gym export` wrote (its EXPORTED key), else {}."""
+    try:
+        meta = json.loads((directory / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) and meta.get(EXPORTED) else {}
 
 
 def _local_lineage(
@@ -160,6 +174,11 @@ def _local_lineage(
     own = directory / MARKER  # first, even for a folder named model/ outside a stage (then it is `sibling`)
     found = [m for m in (own, sibling) if m.is_file() and (m == own or result.is_file())]
     meta = {**(base_facts or {}), **(json.loads(found[0].read_text()) if found else {})}
+    recorded = _exported_meta(directory).get(EXPORTED_LINEAGE)
+    if isinstance(recorded, dict) and not result.is_file():  # an export: the lineage its card showed
+        with contextlib.suppress(ValueError):
+            kept = Lineage.model_validate(recorded)
+            return kept.model_copy(update={"template": template}) if template else kept
     base_model = meta.get("base_model") or base or str(directory)
     entry, entry_digest = registry_entry(base_model)
     lineage = Lineage(
@@ -307,7 +326,7 @@ def _write(source: Source, out: Path, settings: ExportSettings, name: str) -> No
         model.save_pretrained(out, max_shard_size=settings.shard_size, safe_serialization=True)
         model_type = str(model.config.model_type)
     tokenizer.save_pretrained(out)
-    meta = {
+    meta: dict[str, Any] = {
         "template": source.lineage.template,
         "base_model": source.lineage.base_model,
         EXPORTED: "gym export",
@@ -316,6 +335,8 @@ def _write(source: Source, out: Path, settings: ExportSettings, name: str) -> No
         meta["method"] = source.lineage.method
     if system is not None:
         meta["default_system"] = system
+    # and its card: the name and the whole lineage (datasets, stages, scores, hyperparameters)
+    meta |= {EXPORTED_NAME: name, EXPORTED_LINEAGE: source.lineage.model_dump(mode="json")}
     workspace.atomic_write_json(out / MARKER, meta)
     if source.meta_dir is not None and (source.meta_dir / EXPERIENCE_FILE).is_file():
         shutil.copy2(source.meta_dir / EXPERIENCE_FILE, out / EXPERIENCE_FILE)

@@ -362,6 +362,11 @@ def test_a_stage_folders_card_has_the_scores_and_hyperparameters_a_flow_register
         assert f"| {role} | {data['name']} — digest `{data['digest']}` |" in datasets, datasets
     assert facts.datasets["dataset"]["name"] == "demo_sft"
     assert "`gym-tiny` (digest `" in card
+    # an export of the export (as of a LLaMA-Factory-style output_dir) keeps the card: it was titled
+    # with the folder's name and recorded none of it
+    again = (export_model(tmp_path / "out", tmp_path / "again") / "README.md").read_text()
+    assert sorted(again.splitlines()) == sorted(card.splitlines())  # its hyperparameters stored sorted
+    assert again.splitlines()[:10] == card.splitlines()[:10]  # the front matter, the title
 
 
 def test_the_cards_use_snippet_runs_against_the_export(gym_home, tmp_path, capsys):
