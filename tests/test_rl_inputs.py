@@ -312,6 +312,16 @@ def test_no_prompt_with_room_for_a_completion_is_an_error(tmp_path: Path):
     words = r"within 20, data\.cutoff_len=20 \(the longest .*raise data\.cutoff_len \(up to the context, 512"
     with pytest.raises(DataError, match=words):
         rl_common.check_prompt_data(config, model, short, None, 20)
+    # A completion as long as the window leaves room for no prompt: said so ("every prompt ... is over 0
+    # tokens", before)
+    long = rl_config("grpo", batch=8)
+    long.rl.max_completion_length = 512
+    words = (
+        r"^grpo: rl\.max_completion_length=512 sampled tokens \(LLaMA-Factory's max_new_tokens\) leave no "
+        r"room for a prompt within 20, data\.cutoff_len=20: lower rl\.max_completion_length below 20, or"
+    )
+    with pytest.raises(DataError, match=words):
+        rl_common.check_prompt_data(long, model, short, None, 20)
     # Prompts left out so that fewer than a batch remain: the batch error, not 0 steps trained.
     rows = copy_rows(8)
     rows[0]["prompt"] = LONG

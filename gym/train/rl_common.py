@@ -274,14 +274,20 @@ def fitting_prompts(
     import numpy as np
     import pyarrow.compute as pc
 
-    lengths = pc.list_value_length(data.with_format("arrow")["prompt_ids"]).to_numpy(zero_copy_only=False)
     room = window.tokens - rl.max_completion_length
+    if room < 1:  # no prompt fits, however short: "every prompt is over 0 tokens" said it backwards
+        raise DataError(
+            f"{method}: rl.max_completion_length={rl.max_completion_length} sampled tokens (LLaMA-Factory's "
+            f"max_new_tokens) leave no room for a prompt within {window.tokens}, {window.words()}: lower "
+            f"rl.max_completion_length below {window.tokens}, or {window.fix()}"
+        )
+    lengths = pc.list_value_length(data.with_format("arrow")["prompt_ids"]).to_numpy(zero_copy_only=False)
     over = np.flatnonzero(lengths > room)
     if len(over) == 0:
         return data
     records = ", ".join(str(i + 1) for i in over[:5]) + (", ..." if len(over) > 5 else "")
     why = (
-        f"over {max(room, 0)} tokens, which leaves no room for rl.max_completion_length="
+        f"over {room} tokens, which leaves no room for rl.max_completion_length="
         f"{rl.max_completion_length} sampled tokens within {window.tokens}, {window.words()}"
     )
     fix = f"shorten them, lower rl.max_completion_length, or {window.fix()}"
