@@ -161,10 +161,12 @@ def port(any_free: bool) -> Callable[[str], int]:
 
 def error_words(error: Any) -> str:
     """What one of pydantic's errors says is wrong, in a validator's own words where it wrote them (no
-    "Value error, "), and "must not be blank" for a text field whose pattern is one non-space (pydantic
-    said "String should match pattern '\\S'")."""
+    "Value error, "), "must not be empty" for a text field of at least one character and "must not be
+    blank" for one whose pattern is one non-space (pydantic said "String should match pattern '\\S'")."""
     if error.get("type") == "string_pattern_mismatch" and error.get("ctx", {}).get("pattern") == r"\S":
         return "must not be blank"
+    if error.get("type") == "string_too_short" and error.get("ctx", {}).get("min_length") == 1:
+        return "must not be empty"
     return str(error["msg"]).removeprefix("Value error, ")
 
 
