@@ -30,3 +30,17 @@ ARCHITECTURES = {  # families in registry/ (config-built, tiny): their own masks
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 8, "sliding_window": 4}),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"head_dim": 8, "sliding_window": 4}),
 }
+
+
+HUB_COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def hub_snapshot(cache: Path, repo_id: str, kind: str = "models") -> Path:
+    """The (empty) snapshot folder of `repo_id` (a model, or `kind` "datasets") at main in Hugging Face
+    cache `cache`, as a finished download leaves it."""
+    storage = cache / f"{kind}--{repo_id.replace('/', '--')}"
+    (storage / "refs").mkdir(parents=True)
+    (storage / "refs" / "main").write_text(HUB_COMMIT)
+    snapshot = storage / "snapshots" / HUB_COMMIT
+    snapshot.mkdir(parents=True)
+    return snapshot

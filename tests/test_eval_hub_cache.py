@@ -18,19 +18,9 @@ from pathlib import Path
 
 from gym.eval.mc_data import load_benchmark
 from tests.eval_fixtures import SUBJECTS, write_benchmark
+from tests.helpers import hub_snapshot
 
 REPO = Path(__file__).resolve().parents[1]
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
-
-
-def cached_repo(cache: Path, repo_id: str) -> Path:
-    """The snapshot folder of `repo_id` in a hub cache, as a finished download leaves it."""
-    storage = cache / f"datasets--{repo_id.replace('/', '--')}"
-    (storage / "refs").mkdir(parents=True)
-    (storage / "refs" / "main").write_text(COMMIT)
-    snapshot = storage / "snapshots" / COMMIT
-    snapshot.mkdir(parents=True)
-    return snapshot
 
 
 def offline_load(cache: Path, benchmark: str) -> list[list[dict]]:
@@ -64,7 +54,7 @@ def test_hub_ids_resolve_to_the_hub_cache_offline(tmp_path):
 
     cache = tmp_path / "hub-cache"
     original = load_benchmark("mmlu", write_benchmark("mmlu", tmp_path / "mmlu"), subjects=SUBJECTS["mmlu"])
-    snapshot = cached_repo(cache, "cais/mmlu")
+    snapshot = hub_snapshot(cache, "cais/mmlu", "datasets")
     for subject in original.subjects:
         key = subject.info.key
         for split, rows in (("dev", subject.pool), ("test", subject.questions)):
@@ -77,5 +67,6 @@ def test_hub_ids_resolve_to_the_hub_cache_offline(tmp_path):
     assert offline_load(cache, "mmlu") == as_json("mmlu", tmp_path / "mmlu")
 
     release = write_benchmark("cmmlu", tmp_path / "cmmlu", as_zip=True)
-    (cached_repo(cache, "haonan-li/cmmlu") / "cmmlu_v1_0_1.zip").write_bytes(release.read_bytes())
+    snapshot = hub_snapshot(cache, "haonan-li/cmmlu", "datasets")
+    (snapshot / "cmmlu_v1_0_1.zip").write_bytes(release.read_bytes())
     assert offline_load(cache, "cmmlu") == as_json("cmmlu", release)

@@ -11,6 +11,7 @@ import pytest
 from gym.data.tokenize import load_tokenizer as data_tokenizer
 from gym.errors import ConfigError
 from gym.models import check, load_model, load_tokenizer, resolve
+from tests.helpers import hub_snapshot
 
 
 def test_registry_name_and_its_hub_id_resolve_to_the_same_entry_offline():
@@ -244,10 +245,7 @@ def test_a_cached_hub_model_with_pickled_weights_only_is_refused_before_any_work
     """It failed when loaded, told to check the id and the connection."""
     from huggingface_hub import constants
 
-    snapshot = tmp_path / "hub" / "models--someone--pickled" / "snapshots" / ("0" * 40)
-    snapshot.mkdir(parents=True)
-    (snapshot.parents[1] / "refs").mkdir()
-    (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
+    snapshot = hub_snapshot(tmp_path / "hub", "someone/pickled")
     for name in ("config.json", "tokenizer_config.json"):
         shutil.copy(Path(resolve("gym-tiny").path) / name, snapshot / name)
     (snapshot / "pytorch_model.bin").write_bytes(b"not read")

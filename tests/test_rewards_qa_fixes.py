@@ -23,8 +23,8 @@ import pytest
 from gym.errors import ConfigError
 from gym.rewards import load_reward
 from gym.rewards.model import RewardModel
+from tests.helpers import HUB_COMMIT, hub_snapshot
 
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
 PROMPT = [{"role": "user", "content": "q"}]
 
 
@@ -44,16 +44,6 @@ def hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
     return cache
-
-
-def cached_model(cache: Path, repo_id: str) -> Path:
-    """The (empty) snapshot folder of model `repo_id` at main, as a finished download leaves it."""
-    storage = cache / f"models--{repo_id.replace('/', '--')}"
-    (storage / "refs").mkdir(parents=True)
-    (storage / "refs" / "main").write_text(COMMIT)
-    snapshot = storage / "snapshots" / COMMIT
-    snapshot.mkdir(parents=True)
-    return snapshot
 
 
 def score_model(directory: Path) -> Path:
@@ -85,7 +75,7 @@ def tiny_lm(directory: Path) -> Path:
 
 def test_a_hub_reward_model_scores_with_its_tokenizers_own_template(tmp_path: Path, hub_cache: Path):
     """It was "unknown model ...: For any other hub id pass --template too", which a reward spec can't."""
-    score_model(cached_model(hub_cache, "someone/tiny-rm"))
+    score_model(hub_snapshot(hub_cache, "someone/tiny-rm"))
     reward = RewardModel("someone/tiny-rm")
     assert (reward.path, reward.template, reward.revision) == ("someone/tiny-rm", None, "main")
     completions = ["Answer: 4", "4", "no idea"]
@@ -105,7 +95,7 @@ def test_a_hub_reward_model_not_in_the_cache_offline_gets_gyms_offline_message(h
 
 
 def test_a_hub_reward_model_whose_tokenizer_has_no_chat_template_is_refused(hub_cache: Path):
-    snapshot = score_model(cached_model(hub_cache, "someone/plain-rm"))
+    snapshot = score_model(hub_snapshot(hub_cache, "someone/plain-rm"))
     (snapshot / "chat_template.jinja").unlink()
     with pytest.raises(ConfigError, match="someone/plain-rm: its tokenizer has no chat template"):
         load_reward("reward_model:someone/plain-rm")
@@ -138,10 +128,10 @@ def test_a_cached_registry_language_model_is_refused_as_a_reward_model(hub_cache
     """It loaded with transformers' "score.weight MISSING, newly initialized": random rewards."""
     from gym.models import registry_entry
 
-    tiny_lm(cached_model(hub_cache, registry_entry("qwen2.5-0.5b-instruct").hub_id))
+    tiny_lm(hub_snapshot(hub_cache, registry_entry("qwen2.5-0.5b-instruct").hub_id))
     with pytest.raises(ConfigError, match=r"reward model qwen2.5-0.5b-instruct: no `score\.weight`"):
         load_reward("reward_model:qwen2.5-0.5b-instruct")
-    tiny_lm(cached_model(hub_cache, "someone/tiny-lm"))
+    tiny_lm(hub_snapshot(hub_cache, "someone/tiny-lm"))
     with pytest.raises(ConfigError, match=r"reward model someone/tiny-lm: no `score\.weight`"):
         load_reward("reward_model:someone/tiny-lm")
 
@@ -161,13 +151,13 @@ def test_a_head_transformers_initialises_at_loading_is_refused(tmp_path: Path):
 
 def test_pickled_weights_only_get_the_safetensors_message(tmp_path: Path, hub_cache: Path):
     """It was "no score.weight in its safetensors weights" for a folder holding no safetensors at all."""
-    for folder in (tmp_path / "rm", cached_model(hub_cache, "someone/pickled-rm")):
+    for folder in (tmp_path / "rm", hub_snapshot(hub_cache, "someone/pickled-rm")):
         score_model(folder)
         (folder / "model.safetensors").rename(folder / "pytorch_model.bin")  # never unpickled
     pickles = r"holds its weights only as pickle files \(pytorch_model\.bin\): gym loads safetensors only"
     with pytest.raises(ConfigError, match=rf"reward model {tmp_path / 'rm'} {pickles}"):
         load_reward(f"reward_model:{tmp_path / 'rm'}")
-    with pytest.raises(ConfigError, match=rf"snapshots/{COMMIT} {pickles}"):
+    with pytest.raises(ConfigError, match=rf"snapshots/{HUB_COMMIT} {pickles}"):
         load_reward("reward_model:someone/pickled-rm")
 
 
