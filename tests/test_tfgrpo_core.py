@@ -178,11 +178,20 @@ def test_show_prints_a_library_file_or_the_folder_holding_it(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main(["tfgrpo", "show", str(tmp_path / "empty")]) == 2
     assert "holds no experience library (experiences.json or library.json)" in capsys.readouterr().err
-    # A model's experiences.json edited by hand (or in the short form serving reads) was refused by show
-    # while gym serve injected it: shown as serving injects it, saying why the library check failed.
+    # The short form serving reads (a library written by hand) is a library: shown, and whole as JSON.
     (model / "experiences.json").write_text(
         json.dumps({"items": [{"id": "E0", "text": "When in doubt, add."}]})
     )
+    assert main(["tfgrpo", "show", str(model)]) == 0
+    shown = capsys.readouterr()
+    assert "When in doubt, add." in shown.out and shown.err == ""
+    assert main(["tfgrpo", "show", str(model), "--json"]) == 0
+    assert Library.from_json(capsys.readouterr().out).texts == ["When in doubt, add."]
+    # A model's experiences.json edited by hand (its hash no longer matches) was refused by show while
+    # gym serve injected it: shown as serving injects it, saying why the library check failed.
+    edited = json.loads(library.to_json())
+    edited["items"][0]["text"] = "When in doubt, add."
+    (model / "experiences.json").write_text(json.dumps(edited))
     assert main(["tfgrpo", "show", str(model)]) == 0
     shown = capsys.readouterr()
     assert "When in doubt, add." in shown.out and "shown as gym serve, chat and eval inject it" in shown.err

@@ -183,8 +183,11 @@ def test_timeouts_stop_the_calls_after_as_many_in_a_row_as_can_be_in_flight():
         client = OpenAIClient(url, "m", max_retries=0, concurrency=3, timeout_s=0.6)
         assert outcomes(client, 7) == ["failed", "failed", "ok", "failed", "failed", "down", "down"]
     assert len(endpoint.requests) == 6
-    with pytest.raises(EndpointDown, match="the last 3 calls in a row timed out, each after its retries"):
+    with pytest.raises(
+        EndpointDown, match="the last 3 calls in a row timed out, each after its retries"
+    ) as e:
         ask(client)
+    assert "if it is only slow, raise the role's timeout of 0.6 s: --policy.timeout_s" in str(e.value)
 
 
 def test_a_run_whose_endpoint_dies_stops_at_once_and_resumes_when_it_is_back(tmp_path):

@@ -12,6 +12,7 @@ benchmark. Tests of a real model over HTTP use gym's own server (gym.serve), see
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import threading
@@ -32,8 +33,17 @@ class _Server(ThreadingHTTPServer):
 class FakeEndpoint:
     """A real HTTP server (`/v1/chat/completions`) on 127.0.0.1 and a free port."""
 
-    def __init__(self, answer: Answer, latency_s: float = 0.0, jitter_s: float = 0.0, port: int = 0) -> None:
+    def __init__(
+        self,
+        answer: Answer,
+        latency_s: float = 0.0,
+        jitter_s: float = 0.0,
+        port: int = 0,
+        models: Callable[[], tuple[int, dict[str, Any]]] | None = None,
+    ) -> None:
+        """`models`: what GET /v1/models answers, as (status, body) (it may sleep first); None: 501."""
         self.answer, self.latency_s, self.jitter_s, self.port = answer, latency_s, jitter_s, port
+        self.models = models
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self.completed: list[dict[str, Any]] = []  # in the order the answers went out
@@ -48,6 +58,19 @@ class FakeEndpoint:
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args: Any) -> None:
                 pass
+
+            def do_GET(self) -> None:
+                if endpoint.models is None or not self.path.endswith("/models"):
+                    self.send_error(501)
+                    return
+                status, payload = endpoint.models()
+                data = json.dumps(payload).encode()
+                with contextlib.suppress(OSError):  # the client may have given up waiting
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))

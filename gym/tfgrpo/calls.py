@@ -86,13 +86,38 @@ class StageTally(BaseModel):
 
 
 class Ledger:
-    """Paid calls of this process, per stage, with an optional budget (thread-safe)."""
+    """Paid calls of this process, per stage, with an optional budget (thread-safe).
+
+    The budget is the run's: once `attach`ed to the run's spend file, what earlier invocations of the
+    same run paid counts too (a run stopped at its budget and started again with the same budget stops
+    at once; raising the budget to N lets the run spend N in all)."""
 
     def __init__(self, max_tokens: int | None = None, max_usd: float | None = None) -> None:
         self.max_tokens, self.max_usd = max_tokens, max_usd
         self.stages: dict[str, StageTally] = {}
         self.cached = 0
         self._lock = threading.Lock()
+        self._spend_file: Path | None = None
+        self._before_tokens, self._before_usd = 0, 0.0  # paid by earlier invocations of the run
+
+    def attach(self, spend_file: Path) -> None:
+        """Count what the run's earlier invocations paid (`spend_file`), and keep it up to date."""
+        try:
+            before = json.loads(spend_file.read_text(encoding="utf-8"))
+            tokens, usd = int(before["tokens"]), float(before["cost_usd"])
+        except (OSError, ValueError, TypeError, KeyError):  # none yet (or unreadable: start from zero)
+            tokens, usd = 0, 0.0
+        with self._lock:
+            self._spend_file, self._before_tokens, self._before_usd = spend_file, tokens, usd
+
+    @property
+    def run_tokens(self) -> int:
+        """Tokens the run's paid calls used, this invocation's and earlier ones'."""
+        return self._before_tokens + self.tokens
+
+    @property
+    def run_cost(self) -> float:
+        return self._before_usd + self.cost
 
     @property
     def tokens(self) -> int:
@@ -108,15 +133,16 @@ class Ledger:
 
     def check(self) -> None:
         with self._lock:
-            if self.max_tokens is not None and self.tokens >= self.max_tokens:
+            run = " by the run's paid calls so far" if self._before_tokens or self._before_usd else ""
+            if self.max_tokens is not None and self.run_tokens >= self.max_tokens:
                 raise BudgetExceeded(
-                    f"token budget spent ({self.tokens} of {self.max_tokens}); raise --budget_tokens and "
-                    "run again to resume"
+                    f"token budget spent ({self.run_tokens} of {self.max_tokens}{run}); raise "
+                    "--budget_tokens (the run's total) and run again to resume"
                 )
-            if self.max_usd is not None and self.cost >= self.max_usd:
+            if self.max_usd is not None and self.run_cost >= self.max_usd:
                 raise BudgetExceeded(
-                    f"cost budget spent (${self.cost:.4f} of ${self.max_usd}); raise --budget_usd and run "
-                    "again to resume"
+                    f"cost budget spent (${self.run_cost:.4f} of ${self.max_usd}{run}); raise --budget_usd "
+                    "(the run's total) and run again to resume"
                 )
 
     def record(self, stage: str, usage: Usage, cost: float) -> None:
@@ -126,6 +152,9 @@ class Ledger:
             tally.prompt_tokens += usage.prompt_tokens
             tally.completion_tokens += usage.completion_tokens
             tally.cost += cost
+            if self._spend_file is not None:
+                spent = {"tokens": self.run_tokens, "cost_usd": round(self.run_cost, 9)}
+                workspace.atomic_write_json(self._spend_file, spent)
 
     def hit(self) -> None:
         with self._lock:

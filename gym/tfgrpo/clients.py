@@ -11,9 +11,10 @@ server) is not retried: it raises EndpointError, and every later call of the cli
 sending nothing, so a run stops at its first call instead of failing every call it would make. An
 endpoint that stops answering (a call got no connection or a gateway's 502/503/504 after its retries,
 or as many calls in a row as can be in flight at once timed out) raises EndpointDown, likewise
-remembered. Calls to one endpoint share a semaphore, so the concurrency limit holds per endpoint across
-every role and thread of the process. The local client runs gym serve's engine in-process: calls made
-at the same time are generated in one batch, each with its own seed.
+remembered. Calls to one endpoint under one concurrency limit share a semaphore, so the limit holds
+across every role and thread of the process that asks for it; a role given a limit of its own (or a
+later run given another) gets a semaphore of that size. The local client runs gym serve's engine
+in-process: calls made at the same time are generated in one batch, each with its own seed.
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ import functools
 import os
 import re
 import threading
+import warnings
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel
 
 from gym import secrets
-from gym.errors import ConfigError, GymError, MissingExtraError
+from gym.errors import ConfigError, GymError, GymWarning, MissingExtraError
 
 Messages = list[dict[str, str]]
 
@@ -81,6 +83,9 @@ class EndpointError(ConfigError):
 # ~8 s at the default 4): no connection, or a gateway's 502/503/504 (what a proxy says while the model
 # server behind it is down). A timeout is not one: a server can be slow for one request only.
 UNANSWERED_STATUS = (502, 503, 504)
+# How long the model list (whose digest identifies the served weights) may take, per try (two tries).
+DIGEST_TIMEOUT_S = 30.0
+BUSY_STATUS = (429, 500, *UNANSWERED_STATUS)  # a model list the server is there for but did not give
 
 
 class EndpointDown(GymError, RuntimeError):
@@ -90,13 +95,20 @@ class EndpointDown(GymError, RuntimeError):
     and backoff included, one by one, and ending steps as degraded for want of a server."""
 
 
-def down(endpoint: str, what: str, error: str) -> str:
-    """EndpointDown's one line: the endpoint without credentials, what went unanswered, the error."""
+def down(endpoint: str, what: str, error: str, timeout_s: float | None = None) -> str:
+    """EndpointDown's one line: the endpoint without credentials, what went unanswered, the error
+    (`timeout_s`: the calls timed out after that long, so the server may only be slow)."""
     where = secrets.strip_url(endpoint)
+    slow = (
+        f" (or, if it is only slow, raise the role's timeout of {timeout_s:g} s: --policy.timeout_s, "
+        "--optimizer.timeout_s or --judge.timeout_s)"
+        if timeout_s is not None
+        else ""
+    )
     return (
         f"{where} stopped answering: {what} ({error[:REFUSAL_CHARS]}); check that the server is up and "
-        "reachable, then run the same command again: the calls already answered are reused and the run "
-        "goes on from its last finished step"
+        f"reachable{slow}, then run the same command again: the calls already answered are reused and the "
+        "run goes on from its last finished step"
     )
 
 
@@ -163,18 +175,20 @@ class LLMClient(Protocol):
     ) -> Completion: ...
 
 
-_SEMAPHORES: dict[str, threading.BoundedSemaphore] = {}
+_SEMAPHORES: dict[tuple[str, int], threading.BoundedSemaphore] = {}
 _SEMAPHORES_LOCK = threading.Lock()
 # Hosted APIs that answer nothing without a key (servers of one's own need none).
 KEYED_HOSTS = ("api.openai.com", "api.deepseek.com")
 
 
 def endpoint_semaphore(endpoint: str, limit: int) -> threading.BoundedSemaphore:
-    """The process-wide limiter of one endpoint (created with the first caller's limit)."""
+    """The process-wide limiter of `limit` calls in flight to one endpoint: shared by the roles and
+    threads that ask for the same two (a role's own limit is its own, never another caller's)."""
+    key = (endpoint, limit)
     with _SEMAPHORES_LOCK:
-        if endpoint not in _SEMAPHORES:
-            _SEMAPHORES[endpoint] = threading.BoundedSemaphore(limit)
-        return _SEMAPHORES[endpoint]
+        if key not in _SEMAPHORES:
+            _SEMAPHORES[key] = threading.BoundedSemaphore(limit)
+        return _SEMAPHORES[key]
 
 
 class OpenAIClient:
@@ -205,7 +219,7 @@ class OpenAIClient:
                 f"in ${api_key_env}"
             )
         self.base_url, self.model, self.max_n = base_url.rstrip("/"), model, max_n
-        self.api_key_env = api_key_env
+        self.api_key_env, self.timeout_s = api_key_env, timeout_s
         # Servers that need no key (vLLM, Ollama, gym serve) still want the header to be there; the
         # hosted APIs refuse every call without one: said now, not as a run of failed calls.
         key = os.environ.get(api_key_env) or "EMPTY"
@@ -236,15 +250,28 @@ class OpenAIClient:
     def _served_digest(self, timeout_s: float) -> str | None:
         """The `digest` the server's /v1/models lists for the model (gym serve's: its weights, template
         and library); None when it lists none (vLLM, Ollama, a hosted API: the name is the identity) or
-        does not answer (then the first call says why)."""
+        does not answer. A server that is there but slow to list gets a warning: without the digest the run
+        has another identity, so it would not resume (or reuse the answers of) a run that had it."""
         import openai
 
+        wait = min(timeout_s, DIGEST_TIMEOUT_S)
         try:
-            listed = self._client.with_options(max_retries=0, timeout=min(timeout_s, 5.0)).models.list()
+            listed = self._client.with_options(max_retries=1, timeout=wait).models.list()
             for entry in listed.data:
                 digest = getattr(entry, "digest", None)
                 if entry.id == self.model and isinstance(digest, str) and digest:
                     return digest
+        except (openai.APITimeoutError, openai.APIStatusError) as exc:
+            if getattr(exc, "status_code", 503) not in BUSY_STATUS:  # 404, 501: the server lists no models
+                return None
+            warnings.warn(
+                f"{secrets.strip_url(self.base_url)}/models gave no model list in two tries of up to "
+                f"{wait:g} s ({type(exc).__name__}): the run is identified by the URL and model name alone, "
+                "not by the served weights' digest, so it does not resume a run that was; if one was "
+                "interrupted, stop this one and run the same command again once the server answers",
+                GymWarning,
+                stacklevel=2,
+            )
         except (openai.OpenAIError, ValueError, TypeError, AttributeError):
             pass
         return None
@@ -294,16 +321,17 @@ class OpenAIClient:
         else LLMError."""
         status = getattr(exc, "status_code", None)
         error = self._masked(f"{type(exc).__name__}: {exc}")
-        what = None
+        what, slow = None, None
         with self._count:
             if isinstance(exc, self._timeout_error):
                 self._timeouts += 1
                 if self._timeouts >= self._down_after:
                     what = f"the last {self._timeouts} calls in a row timed out, each after its retries"
+                    slow = self.timeout_s
             elif isinstance(exc, self._connection_error) or status in UNANSWERED_STATUS:
                 what = "a call got no answer after its retries"
             if what is not None:
-                self._down = self._down or down(self.base_url, what, error)
+                self._down = self._down or down(self.base_url, what, error, slow)
                 return EndpointDown(self._down)
         if status not in PERMANENT_STATUS:
             return LLMError(f"{self.identity}: {error}")

@@ -359,6 +359,39 @@ def _check_evals(rt: Runtime, evals: list[EvalRecord]) -> None:
     )
 
 
+def _check_informative(rt: Runtime, manifests: list[StepManifest]) -> None:
+    """Warn when no group of any step had rewards that differ: the optimizer was never asked, so the
+    run learned nothing, and say what makes groups differ."""
+    groups = [g for m in manifests for g in m.groups]
+    if not groups or any(g.informative for g in groups):
+        return
+    s = rt.settings
+    if s.group_size == 1:
+        why = "with --group_size 1 no group can (use 2 or more; the papers use 5)"
+    else:
+        rewards = {r for g in groups for r in g.rewards if r is not None}
+        said = (
+            f"every scored answer got {rewards.pop():g}"
+            if len(rewards) == 1
+            else "the rewards never differed"
+        )
+        exact = s.reward in ("auto", "exact")
+        match = (
+            "; with --reward " + s.reward + " a text answer scores only when it is the reference exactly "
+            "(case and wording; a number is compared as a number), so a chatty model may never score: "
+            "--reward judge compares meaning"
+            if exact
+            else ""
+        )
+        why = f"{said}{match}; a larger --group_size or a higher --policy.temperature spreads them"
+    warnings.warn(
+        f"TF-GRPO: no group of the {len(manifests)} steps had rewards that differ, so nothing was summarized "
+        f"and the library is as it began: {why}",
+        GymWarning,
+        stacklevel=3,
+    )
+
+
 def mean_reward(manifest: StepManifest) -> float | None:
     values = [r for g in manifest.groups for r in g.rewards if r is not None]
     return sum(values) / len(values) if values else None
@@ -403,6 +436,7 @@ def finish(
             stacklevel=2,
         )
     _check_evals(rt, evals)
+    _check_informative(rt, manifests)
     library_file = library.save(rt.run_dir / "library.json")
     if rt.settings.experience_lib_path:
         path = Path(rt.settings.experience_lib_path)

@@ -90,9 +90,11 @@ class Library(BaseModel):
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise DataError(f"not JSON: {exc}", file=source, hint="an experience library file") from exc
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
+        # A library written by hand may leave out the header, as a shipped one may (injection.py).
+        bare = isinstance(data, dict) and "format" not in data and isinstance(data.get("items"), list)
+        if not isinstance(data, dict) or (data.get("format") != FORMAT and not bare):
             raise DataError(
-                f'not an experience library (expected "format": "{FORMAT}")',
+                f'not an experience library (expected "format": "{FORMAT}", or at least "items": [...])',
                 file=source,
                 field="format",
             )
@@ -112,7 +114,44 @@ class Library(BaseModel):
                 field="hash",
                 hint="restore the file from the run's libraries/ folder",
             )
+        if stored_hash is not None:  # written by gym (the hash matches): as valid as when it was saved
+            return library
+        library.check_items(source)
+        numbered = [int(i[1:]) for i in library.ids if i[:1] == "E" and i[1:].isdigit()]
+        if numbered and library.next_id <= max(numbered):  # a hand-written file: new ids follow its own
+            library = library.model_copy(update={"next_id": max(numbered) + 1})
         return library
+
+    def check_items(self, source: str) -> None:
+        """Raise a DataError naming the item of a loaded library that gym could not have written: an id
+        given twice (one delete would remove both), an empty text, or one over the caps."""
+        seen: set[str] = set()
+        for n, item in enumerate(self.items):
+            where = f"items[{n}] (id {item.id!r})"
+            if item.id in seen:
+                raise DataError(
+                    f"{where}: id given twice; ids must be unique",
+                    file=source,
+                    field="id",
+                    hint="give each experience its own id (E0, E1, ...)",
+                )
+            seen.add(item.id)
+            if not item.text.strip():
+                raise DataError(f"{where}: empty text", file=source, field="text", hint="remove the item")
+            if (words := word_count(item.text)) > self.max_words:
+                raise DataError(
+                    f"{where}: {words} words, over the library's max_words of {self.max_words}",
+                    file=source,
+                    field="text",
+                    hint="shorten it, or raise max_words in the file",
+                )
+        if len(self.items) > self.max_items:
+            raise DataError(
+                f"{len(self.items)} items, over the library's max_items of {self.max_items}",
+                file=source,
+                field="items",
+                hint="remove some, or raise max_items in the file",
+            )
 
     def save(self, path: str | Path) -> Path:
         """Write atomically (a reader never sees half a file)."""

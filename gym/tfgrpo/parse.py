@@ -77,8 +77,39 @@ def load_json_like(text: str) -> tuple[Any, str | None]:
         for start in starts:
             value = _decode(candidate[start:])
             if value is not _FAILED and _items(value) is not None:
-                return value, None
+                more = _more_ops(candidate[start:])
+                if not more:
+                    return value, None
+                if all(_items(v) == [v] for v in [value, *more]):  # one operation per line (JSON Lines)
+                    return [value, *more], None
+                return None, (
+                    f"{1 + len(more)} separate lists of operations; write every operation in one JSON list"
+                )
     return None, "no JSON list of operations found"
+
+
+def _more_ops(chunk: str) -> list[Any]:
+    """The values after the first JSON value of `chunk` that are operations or lists of them (lines of
+    JSON Lines, a second list): nothing when the first one is not plain JSON."""
+    cleaned = _TRAILING_COMMA.sub(r"\1", strip_comments(chunk))
+    decoder = json.JSONDecoder()
+    try:
+        end = decoder.raw_decode(cleaned)[1]
+    except json.JSONDecodeError:
+        return []
+    found: list[Any] = []
+    starts = [i for i in range(end, len(cleaned)) if cleaned[i] in "[{"][:MAX_STARTS]
+    for i in starts:
+        if i < end:  # inside the value found last
+            continue
+        try:
+            value, end = decoder.raw_decode(cleaned, i)
+        except json.JSONDecodeError:
+            continue
+        items = _items(value)
+        if items and all(isinstance(item, dict) and _first(item, OP_KEYS) is not None for item in items):
+            found.append(value)
+    return found
 
 
 MAX_STARTS = 64

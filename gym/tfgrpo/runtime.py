@@ -38,6 +38,7 @@ from gym.tfgrpo.retrieval import Retriever, select
 logger = logging.getLogger("gym.train")
 _LOCAL: dict[tuple[str, str | None, bool], LocalClient] = {}
 _LOCAL_LOCK = threading.Lock()
+SPEND_FILE = "spend.json"  # in the run directory: tokens and cost its paid calls used, all invocations
 
 
 def default_cache_dir() -> Path:
@@ -111,6 +112,7 @@ class Runtime:
         self.run_dir = (
             Path(run_dir) if run_dir is not None else workspace.path("runs", "tfgrpo", self.config_hash)
         )
+        self.ledger.attach(self.run_dir / SPEND_FILE)  # budgets are the run's, over every invocation
         self._retriever = Retriever()  # loads its model on first use
 
     @property
