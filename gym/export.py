@@ -474,10 +474,22 @@ def exported(directory: Path) -> bool:
     return isinstance(meta, dict) and meta.get(EXPORTED) == "gym export"
 
 
+# A URL's scheme (`s3:/`, `https:/`: a Path keeps one slash of two) at the start of a path.
+_URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:/")  # two letters at least: no drive letter
+
+
 def check_output_dir(output_dir: Path, ours: Callable[[Path], bool] = exported) -> Path:
     """`output_dir`, resolved, if gym may write it: new, empty, or written by the same gym command
     (`ours`; by default `gym export`). A model folder training wrote, or any of the user's own, is
     never replaced."""
+    if _URL_SCHEME.match(output_dir.as_posix()):  # `s3://b/x`, which a Path writes as s3:/b/x
+        from gym import secrets
+
+        url = secrets.strip_url(re.sub(r":/+", "://", output_dir.as_posix(), count=1))
+        raise ConfigError(
+            f"{url} is a URL: gym writes the model to a local folder; give a folder, then copy it to remote "
+            "storage with that storage's own tool"
+        )
     output_dir = output_dir.expanduser().resolve()
     for parent in output_dir.parents:  # the nearest existing folder above it must be a folder
         if parent.exists():

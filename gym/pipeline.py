@@ -67,7 +67,11 @@ class OutputSettings(BaseModel):
     alias: str = Field(
         "challenger", description="Alias set on the new model version (promotion is a later step)."
     )
-    output_dir: str | None = Field(None, description="Also copy the final model directory here.")
+    output_dir: str | None = Field(
+        None,
+        description="Also copy the final model directory here (a local folder).",
+        json_schema_extra=NO_LOGIN_SCHEMA,
+    )
     promote_metric: str | None = Field(
         None,
         description="Then promote the new version to `champion` if it beats the current one on this score "
@@ -101,7 +105,9 @@ class FlowConfig(BaseModel):
         description="Registry name, local model directory, hub id or MLflow version (models:/name@alias).",
         json_schema_extra=registry_choices("model", "folder, hub id or models:/name@alias"),
     )
-    template: str | None = Field(None, description="Chat template; default: the registry entry's.")
+    template: str | None = Field(
+        None, description="Chat template; default: the registry entry's.", json_schema_extra=NO_LOGIN_SCHEMA
+    )
     trust_remote_code: bool = Field(
         False,
         description="Let transformers run Python code from the model repository (off by default).",
@@ -316,7 +322,8 @@ class TrainFlowConfig(FlowConfig):
         notes = super().held_out_notes()
         if self.train.method in ONLINE_METHODS and not self.method_eval_dataset and not self.val_size:
             notes.append(  # its signal, mean_reward, is sampled on held-out prompts only
-                f"no held-out mean_reward before/after (the summary's metric_first/last): name held-out "
+                f"no held-out mean_reward before/after: the summary's metric_first/last are the first and "
+                "last logged training rewards (train_mean_reward, each of another batch); name held-out "
                 f"prompts with --method_eval_dataset FILE_OR_NAME, or hold out part of {self.dataset} with "
                 "--val_size 0.1"
             )
@@ -343,7 +350,9 @@ class TfGrpoFlowConfig(TfGrpoSettings):
         json_schema_extra=NO_LOGIN_SCHEMA,
     )
     template: str | None = Field(
-        None, description="Chat template for a local model; default: the registry's."
+        None,
+        description="Chat template for a local model; default: the registry's.",
+        json_schema_extra=NO_LOGIN_SCHEMA,
     )
     trust_remote_code: bool = Field(False, description="Let transformers run the model repo's code (local).")
     dataset: str = Field(

@@ -3,6 +3,7 @@ URLs, a key typed where a variable name goes, pickled weights refused before any
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -277,3 +278,77 @@ def test_the_deployment_schema_refuses_a_login_in_a_model_or_dataset(flow_path, 
     if field == "benchmarks":
         fine = ["mmlu", "ceval=/data/ceval.zip", "cmmlu=haonan-li/cmmlu", "lm-eval:hellaswag"]
     assert not validate({"config": {field: fine}}, schema), f"{fine} refused"
+
+
+@pytest.mark.parametrize(
+    ("flow_path", "field", "bad", "fine"),
+    [
+        ("flows.train:train", "template", "https://bob:hunter2@h/t.jinja", "chatml"),
+        ("flows.evaluate:evaluate", "template", "https://bob:hunter2@h/t.jinja", "./my_template.jinja"),
+        ("flows.tf_grpo:tf_grpo", "template", "https://bob:hunter2@h/t.jinja", "qwen3"),
+        (
+            "flows.train:train",
+            "output",
+            {"output_dir": "s3://AKIA:hunter2@bucket/x"},
+            {"output_dir": "./out"},
+        ),
+        (
+            "flows.train:train",
+            "train",
+            {"rl": {"rewards": ["exact_match", "reward_model:https://u:hf_hunter2@huggingface.co/m"]}},
+            {"rl": {"rewards": ["exact_match", "reward_model:org/rm", "my_pkg.rewards:fn"]}},
+        ),
+    ],
+)
+def test_the_deployment_schema_refuses_a_login_in_a_template_output_dir_or_reward(
+    flow_path, field, bad, fine
+):
+    """A login in these was stored with a deployment run's parameters: Prefect's server accepted it."""
+    import importlib
+
+    from prefect.utilities.schema_tools.validation import validate
+
+    module, name = flow_path.split(":")
+    schema = getattr(importlib.import_module(module), name).parameters.model_dump()
+    assert validate({"config": {field: bad}}, schema), f"{bad} passed"
+    assert not validate({"config": {field: fine}}, schema), f"{fine} refused"
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            ["--method", "grpo", "--train.rl.rewards", "reward_model:https://u:hf_hunter2@huggingface.co/m"],
+            "reward model https://***@huggingface.co/m: a URL is not a model source",
+        ),
+        (
+            ["--output_dir", "s3://AKIA:hunter2@bucket/x"],
+            "s3://***@bucket/x is a URL: gym writes the model to a local",
+        ),
+    ],
+)
+def test_a_login_in_a_reward_model_url_or_an_output_url_is_refused_unshown(
+    capsys, gym_home, tmp_path, argv, expected
+):
+    """The reward URL ended in a traceback that printed the token; the output URL was written to a local
+    folder named s3:/AKIA:...@bucket/x, and the run exited 0."""
+    from flows.cli import main
+
+    with contextlib.chdir(tmp_path):
+        assert main(["train", "--dataset", "demo_prompts" if "grpo" in argv else "demo_sft", *argv]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "hunter2" not in err and "Traceback" not in err
+    assert not (tmp_path / "s3:").exists()
+
+
+def test_an_id_that_is_no_repo_id_is_a_clear_error_without_its_login():
+    """huggingface_hub's HFValidationError quoted the whole text, token included, in a traceback."""
+    from huggingface_hub import constants
+
+    from gym.models import check_reachable
+
+    if not constants.HF_HUB_OFFLINE:
+        pytest.skip("offline only: online, the hub answers for the id")
+    with pytest.raises(ConfigError, match=r"model 'https://\*\*\*@h/m' is no hub id") as e:
+        check_reachable("https://u:hf_hunter2@h/m", "main")
+    assert "hunter2" not in str(e.value)

@@ -112,8 +112,14 @@ class RewardModel:
 
     @staticmethod
     def _resolve(source: str) -> tuple[str, str | None, str | None]:
+        from gym import secrets
         from gym.models import check_reachable, path_like, registry_entry, resolve
 
+        if "://" in source:  # a URL (its login, if any, never echoed): no source from_pretrained reads
+            raise ConfigError(
+                f"reward model {secrets.strip_url(source)}: a URL is not a model source; give a registry "
+                "name, a hub id (owner/name) or a local folder"
+            )
         local = Path(source).expanduser()
         if local.is_dir():
             if not (local / "config.json").is_file():

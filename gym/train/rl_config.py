@@ -20,6 +20,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from gym.secrets import NO_LOGIN_ITEMS
+
 ONLINE_METHODS = ("ppo", "grpo", "gspo")
 
 # The demo's toy reward (gym/data/demo.py): the right final answer, half credit for the right form.
@@ -82,6 +84,7 @@ class RLSettings(BaseModel):
         default_factory=lambda: ["exact_match"],
         description="Reward functions (gym.rewards specs): exact_match, numeric_match, final_answer, "
         "answer_format, regex:PATTERN, length_penalty:MAX, reward_model:SOURCE or pkg.module:function.",
+        json_schema_extra=NO_LOGIN_ITEMS,  # reward_model:URL's login: never in a deployment's parameters
     )
     reward_weights: list[float] | None = Field(
         None,
