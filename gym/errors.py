@@ -56,8 +56,11 @@ class DataError(GymError, ValueError):
         super().__init__(text)
 
 
-# For a task served from Prefect's cache whose artifact was since deleted from the workspace.
-REFRESH_HINT = "deleted from the workspace after its task was cached? re-run with --refresh-cache"
+# For an artifact gone from the workspace: right from Python (where no flow cached anything) and from a flow
+# whose task Prefect served from its cache after the artifact was deleted.
+REFRESH_HINT = (
+    "if a flow's cached task made it and it was since deleted, re-run the flow with --refresh-cache"
+)
 
 
 class MissingExtraError(GymError, RuntimeError):

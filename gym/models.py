@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,14 +59,16 @@ def _local_digest(directory: Path) -> str:
     return hash_obj({"config": config, "files": stamp(directory)["files"]})
 
 
-def resolve(name_or_path: str, template: str | None = None, trust_remote_code: bool = False) -> ModelRef:
-    """Resolve a registry name, local model dir or hub id into a `ModelRef`.
+def resolve(
+    name_or_path: str | os.PathLike[str], template: str | None = None, trust_remote_code: bool = False
+) -> ModelRef:
+    """Resolve a registry name, local model dir (a str or Path) or hub id into a `ModelRef`.
 
     Registry entries bring their template and LoRA targets; the embedded gym-tiny is built
     into the workspace on first use. Anything else needs `template`. `trust_remote_code`
     lets transformers run the model repository's own Python code: off unless asked for.
     """
-    ref = _resolve(name_or_path, template)
+    ref = _resolve(_name(name_or_path), template)
     assert ref is not None  # only a dry run returns None
     if not trust_remote_code:
         require_no_own_code(ref)
@@ -77,10 +80,24 @@ def _stage_model(folder: Path) -> bool:
     return (folder / "model" / "config.json").is_file() and (folder / "model" / MODEL_META).is_file()
 
 
-def check(name_or_path: str, template: str | None = None, trust_remote_code: bool = False) -> None:
+def _name(name_or_path: object) -> str:
+    """The model name or path given to resolve/check as a str; a ConfigError for anything else."""
+    if isinstance(name_or_path, os.PathLike):
+        return os.fspath(name_or_path)  # type: ignore[return-value]
+    if not isinstance(name_or_path, str) or not name_or_path.strip():
+        raise ConfigError(
+            f"model {name_or_path!r}: give a registry name, a local model folder (str or Path), a hub id "
+            "(owner/name) or an MLflow version (models:/name@alias)"
+        )
+    return name_or_path
+
+
+def check(
+    name_or_path: str | os.PathLike[str], template: str | None = None, trust_remote_code: bool = False
+) -> None:
     """Every check `resolve` makes (name, template, offline availability, code it may not run), without
     building gym-tiny or downloading anything: a cheap way to reject a bad model before any work starts."""
-    ref = _resolve(name_or_path, template, dry_run=True)
+    ref = _resolve(_name(name_or_path), template, dry_run=True)
     if ref is not None and not trust_remote_code:
         require_no_own_code(ref)
 
@@ -334,10 +351,18 @@ def _resolve_mlflow(model_uri: str, template: str | None, dry_run: bool = False)
 def check_reachable(hub_id: str, revision: str) -> None:
     """Offline (HF_HUB_OFFLINE=1), a hub model must already be in the local cache: say so early."""
     from huggingface_hub import constants, try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
 
     if not constants.HF_HUB_OFFLINE:
         return
-    cached = try_to_load_from_cache(hub_id, "config.json", revision=revision)
+    try:
+        cached = try_to_load_from_cache(hub_id, "config.json", revision=revision)
+    except HFValidationError:  # no repo id at all (a URL, `a/b/c`): its text may hold a login, never shown
+        from gym import secrets
+
+        raise ConfigError(
+            f"model {secrets.strip_url(hub_id)!r} is no hub id (owner/name), registry name or local directory"
+        ) from None
     if not isinstance(cached, str):
         raise ConfigError(
             f"model {hub_id!r} (revision {revision}) is not in the local Hugging Face cache and "

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict
@@ -193,15 +194,24 @@ def other_format(error: DataError, record: dict[str, Any], fmt: str, in_folder: 
     return DataError(error.message, file=error.file, record=error.record, field=error.field, hint=hint)
 
 
-def ingest(spec: DatasetSpec) -> IngestResult:
-    """Read, normalize and save `spec`'s records; return the existing artifact when already there."""
+def ingest(spec: DatasetSpec | str | os.PathLike[str]) -> IngestResult:
+    """Read, normalize and save `spec`'s records; return the existing artifact when already there.
+    `spec` is a DatasetSpec, or what gym.data.registry.resolve_dataset takes (a registry name, a file or
+    folder, a hub id), resolved here."""
     import datasets
 
+    if isinstance(spec, str | os.PathLike):
+        spec = resolve_dataset(spec)
+    elif not isinstance(spec, DatasetSpec):
+        raise ConfigError(
+            f"dataset is {_shown(spec)}: pass a registry name, a file or folder path or a hub id (a str or "
+            "Path), or the DatasetSpec gym.data.registry.resolve_dataset returns"
+        )
     digest = dataset_digest(spec)
     final = workspace.path("datasets", digest)
     damaged = final.exists() and saved_problem(final)
     if final.exists() and not damaged:
-        meta = load_meta(final)
+        meta = load_meta(final, "ingested")
         return IngestResult(path=final, digest=digest, kind=meta["kind"], num_records=meta["num_records"])
     if damaged:  # cut short (a full disk, a copy) or edited: made again, replacing it in one step
         print(f"gym: dataset folder {final} can't be read ({damaged}): ingesting it again", file=sys.stderr)
@@ -246,16 +256,51 @@ def origin(dataset_dir: str | Path) -> str:
     return str(spec.get("file") or spec.get("hub_id") or spec.get("name") or dataset_dir)
 
 
-def load_meta(dataset_dir: str | Path) -> dict[str, Any]:
-    """The meta.json of an ingested dataset folder."""
+# What a dataset folder gym wrote is: ingested (ingest, split, mix: records) or tokenized (token ids).
+Stage = Literal["ingested", "tokenized"]
+# The function whose returned folder a caller expecting each stage (or either: None) takes.
+RETURNED_BY = {
+    "ingested": "gym.data.ingest.ingest",
+    "tokenized": "gym.data.tokenize.tokenize",
+    None: "gym.data.ingest.ingest or gym.data.tokenize.tokenize",
+}
+
+
+def _shown(value: Any) -> str:
+    """`value` as a message quotes it: its repr, or its type where that repr is long."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"a {type(value).__name__}"
+
+
+def missing_hint(expect: Stage | None = None) -> str:
+    """What to do about a dataset folder that is not there, from Python and from a flow."""
+    return f"pass a folder {RETURNED_BY[expect]} returned; or, {REFRESH_HINT}"
+
+
+def dataset_folder(value: Any, argument: str, expect: Stage | None = None) -> Path:
+    """`value` as a dataset folder: a path (str or Path), or a result holding one in `path` (IngestResult,
+    TokenizeResult). Anything else (None, a name) is a ConfigError naming `argument`."""
+    path = value if isinstance(value, str | os.PathLike) else getattr(value, "path", None)
+    if isinstance(path, str | os.PathLike) and str(path).strip():
+        return Path(path)
+    what = f"{expect} dataset folder" if expect else "dataset folder"
+    raise ConfigError(
+        f"{argument} is {_shown(value)}: pass the {what} {RETURNED_BY[expect]} returned (a str or Path, "
+        "or the result itself)"
+    )
+
+
+def load_meta(dataset_dir: str | Path, expect: Stage | None = None) -> dict[str, Any]:
+    """The meta.json of a dataset folder gym wrote; with `expect`, refused (naming the folder and what to
+    pass instead) unless the folder is an ingested or a tokenized one, as expected."""
     meta_file = Path(dataset_dir) / "meta.json"
     if not Path(dataset_dir).exists():
-        raise DataError("no such dataset folder", file=str(dataset_dir), hint=REFRESH_HINT)
+        raise DataError("no such dataset folder", file=str(dataset_dir), hint=missing_hint(expect))
     if not meta_file.is_file():
         raise DataError(
-            "not an ingested dataset (meta.json missing)",
+            f"not {'a tokenized' if expect == 'tokenized' else 'an ingested'} dataset (meta.json missing)",
             file=str(dataset_dir),
-            hint="pass the path returned by gym.data.ingest.ingest",
+            hint=f"pass the path returned by {RETURNED_BY[expect or 'ingested']}",
         )
     try:
         meta = json.loads(meta_file.read_text(encoding="utf-8"))
@@ -263,6 +308,23 @@ def load_meta(dataset_dir: str | Path) -> dict[str, Any]:
         raise DamagedDataset(dataset_dir, f"meta.json: {exc}") from None
     if not isinstance(meta, dict):
         raise DamagedDataset(dataset_dir, "meta.json holds no mapping")
+    # a tokenized folder's meta.json holds its TokenizeResult (`result`); an ingested one's, its `kind`
+    tokenized = "result" in meta
+    if expect == "ingested" and tokenized:
+        raise DataError(
+            "a tokenized dataset folder, not an ingested one",
+            file=str(dataset_dir),
+            hint="pass the folder gym.data.ingest.ingest returned",
+        )
+    if expect == "tokenized" and not tokenized and "kind" in meta:
+        raise DataError(
+            "an ingested dataset folder, not a tokenized one",
+            file=str(dataset_dir),
+            hint="tokenize it first with gym.data.tokenize.tokenize, and pass the folder it returns",
+        )
+    body = meta["result"] if tokenized else meta
+    if expect is not None and not (isinstance(body, dict) and "kind" in body):
+        raise DamagedDataset(dataset_dir, "meta.json names no record kind")
     return meta
 
 
@@ -287,7 +349,7 @@ def load_saved(folder: str | Path) -> datasets.Dataset:
 
     folder = Path(folder)
     if not folder.exists():
-        raise DataError("no such dataset folder", file=str(folder), hint=REFRESH_HINT)
+        raise DataError("no such dataset folder", file=str(folder), hint=missing_hint())
     try:
         return datasets.load_from_disk(str(folder))
     except PermissionError:

@@ -228,7 +228,7 @@ def detect_source_format(
 
 
 def resolve_dataset(
-    name_or_path: str | Path,
+    name_or_path: str | os.PathLike[str],
     *,
     format: Format | None = None,
     columns: dict[str, str] | None = None,
@@ -244,6 +244,12 @@ def resolve_dataset(
     read as LLaMA-Factory reads it (gym/data/llamafactory.py). A hub id keeps `format` None when
     not given; `ingest` detects it then.
     """
+    if not isinstance(name_or_path, str | os.PathLike):  # str() made None a hub id 'None'
+        shown = repr(name_or_path) if len(repr(name_or_path)) <= 60 else f"a {type(name_or_path).__name__}"
+        raise ConfigError(
+            f"dataset is {shown}: pass a registry name, a local file or folder path, or a hub id "
+            "(a str or Path)"
+        )
     name = str(name_or_path)
     if not name.strip():
         raise ConfigError(EMPTY_NAME)

@@ -37,10 +37,15 @@ def held_out_count(val_size: float, records: int, name: str) -> int:
     # as datasets' train_test_split (and so LLaMA-Factory) counts a share: rounded up
     count = math.ceil(val_size * records) if val_size < 1 else int(val_size)
     if count >= records:
+        if records < 2:
+            fix = "add records: both parts need at least one"
+        else:
+            share = "a smaller fraction" if val_size < 1 else "a fraction"
+            fix = f"use {share} (e.g. 0.1) or at most {records - 1} records, or add data"
+        held = f" (holding out {count}, rounded up)" if val_size < 1 else ""
         raise ConfigError(
-            f"val_size: {val_size:g} of the {records} records of {name} holds out {count}, leaving "
-            f"{records - count} to train on; both parts need at least one record (give a smaller share, "
-            "a number of records below the dataset's size, or more data)"
+            f"val_size: {name} has only {records} record{'s' if records != 1 else ''}, so val_size "
+            f"{val_size:g}{held} leaves nothing to train on; {fix}"
         )
     return count
 
@@ -56,7 +61,7 @@ def split(
 
     from gym.data.tokenize import first_records
 
-    parent = load_meta(data.path)
+    parent = load_meta(data.path, "ingested")
     pool = first_records(parent, max_samples, data.num_records) if max_samples else range(data.num_records)
     count = held_out_count(val_size, len(pool), name)
     mixed = "mix_of" in parent

@@ -36,6 +36,7 @@ revision), the settings and this code.
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 import sys
 from collections.abc import Callable
@@ -47,8 +48,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gym import templates, workspace
 from gym.data.completions import completion_texts, stats_for
+from gym.data.ingest import dataset_folder, load_meta, load_saved, origin, saved_problem
 from gym.data.ingest import features as ingested_features
-from gym.data.ingest import load_meta, load_saved, origin, saved_problem
 from gym.data.mix import interleave
 from gym.data.readers import looks_like_hub_id
 from gym.errors import ConfigError, DataError
@@ -219,6 +220,27 @@ def tokenizer_identity(tokenizer_dir: str | Path, revision: str | None = None) -
     if looks_like_hub_id(str(tokenizer_dir)):
         return {"hub_id": str(tokenizer_dir), "revision": revision}
     raise ConfigError(f"tokenizer {str(tokenizer_dir)!r} is neither a local folder nor a hub id")
+
+
+def _tokenizer_source(
+    given: Any, revision: str | None, trust_remote_code: bool
+) -> tuple[str, str | None, bool]:
+    """(folder or hub id, revision, trust_remote_code) of `given`: a path or hub id as it is, or a ModelRef
+    (anything with a str `path`), whose revision and trust_remote_code apply unless given."""
+    if isinstance(given, str | os.PathLike):
+        return str(given), revision, trust_remote_code
+    path = getattr(given, "path", None)
+    if isinstance(path, str | os.PathLike):
+        own_revision = getattr(given, "revision", None)
+        return (
+            str(path),
+            revision or own_revision,
+            trust_remote_code or bool(getattr(given, "trust_remote_code", 0)),
+        )
+    raise ConfigError(
+        f"tokenizer_dir is {given!r:.60}: pass a model folder or hub id (a str or Path), or the ModelRef "
+        "gym.models.resolve returns"
+    )
 
 
 def load_tokenizer(
@@ -458,10 +480,10 @@ def check_markers(tokenizer: Any, template: str, model: str | Path) -> None:
 
 
 def tokenize(
-    dataset_dir: str | Path,
-    tokenizer_dir: str | Path,
-    template: str,
-    settings: TokenizeSettings | None = None,
+    dataset_dir: str | Path | Any,
+    tokenizer_dir: str | Path | Any,
+    template: str | None = None,
+    settings: TokenizeSettings | dict[str, Any] | None = None,
     *,
     revision: str | None = None,
     as_prompts: bool = False,
@@ -469,12 +491,26 @@ def tokenize(
 ) -> TokenizeResult:
     """Tokenize the ingested dataset at `dataset_dir`; return the existing artifact when already there.
 
+    `dataset_dir` may be the IngestResult itself, `tokenizer_dir` a ModelRef (its path; its template,
+    revision and trust_remote_code unless given), `settings` a dict of TokenizeSettings fields.
     `as_prompts` (online RL's data) reads sft records as prompt records: every turn before the last
     assistant turn is the prompt, and that turn the answer rewards compare with (LLaMA-Factory's PPO
     samples from its sft files' prompts too). Other kinds are tokenized as they are.
     """
+    dataset_dir = dataset_folder(dataset_dir, "dataset_dir", "ingested")
+    template = template or getattr(tokenizer_dir, "template", None)
+    if not isinstance(template, str) or not template:
+        raise ConfigError(
+            f"template is {template!r}: name the chat template (a ModelRef from gym.models.resolve brings "
+            "its own)"
+        )
+    tokenizer_dir, revision, trust_remote_code = _tokenizer_source(tokenizer_dir, revision, trust_remote_code)
+    if isinstance(settings, dict):
+        settings = TokenizeSettings.model_validate(settings)
+    elif settings is not None and not isinstance(settings, TokenizeSettings):
+        raise ConfigError(f"settings is {settings!r:.60}: pass a TokenizeSettings, or a dict of its fields")
     settings = settings or TokenizeSettings()
-    meta = load_meta(dataset_dir)
+    meta = load_meta(dataset_dir, "ingested")
     kind = meta["kind"]
     sft_as_prompts = as_prompts and kind == "sft"
     digest = hash_obj(
@@ -490,7 +526,7 @@ def tokenize(
     final = workspace.path("tokenized", digest)
     damaged = final.exists() and saved_problem(final)
     if final.exists() and not damaged:
-        return TokenizeResult.model_validate({**load_meta(final)["result"], "path": final})
+        return TokenizeResult.model_validate({**load_meta(final, "tokenized")["result"], "path": final})
     if damaged:  # cut short (a full disk, a copy) or edited: made again, replacing it in one step
         print(
             f"gym: tokenized folder {final} can't be read ({damaged}): tokenizing it again",

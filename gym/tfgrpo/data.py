@@ -124,7 +124,7 @@ def questions_from(
     says so when there are more)."""
     from gym.data.ingest import load_meta, load_saved
 
-    kind = load_meta(dataset_dir)["kind"]
+    kind = load_meta(dataset_dir, "ingested")["kind"]
     if kind not in ("sft", "prompt"):
         raise ConfigError(
             "Training-Free GRPO needs questions (an sft dataset: alpaca, sharegpt, openai; or prompts: "

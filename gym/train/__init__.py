@@ -17,6 +17,7 @@ import contextlib
 import functools
 import json
 import logging
+import math
 import re
 import sys
 import time
@@ -29,7 +30,7 @@ from filelock import FileLock
 
 from gym import errors, workspace
 from gym.data.formats import require_kind
-from gym.data.ingest import load_meta, load_saved, origin
+from gym.data.ingest import Stage, dataset_folder, load_meta, load_saved, origin
 from gym.data.tokenize import data_notes
 from gym.errors import ConfigError
 from gym.hashing import hash_obj
@@ -182,27 +183,37 @@ def _finished(checkpoint: str) -> bool:
 
 
 def run(
-    config: TrainConfig,
+    config: TrainConfig | dict[str, Any],
     model: ModelRef,
-    train_data: Path,
-    eval_data: Path | None = None,
+    train_data: str | Path | Any,
+    eval_data: str | Path | Any | None = None,
 ) -> TrainResult:
-    """Train one stage, or return it finished (or resume it) from its content-addressed directory."""
+    """Train one stage, or return it finished (or resume it) from its content-addressed directory.
+
+    `config` may be a dict of TrainConfig fields; `train_data` and `eval_data` are tokenized dataset
+    folders (gym.data.tokenize.tokenize's, or its TokenizeResult itself), ingested ones for tf_grpo."""
+    if isinstance(config, dict):
+        config = TrainConfig.model_validate(config)
+    elif not isinstance(config, TrainConfig):
+        raise ConfigError(f"config is {config!r:.60}: pass a gym.train.TrainConfig, or a dict of its fields")
     if not isinstance(model, ModelRef):  # a name or path, from Python: an AttributeError deep inside
         raise ConfigError(
             f"model {model!r}: pass the ModelRef that gym.models.resolve({str(model)!r}) returns, not a name"
         )
+    stage: Stage = "ingested" if config.method == "tf_grpo" else "tokenized"
+    train_data = dataset_folder(train_data, "train_data", stage)
+    eval_data = dataset_folder(eval_data, "eval_data", stage) if eval_data is not None else None
     if config.method == "tf_grpo":  # an experience library, no weights; reads ingested (untokenized) data
-        return tf_grpo.run(config, model, Path(train_data), Path(eval_data) if eval_data else None)
+        return tf_grpo.run(config, model, train_data, eval_data)
     if config.method not in METHODS:
         raise ConfigError(f"unknown method {config.method!r}; available: {', '.join(METHODS)}")
     if config.finetuning_type not in FINETUNING_TYPES:
         raise ConfigError(
             f"unknown finetuning_type {config.finetuning_type!r}; available: {', '.join(FINETUNING_TYPES)}"
         )
-    meta = load_meta(train_data)
+    meta = load_meta(train_data, "tokenized")
     require_kind(meta["result"]["kind"], config.method, str(train_data))
-    n_eval = load_meta(eval_data)["result"]["num_records"] if eval_data else 0
+    n_eval = load_meta(eval_data, "tokenized")["result"]["num_records"] if eval_data else 0
     cutoff = meta["settings"]["cutoff_len"]
     longest = meta["result"].get("stats", {}).get("max_len")
     unused = adapters.unused_settings(config)  # the user's settings: plan fills in the rest
@@ -552,11 +563,23 @@ def _signal(
     metric = METRICS.get(method)
     if metric is None:
         return {}
+    if metric not in eval_after:  # no held-out prompts: the first and last logged training rewards
+        logged = [float(h["reward"]) for h in history if _finite(h.get("reward"))]
+        return {
+            "metric_name": f"train_{metric}",
+            "metric_first": logged[0] if logged else None,
+            "metric_last": logged[-1] if logged else None,
+        }
     return {
         "metric_name": metric,
         "metric_first": eval_before.get(metric),
         "metric_last": eval_after.get(metric),
     }
+
+
+def _finite(value: Any) -> bool:
+    """A logged value that is a finite number (a reward no function applied to is logged as NaN)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _evaluate_at_start(trainer: Any, before_file: Path | None) -> Any:

@@ -62,8 +62,9 @@ class SpeedSettings(BaseModel):
         "auto",
         description="Flatten each batch into one row without padding, positions restarting per sequence "
         "(sft, pt). auto = on with flash-attention's varlen kernel on a GPU, and with gym's per-sequence "
-        "SDPA on a CPU; padded with SDPA on a GPU, under longlora's shifted sparse attention, and with "
-        "NEFTune (its noise scales with the row's length).",
+        "SDPA on a CPU; padded with SDPA on a GPU, under longlora's shifted sparse attention, with "
+        "NEFTune (its noise scales with the row's length), and at per_device_train_batch_size 1 (a "
+        "batch of one sequence has no padding to remove).",
     )
     packing: bool = Field(
         False,
@@ -150,6 +151,9 @@ def resolve(config: TrainConfig) -> Resolved:
     # NEFTune's noise is alpha / sqrt(length x width), the length being the row's (transformers' hook):
     # a flattened row is a whole batch long, so auto keeps the padded rows the scale was set for.
     neftune = config.neftune_noise_alpha is not None
+    # A batch of one sequence holds no padding: flattening it saves nothing (TRL warns that it
+    # "annihilates the benefits"). Unset (None) is a default still to come: not known to be one.
+    single = config.per_device_train_batch_size == 1
     # auto: on where a per-sequence kernel was measured faster than padding: flash-attn's varlen kernel
     # on a GPU; gym's per-sequence SDPA (gym.train.varlen) on a CPU (benchmarks/methods.py: 1.05-1.08x on the
     # demo's 20-32-token sequences, 2.28x on MMLU-length ones). On a GPU without flash-attn it stays
@@ -159,7 +163,7 @@ def resolve(config: TrainConfig) -> Resolved:
         s.padding_free == "auto"
         and per_sequence_kernel
         and method in PADDING_FREE_METHODS
-        and not (s2 or neftune)
+        and not (s2 or neftune or single)
     )
     if (padding_free or packing) and method not in PADDING_FREE_METHODS:
         what = "packing" if packing else "padding_free=on"

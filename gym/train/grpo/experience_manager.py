@@ -42,21 +42,32 @@ class ExperienceManager:
     ) -> None:
         """`max_size` / `max_words` default to 100 and 32 for a new library; a saved one keeps its own
         unless they are given (they were ignored then), and may not be below what it already holds."""
+        for argument, value in (("max_size", max_size), ("max_words", max_words)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(
+                    f"ExperienceManager: {argument} must be a whole number of at least 1 (got {value!r}); "
+                    "leave it out for the default"
+                )
         self.library_path = Path(library_path) if library_path is not None else None
         existing = self.library_path / EXPERIENCE_FILE if self.library_path else None
         if existing is not None and existing.is_file():
             self.library = _with_caps(Library.load(existing), max_size, max_words, existing)
         else:
-            self.library = Library(max_items=max_size or 100, max_words=max_words or 32)
+            self.library = Library(
+                max_items=100 if max_size is None else max_size,
+                max_words=32 if max_words is None else max_words,
+            )
         self._retriever: Any = None
 
     # -- reading ---------------------------------------------------------------------------------------
     @property
     def experiences(self) -> list[dict[str, str]]:
+        """Every experience as {"id": its stable id, "text": its text}, in library order."""
         return [{"id": item.id, "text": item.text} for item in self.library.items]
 
     @property
     def version(self) -> int:
+        """The library's version: the number of changes applied to it so far."""
         return self.library.version
 
     def __len__(self) -> int:
@@ -66,24 +77,34 @@ class ExperienceManager:
         return iter(self.library.texts)
 
     def get(self, item_id: str) -> str | None:
+        """The text of experience `item_id` (a stable id `E3` or an alias `G0`), else None."""
         item = self.library.get(self._id(item_id))
         return item.text if item else None
 
     # -- changing (each a validated operation; a rejection raises) ------------------------------------
     def add(self, text: str) -> str:
+        """Add an experience; returns its new stable id."""
         before = set(self.library.ids)
-        self._apply([Add(text=text)])
+        self._apply([Add(text=_text(text, "add"))])
         return next(i for i in self.library.ids if i not in before)
 
     def modify(self, item_id: str, text: str) -> None:
-        self._apply([Update(id=self._id(item_id), text=text)])
+        """Replace the text of experience `item_id`."""
+        self._apply([Update(id=self._id(item_id, "modify"), text=_text(text, "modify"))])
 
     def delete(self, item_id: str) -> None:
-        self._apply([Delete(id=self._id(item_id))])
+        """Remove experience `item_id` (its id is never reused)."""
+        self._apply([Delete(id=self._id(item_id, "delete"))])
 
     def merge(self, item_ids: Sequence[str], text: str) -> str:
+        """Replace the experiences `item_ids` (a list of ids) by one with `text`; returns its new id."""
+        if isinstance(item_ids, str | bytes) or not isinstance(item_ids, Sequence | set | frozenset):
+            raise ConfigError(
+                f"merge: item_ids must be a list of experience ids, such as ['E1', 'E2'] (got {item_ids!r})"
+            )
         before = set(self.library.ids)
-        self._apply([Merge(ids=tuple(self._id(i) for i in item_ids), text=text)])
+        ids = tuple(self._id(i, "merge") for i in item_ids)
+        self._apply([Merge(ids=ids, text=_text(text, "merge"))])
         return next(i for i in self.library.ids if i not in before)
 
     def apply_operations(self, operations: Sequence[Op | dict[str, Any]] | str) -> ApplyResult:
@@ -115,11 +136,15 @@ class ExperienceManager:
             raise ConfigError(f"experience change rejected: {result.rejected[0].reason}")
         self.library = result.library
 
-    def _id(self, given: str) -> str:
+    def _id(self, given: str, method: str = "get") -> str:
+        if isinstance(given, bool) or not isinstance(given, str | int):
+            raise ConfigError(
+                f"{method}: an experience id is a str, such as 'E3' or the prompt's 'G0' (got {given!r})"
+            )
         if given in self.library.ids:
             return given
         resolved = resolve_id(given, self.library.aliases())
-        return resolved or given  # an unknown id is rejected by `apply`, with its reason
+        return resolved or str(given)  # an unknown id is rejected by `apply`, with its reason
 
     # -- prompts ---------------------------------------------------------------------------------------
     def format_for_prompt(self, texts: list[str] | None = None) -> str:
@@ -192,9 +217,19 @@ class ExperienceManager:
         return target
 
 
+def _text(text: Any, method: str) -> str:
+    """`text` as an experience's text, refused naming `method` where it is no str."""
+    if not isinstance(text, str):
+        raise ConfigError(f"{method}: text must be a str, the experience in words (got {text!r})")
+    return text
+
+
 def _with_caps(library: Library, max_size: int | None, max_words: int | None, file: Path) -> Library:
     """A saved library under the caps given (None: its own), refused where it already holds more."""
-    caps = {"max_items": max_size or library.max_items, "max_words": max_words or library.max_words}
+    caps = {
+        "max_items": library.max_items if max_size is None else max_size,
+        "max_words": library.max_words if max_words is None else max_words,
+    }
     longest = max((word_count(item.text) for item in library.items), default=0)
     if len(library.items) > caps["max_items"] or longest > caps["max_words"]:
         raise ConfigError(

@@ -35,6 +35,13 @@ def _library(library: Any) -> Library:
 
 
 class SemanticExtractor:
+    """Training-Free GRPO's three LLM stages, one call each, with the optimizer LLM `llm`: summarize one
+    attempt (`summarize_trajectory`), propose operations from a group's better and worse attempts
+    (`extract_group_advantage`), and merge a batch's proposals into one consistent set
+    (`consolidate_batch`). Calls go through gym's call cache (`cache_dir`, else the workspace's): one asked
+    before is read from it, not paid again; `ledger` tallies the paid ones, and `last_errors` holds what
+    the parser could not use in the last extract or consolidate call."""
+
     def __init__(
         self,
         llm: LLMClient,

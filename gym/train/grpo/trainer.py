@@ -127,6 +127,12 @@ def _adapter_sampling(settings: TfGrpoSettings, clients: dict[str, Any]) -> TfGr
 
 
 class GRPOTrainer:
+    """The papers' trainer: `training_free=True` (the default) learns an experience library with
+    Training-Free GRPO, leaving the weights as they are; `training_free=False` trains the weights with
+    gym's online GRPO (TRL). `train()` runs it; `save_model(output_dir)` ships the model with its
+    experiences.json. The module's docstring lists what `model`, `args`, `finetuning_args` and the
+    datasets may be."""
+
     def __init__(
         self,
         model: Any = None,
