@@ -36,7 +36,13 @@ from tasks.evaluate import benchmark_eval, check_benchmarks_task, exact_match
 from tasks.model import resolve_model
 from tasks.preflight import check_inputs
 from tasks.register import record_version_scores
-from tasks.tracking import end_cancelled_tracking, end_failed_tracking, finish_tracking, start_tracking
+from tasks.tracking import (
+    end_cancelled_tracking,
+    end_failed_tracking,
+    finish_tracking,
+    quiet_libraries,
+    start_tracking,
+)
 
 
 class EvalOutput(BaseModel):
@@ -61,7 +67,9 @@ class EvaluateConfig(BaseModel):
         description="Registry name, model folder, hub id or MLflow version (models:/name@alias).",
         json_schema_extra=registry_choices("model", "folder, hub id or models:/name@alias"),
     )
-    template: str | None = Field(None, description="Chat template; default: the model's.")
+    template: str | None = Field(
+        None, description="Chat template; default: the model's.", json_schema_extra=NO_LOGIN_SCHEMA
+    )
     trust_remote_code: bool = Field(False, description="Let transformers run the model repo's code.")
     benchmarks: list[str] = Field(
         [],
@@ -115,6 +123,7 @@ DEFAULTS = EvaluateConfig()
     on_cancellation=[end_cancelled_tracking],
 )
 def evaluate(config: EvaluateConfig = DEFAULTS) -> dict[str, Any]:
+    quiet_libraries()  # the console of a deployment run too: no MLflow info lines, no progress bars
     check_inputs(config)  # model, template, held-out data: fails in a second, before any model
     uri, run_label, options = config.output.tracking_uri, flow_run.get_id(), config.benchmark_options
     benchmarks = check_benchmarks_task(config.benchmarks, options)

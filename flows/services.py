@@ -70,9 +70,14 @@ def prepare_server(api_url: str, pool: str = services.WORK_POOL, fresh: bool = F
     return {"work_pool": pool, "gpu_tag": GPU_TAG, "gpu_slots": slots}
 
 
-def crash_pool_runs(api_url: str, pool: str = services.WORK_POOL) -> int:
+def crash_pool_runs(api_url: str, pool: str = services.WORK_POOL, notes: list[str] | None = None) -> int:
     """Mark the flow runs of `pool` still running or starting as Crashed (`gym down` has just stopped
-    the worker, and the flow-run processes with it: none will report again); return how many."""
+    the worker, and the flow-run processes with it: none will report again); return how many.
+
+    Their MLflow runs are ended KILLED, as a cancelled run's are (MLflow's status for a run stopped from
+    outside): the killed processes never ended them, and they showed RUNNING until the next flow run on
+    this machine found them orphaned. Where that can't be done (a tracking server that doesn't answer),
+    a line saying so is added to `notes`."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
         FlowRunFilter,
@@ -111,6 +116,16 @@ def crash_pool_runs(api_url: str, pool: str = services.WORK_POOL) -> int:
         )
         for task_run in tasks:
             client.set_task_run_state(task_run.id, Crashed(message=message), force=True)
+    if runs:
+        from tasks.tracking import end_flow_run_tracking
+
+        for run in runs:
+            try:
+                note = end_flow_run_tracking(run.id, run.parameters, "KILLED")
+            except Exception as exc:  # best effort: the flow runs are marked whatever happens here
+                note = f"can't end its MLflow runs: {type(exc).__name__}"
+            if note and notes is not None:
+                notes.append(f"flow run {run.name}: {note}")
     return len(runs)
 
 
@@ -187,17 +202,20 @@ def cmd_down(argv: Sequence[str]) -> int:
     parser.parse_args(argv)
     api = services.running("prefect")
     crashed = 0
+    notes: list[str] = []
 
     def crash_runs() -> None:
         nonlocal crashed
         if api is not None and "worker" in services.read_state():
             with contextlib.suppress(Exception):  # best effort: stopping must not fail on it
-                crashed = crash_pool_runs(f"{api}/api")
+                crashed = crash_pool_runs(f"{api}/api", notes=notes)
 
     stopped = services.down(after_worker=crash_runs)
     print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
     if crashed:
         print(f"note: {crashed} flow run(s) of the {services.WORK_POOL} pool were running: marked Crashed")
+    for note in notes:
+        print(f"note: {note}")
     return 0
 
 

@@ -25,7 +25,13 @@ from tasks.model import resolve_model
 from tasks.preflight import check_inputs
 from tasks.promote import promote_model
 from tasks.register import export, register_model
-from tasks.tracking import end_cancelled_tracking, end_failed_tracking, finish_tracking, start_tracking
+from tasks.tracking import (
+    end_cancelled_tracking,
+    end_failed_tracking,
+    finish_tracking,
+    quiet_libraries,
+    start_tracking,
+)
 from tasks.train import train_stage
 
 DEFAULTS = SftThenDpoConfig()
@@ -41,6 +47,7 @@ DEFAULTS = SftThenDpoConfig()
     on_cancellation=[end_cancelled_tracking],
 )
 def sft_then_dpo(config: SftThenDpoConfig = DEFAULTS) -> dict[str, Any]:
+    quiet_libraries()  # the console of a deployment run too: no MLflow info lines, no progress bars
     check_inputs(config)  # names, files, method/data pairing: fails in a second, before any model
     uri, run_label = config.output.tracking_uri, flow_run.get_id()
     options = config.benchmark_options  # benchmarks: data and names checked before anything runs

@@ -54,7 +54,13 @@ from tasks.tfgrpo import (
     start_stage_tracking,
     summarize,
 )
-from tasks.tracking import end_cancelled_tracking, end_failed_tracking, finish_tracking, start_tracking
+from tasks.tracking import (
+    end_cancelled_tracking,
+    end_failed_tracking,
+    finish_tracking,
+    quiet_libraries,
+    start_tracking,
+)
 
 DEFAULTS = TfGrpoFlowConfig()
 
@@ -122,6 +128,7 @@ def run_step(
     on_cancellation=[end_cancelled_tracking],
 )
 def tf_grpo(config: TfGrpoFlowConfig = DEFAULTS) -> dict[str, Any]:
+    quiet_libraries()  # the console of a deployment run too: no MLflow info lines, no progress bars
     check_inputs(config)  # model name (unless it lives behind an endpoint), template: in a second
     options = config.benchmark_options  # benchmark files and names, checked before any LLM call
     benchmarks = check_benchmarks_task(config.benchmarks, options) if config.benchmarks else []

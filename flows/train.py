@@ -26,7 +26,13 @@ from tasks.model import resolve_model
 from tasks.preflight import check_inputs
 from tasks.promote import promote_model
 from tasks.register import export, register_model
-from tasks.tracking import end_cancelled_tracking, end_failed_tracking, finish_tracking, start_tracking
+from tasks.tracking import (
+    end_cancelled_tracking,
+    end_failed_tracking,
+    finish_tracking,
+    quiet_libraries,
+    start_tracking,
+)
 from tasks.train import train_stage
 
 DEFAULTS = TrainFlowConfig()
@@ -42,6 +48,7 @@ DEFAULTS = TrainFlowConfig()
     on_cancellation=[end_cancelled_tracking],
 )
 def train(config: TrainFlowConfig = DEFAULTS) -> dict[str, Any]:
+    quiet_libraries()  # the console of a deployment run too: no MLflow info lines, no progress bars
     check_inputs(config)  # names, files, method/data pairing: fails in a second, before any model
     uri, run_label, method = config.output.tracking_uri, flow_run.get_id(), config.train.method
     if method == "tf_grpo":  # learns an experience library for the frozen model: its own flow

@@ -118,8 +118,10 @@ def promote(
     promoted, reason = _decide(
         version, score, champion, champion_score, metric, margin, resolved, sorted(scores_of(tags))
     )
-    if promoted and current is not None and champion != version:
-        promoted, reason = _same_setup(metric, tags, current[1], champion or "", reason)
+    if current is not None and champion != version and None not in (score, champion_score):
+        # two scores measured differently are not compared, whichever is higher: the reason says so
+        same, why = _same_setup(metric, tags, current[1], champion or "", reason)
+        promoted, reason = (promoted, reason) if same else (False, why)
     if promoted:
         tracking.set_alias(name, champion_alias, version, uri)
     decision = Promotion(

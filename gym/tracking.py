@@ -316,6 +316,7 @@ def start_run(
 
 
 def log_params(run_id: str, params: Mapping[str, Any], uri: str | None = None) -> None:
+    """Log `params` on run `run_id`, flattened and with secrets redacted (`redact`), 100 per request."""
     from mlflow.entities import Param
 
     items = [Param(k, v) for k, v in redact(params).items()]
@@ -327,6 +328,8 @@ def log_params(run_id: str, params: Mapping[str, Any], uri: str | None = None) -
 def log_metrics(
     run_id: str, metrics: Mapping[str, float | None], step: int | None = None, uri: str | None = None
 ) -> None:
+    """Log `metrics` on run `run_id` at `step` (0 when None) in one request; None values are skipped and
+    names MLflow refuses have their odd characters replaced by `_`."""
     import time
 
     from mlflow.entities import Metric
@@ -366,16 +369,19 @@ def _safe(key: str) -> str:
 
 
 def set_tags(run_id: str, tags: Mapping[str, Any], uri: str | None = None) -> None:
+    """Set `tags` on run `run_id`, each value as its str."""
     client = _client(uri)
     for k, v in tags.items():
         client.set_tag(run_id, k, str(v))
 
 
 def log_artifact(run_id: str, path: Path, artifact_path: str | None = None, uri: str | None = None) -> None:
+    """Upload the file at `path` to run `run_id`'s artifacts (under the folder `artifact_path`, if given)."""
     _client(uri).log_artifact(run_id, str(path), artifact_path)
 
 
 def end_run(run_id: str, status: str = "FINISHED", uri: str | None = None) -> None:
+    """Mark run `run_id` ended with `status` (FINISHED, FAILED or KILLED)."""
     _client(uri).set_terminated(run_id, status)
 
 
@@ -516,6 +522,7 @@ def _experiment_ids(client: Any) -> list[str]:
 
 
 def model_version_url(name: str, version: str, uri: str | None = None) -> str | None:
+    """The page of registered model `name`'s `version` in the MLflow UI (None without a server)."""
     base = ui_url(uri)
     return f"{base}/#/models/{quote(name)}/versions/{version}" if base else None
 
@@ -577,11 +584,29 @@ def register_model(
             task=task,
             pip_requirements=MODEL_REQUIREMENTS,
         )
-        version = str(
-            mlflow.register_model(info.model_uri, name, tags={k: str(v) for k, v in tags.items()}).version
-        )
+        with _quiet_prints():
+            registered = mlflow.register_model(
+                info.model_uri, name, tags={k: str(v) for k, v in tags.items()}
+            )
+        version = str(registered.version)
     _client(uri).set_registered_model_alias(name, alias, version)
     return version
+
+
+@contextlib.contextmanager
+def _quiet_prints() -> Iterator[None]:
+    """MLflow's own prints ("Successfully registered model ...", "Created version ...") silenced where its
+    logging is quieted to errors (gym's console default, gym.progress.console_defaults): they go to its
+    logging stream directly, which no log level reaches. Errors still raise."""
+    from mlflow.utils.logging_utils import MLFLOW_LOGGING_STREAM
+
+    quiet = os.environ.get("MLFLOW_LOGGING_LEVEL", "").upper() in ("ERROR", "CRITICAL")
+    before = MLFLOW_LOGGING_STREAM.enabled
+    MLFLOW_LOGGING_STREAM.enabled = before and not quiet
+    try:
+        yield
+    finally:
+        MLFLOW_LOGGING_STREAM.enabled = before
 
 
 def registered_uri_hint(name: str, uri: str | None = None) -> str | None:
@@ -697,16 +722,19 @@ def version_by_alias(name: str, alias: str, uri: str | None = None) -> tuple[str
 
 
 def set_alias(name: str, alias: str, version: str, uri: str | None = None) -> None:
+    """Point `name@alias` at `version` of registered model `name` (moving it from any other version)."""
     _client(uri).set_registered_model_alias(name, alias, version)
 
 
 def set_version_tags(name: str, version: str, tags: Mapping[str, Any], uri: str | None = None) -> None:
+    """Set `tags` on `version` of registered model `name`, each value as its str."""
     client = _client(uri)
     for k, v in tags.items():
         client.set_model_version_tag(name, version, k, str(v))
 
 
 def version_description(name: str, version: str, uri: str | None = None) -> str:
+    """The description of `version` of registered model `name` ("" when it has none)."""
     return _client(uri).get_model_version(name, version).description or ""
 
 

@@ -99,7 +99,9 @@ def _publish_exact_match(result: ExactMatch, label: str) -> None:
     )
 
 
-@gym_task(name="check-benchmarks", cache_policy=NO_CACHE, persist_result=False)
+@gym_task(
+    name="check-benchmarks", task_run_name="check benchmarks", cache_policy=NO_CACHE, persist_result=False
+)
 def check_benchmarks_task(entries: list[str], options: BenchmarkOptions) -> list[BenchmarkEntry]:
     """Read every benchmark's files and find every lm-eval task before the flow does any work."""
     return check_benchmarks(entries, options)

@@ -16,7 +16,7 @@ from gym import preflight
 
 
 # Never cached: it must see the registry, files and MLflow models as they are now.
-@task(name="check-inputs", cache_policy=NO_CACHE, persist_result=False)
+@task(name="check-inputs", task_run_name="check inputs", cache_policy=NO_CACHE, persist_result=False)
 def check_inputs(config: Any) -> None:
     """Raise a GymError naming the flow parameter at fault, else log what `auto` held-out data left out."""
     preflight.check(config)

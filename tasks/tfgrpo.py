@@ -31,7 +31,7 @@ from gym.train.tf_grpo import TfGrpoRun, runtime
 LLM_TASK: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False, "retries": 0}
 
 
-@task(name="tfgrpo-prepare", **LLM_TASK)
+@task(name="tfgrpo-prepare", task_run_name="prepare", **LLM_TASK)
 def prepare_run(config: TfGrpoFlowConfig) -> TfGrpoRun:
     """Load the questions, check the settings, name the run directory by the config hash. With
     `--refresh-cache` (Prefect's refresh setting), every LLM call is asked again and every step redone."""
@@ -49,7 +49,7 @@ def prepare_run(config: TfGrpoFlowConfig) -> TfGrpoRun:
     )
 
 
-@task(name="tfgrpo-start-library", **LLM_TASK)
+@task(name="tfgrpo-start-library", task_run_name="start library", **LLM_TASK)
 def start_library(run: TfGrpoRun) -> LibraryRef:
     library, path = engine.start_library(runtime(run), run.start)
     return LibraryRef.of(library, path)
@@ -162,14 +162,14 @@ def evaluate_library(run: TfGrpoRun, library: LibraryRef, tag: str) -> engine.Ev
     return engine.evaluate_alone(runtime(run), run.eval_questions() or [], library.load(), tag)
 
 
-@task(name="tfgrpo-start-tracking", **LLM_TASK)
+@task(name="tfgrpo-start-tracking", task_run_name="start tracking", **LLM_TASK)
 def start_stage_tracking(run: TfGrpoRun, parent_run_id: str, tracking_uri: str | None) -> str:
     """The nested MLflow run of the TF-GRPO stage (params = the settings, keys redacted)."""
     params = {**run.settings.model_dump(), "model": run.model, "config_hash": run.config_hash}
     return tracking.start_run("tf_grpo", params=params, parent_run_id=parent_run_id, uri=tracking_uri)
 
 
-@task(name="tfgrpo-finish", **LLM_TASK)
+@task(name="tfgrpo-finish", task_run_name="finish", **LLM_TASK)
 def finish_run(
     run: TfGrpoRun,
     library: LibraryRef,
@@ -187,7 +187,7 @@ def finish_run(
     return result
 
 
-@task(name="tfgrpo-ship", **LLM_TASK)
+@task(name="tfgrpo-ship", task_run_name="ship model", **LLM_TASK)
 def ship_model(run: TfGrpoRun, result: engine.RunResult) -> tuple[str, ModelRef | None]:
     """The final model directory (model files + experiences.json) and, for a local model, its ModelRef."""
     from gym.models import derived

@@ -4,14 +4,18 @@
   and its URL when the Prefect UI is known), closed with the run's summary.
 - `stage_run`: a nested MLflow run that spans one stage's work (gym.tracking.span).
 - `publish`: a markdown artifact on the task run (what the stage did, key numbers, links to MLflow).
-- `end_failed_tracking`: flow hook that marks the MLflow runs of a failed or crashed flow run FAILED.
+- `end_failed_tracking`: flow hook that marks the MLflow runs of a failed or crashed flow run FAILED
+  (`end_flow_run_tracking`: the same for a flow run `gym down` stopped, as KILLED).
 - `run_logs`: the gym library's log lines (per-step training logs) in the Prefect run's logs.
+- `quiet_libraries`: first in every flow: MLflow's info lines and libraries' progress bars kept off a
+  deployment run's console, as the command line keeps them off its own.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -62,6 +66,29 @@ def fmt(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def quiet_libraries() -> None:
+    """Keep off this process's console what `gym train` and `python flows/<flow>.py` keep off theirs
+    (gym.progress.console_defaults): MLflow's info lines and warnings ("Creating initial MLflow database
+    tables", the transformers flavor's model card and license warnings) and libraries' progress bars.
+    Called first in every flow, for the runs no gym command line starts: a deployment run (a worker's or
+    `serve`'s flow-run process) or a flow called from Python. MLflow reads its level when it is imported;
+    where it already is (a long-lived process), its loggers are set here. `--verbose` (GYM_VERBOSE=1) or
+    MLFLOW_LOGGING_LEVEL set in the environment wins."""
+    import sys
+
+    from gym import progress
+
+    progress.console_defaults(verbose=progress.verbose())
+    level = os.environ.get("MLFLOW_LOGGING_LEVEL", "").upper()
+    if not level or "mlflow" not in sys.modules:  # verbose, or mlflow reads the variable when imported
+        return
+    with contextlib.suppress(ValueError):  # a level logging doesn't know: mlflow's own import refused it
+        logging.getLogger("mlflow").setLevel(level)
+        if level in ("WARNING", "ERROR", "CRITICAL"):  # mlflow keeps these two at WARNING or above
+            for name in ("alembic", "huey"):
+                logging.getLogger(name).setLevel(level)
+
+
 def cell(text: str, limit: int = 80) -> str:
     """Text for one markdown table cell: on one line, pipes escaped, at most `limit` characters."""
     shown = repr(text if len(text) <= limit else "…" + text[-limit:])
@@ -110,7 +137,7 @@ def run_logs(name: str = "gym") -> Iterator[None]:
         logger.propagate = propagate
 
 
-@task(name="start-tracking", cache_policy=NO_CACHE)
+@task(name="start-tracking", task_run_name="start tracking {flow_name}", cache_policy=NO_CACHE)
 def start_tracking(
     flow_name: str,
     config: dict[str, Any],
@@ -140,7 +167,7 @@ def start_tracking(
     return run_id
 
 
-@task(name="finish-tracking", cache_policy=NO_CACHE)
+@task(name="finish-tracking", task_run_name="finish tracking", cache_policy=NO_CACHE)
 def finish_tracking(run_id: str, summary: dict[str, Any], tracking_uri: str | None) -> None:
     """Log the summary numbers on the parent run, mark it finished, and publish it in the Prefect UI."""
     numbers = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -190,8 +217,16 @@ def end_cancelled_tracking(flow: Any, flow_run: Any, state: Any) -> None:
 def _end_tracking(flow: Any, flow_run: Any, status: str) -> None:
     from prefect.logging.loggers import flow_run_logger
 
-    config = (flow_run.parameters or {}).get("config") or {}
+    if note := end_flow_run_tracking(flow_run.id, flow_run.parameters, status):
+        flow_run_logger(flow_run, flow).warning(note)
+
+
+def end_flow_run_tracking(flow_run_id: Any, parameters: Mapping[str, Any] | None, status: str) -> str | None:
+    """End the open MLflow runs of a flow run (tagged with its id) as `status`, in the store its
+    parameters name (`config.output.tracking_uri`, else the default store): from the flow run's own hooks,
+    or from `gym down` for the runs it stopped (flows/services.py). Returns a line to show when runs may
+    be left open (gym.tracking.end_failed_runs); never raises."""
+    config = (parameters or {}).get("config") or {}
     output = config.get("output") if isinstance(config, dict) else getattr(config, "output", None)
     uri = output.get("tracking_uri") if isinstance(output, dict) else getattr(output, "tracking_uri", None)
-    if note := tracking.end_failed_runs(FLOW_RUN_TAG, str(flow_run.id), status, uri=uri):
-        flow_run_logger(flow_run, flow).warning(note)
+    return tracking.end_failed_runs(FLOW_RUN_TAG, str(flow_run_id), status, uri=uri)

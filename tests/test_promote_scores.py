@@ -104,6 +104,13 @@ def test_benchmark_scores_reach_tags_and_card_and_promote_only_when_measured_ali
     other = promote(name, "mmlu_after")
     assert not other.promoted and other.champion == "5"
     assert f"8 questions (set {'b' * 12})" in other.reason and f"(set {'a' * 12})" in other.reason
+    # A lower score measured differently is not compared either: the reason (and the version's tag) said
+    # "does not beat champion" over 2 questions against 8.
+    registered(noisy_tiny(tmp_path / "g", seed=7), name, mmlu(0.10, 0.9, questions=2))
+    lower = promote(name, "mmlu_after")
+    assert not lower.promoted and lower.champion == "5" and "measured differently" in lower.reason
+    tag = MlflowClient(tracking.tracking_uri()).get_model_version(name, "7").tags["promotion.reason"]
+    assert tag == lower.reason
 
     with pytest.raises(
         ConfigError, match=r"'mmlu_afterr'.*available: bleu_after, exact_match_after, mmlu_after"
