@@ -268,6 +268,30 @@ def check_endpoints(config: Any) -> None:
                 f"{field}: {secrets.scrub(url)}: {problem}; start the server, or point --{field} at one that "
                 "runs"
             )
+    check_reply_room(config)
+
+
+def check_reply_room(config: Any) -> None:
+    """A role's max_tokens below the context its endpoint reports (gym serve's and vLLM's `max_model_len`
+    in /v1/models): at or above it, no prompt fits and the server refuses every call of the run (gym-tiny's
+    512-token window and the policy's default 512 ended a run after all its calls)."""
+    if not hasattr(config, "role"):  # TF-GRPO configs only
+        return
+    from gym.tfgrpo.clients import served_context
+
+    used = [r for r in TF_GRPO_ROLES if r != "judge" or getattr(config, "reward", None) == "judge"]
+    for name in used:
+        try:
+            role = config.role(name, getattr(config, "model", None))
+        except ConfigError:  # a role with no model: said where the run starts
+            continue
+        context = served_context(role.endpoint, role.model) if role.endpoint else None
+        if context is not None and role.max_tokens >= context:
+            raise ConfigError(
+                f"{name}.max_tokens: {role.max_tokens} tokens to generate leave no room for a prompt in the "
+                f"{context}-token context {role.model!r} has at {secrets.scrub(role.endpoint or '')} (its "
+                f"/v1/models max_model_len): give --{name}.max_tokens below it (e.g. {max(1, context // 4)})"
+            )
 
 
 def check_adapters(config: Any) -> None:

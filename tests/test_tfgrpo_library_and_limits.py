@@ -259,3 +259,32 @@ def test_a_run_with_an_informative_group_says_nothing_of_it(tmp_path):
         warnings.simplefilter("always")
         train(rt, QUESTIONS)
     assert not [w for w in caught if "rewards that differ" in str(w.message)]
+
+
+# ---- room for a prompt -----------------------------------------------------------------------------------
+
+
+def test_a_reply_length_that_fills_the_served_context_is_refused_before_the_run(gym_home):
+    """gym-tiny's 512-token window and the policy's default max_tokens of 512: the server refused every
+    call of the README's offline run, which ended only after all of them."""
+    from types import SimpleNamespace
+
+    from gym.errors import ConfigError
+    from gym.pipeline import TfGrpoFlowConfig
+    from gym.preflight import check_reply_room
+    from gym.serve.app import build_app
+    from gym.serve.server import serve_in_thread
+
+    engine = SimpleNamespace(name="gym-tiny", context_length=512, digest=None)
+    with serve_in_thread(build_app(engine)) as base:  # type: ignore[arg-type]
+        url = f"{base}/v1"
+        with pytest.raises(
+            ConfigError, match=r"policy.max_tokens: 512 tokens to generate leave no room"
+        ) as e:
+            check_reply_room(TfGrpoFlowConfig(endpoint=url, model="gym-tiny"))
+        assert "--policy.max_tokens below it (e.g. 128)" in str(e.value)
+        check_reply_room(TfGrpoFlowConfig(endpoint=url, model="gym-tiny", policy={"max_tokens": 64},
+                                          optimizer={"max_tokens": 256}))  # fmt: skip
+        with pytest.raises(ConfigError, match=r"optimizer\.max_tokens: 1024"):
+            check_reply_room(TfGrpoFlowConfig(endpoint=url, model="gym-tiny", policy={"max_tokens": 64}))
+        check_reply_room(TfGrpoFlowConfig(endpoint=url, model="another-name"))  # no length listed: no check

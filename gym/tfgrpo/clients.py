@@ -191,6 +191,24 @@ def endpoint_semaphore(endpoint: str, limit: int) -> threading.BoundedSemaphore:
         return _SEMAPHORES[key]
 
 
+def served_context(base_url: str, model: str, timeout_s: float = 5.0) -> int | None:
+    """The context length an OpenAI-compatible server reports for `model` in /v1/models (gym serve's and
+    vLLM's `max_model_len`); None when it reports none, needs a key, or does not answer in time."""
+    import httpx
+
+    if urlsplit(base_url).hostname in KEYED_HOSTS:  # hosted APIs list no context length
+        return None
+    try:
+        listed = httpx.get(f"{base_url.rstrip('/')}/models", timeout=timeout_s).json()
+        entry = next(
+            (m for m in listed.get("data", []) if isinstance(m, dict) and m.get("id") == model), None
+        )
+    except (httpx.HTTPError, ValueError, AttributeError, TypeError):
+        return None
+    length = entry.get("max_model_len") if entry else None
+    return length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else None
+
+
 class OpenAIClient:
     """Chat completions from any OpenAI-compatible server."""
 
