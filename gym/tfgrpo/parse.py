@@ -91,7 +91,7 @@ def load_json_like(text: str) -> tuple[Any, str | None]:
 def _more_ops(chunk: str) -> list[Any]:
     """The values after the first JSON value of `chunk` that are operations or lists of them (lines of
     JSON Lines, a second list): nothing when the first one is not plain JSON."""
-    cleaned = _TRAILING_COMMA.sub(r"\1", strip_comments(chunk))
+    cleaned = _cleaned(chunk)
     decoder = json.JSONDecoder()
     try:
         end = decoder.raw_decode(cleaned)[1]
@@ -118,7 +118,7 @@ _FAILED = object()
 
 def _decode(chunk: str) -> Any:
     """Decode the JSON-ish value at the start of `chunk` (text after it is ignored)."""
-    cleaned = _TRAILING_COMMA.sub(r"\1", strip_comments(chunk))
+    cleaned = _cleaned(chunk)
     try:
         return json.JSONDecoder().raw_decode(cleaned)[0]
     except json.JSONDecodeError:
@@ -130,6 +130,11 @@ def _decode(chunk: str) -> Any:
         return ast.literal_eval(literal)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         return _FAILED
+
+
+def _cleaned(chunk: str) -> str:
+    """`chunk` as JSON can read it: comments outside strings and trailing commas removed."""
+    return _TRAILING_COMMA.sub(r"\1", strip_comments(chunk))
 
 
 def strip_comments(text: str) -> str:

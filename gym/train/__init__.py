@@ -17,7 +17,6 @@ import contextlib
 import functools
 import json
 import logging
-import math
 import re
 import sys
 import time
@@ -564,7 +563,7 @@ def _signal(
     if metric is None:
         return {}
     if metric not in eval_after:  # no held-out prompts: the first and last logged training rewards
-        logged = [float(h["reward"]) for h in history if _finite(h.get("reward"))]
+        logged = [float(h["reward"]) for h in history if rl_common.number(h.get("reward"))]
         return {
             "metric_name": f"train_{metric}",
             "metric_first": logged[0] if logged else None,
@@ -575,11 +574,6 @@ def _signal(
         "metric_first": eval_before.get(metric),
         "metric_last": eval_after.get(metric),
     }
-
-
-def _finite(value: Any) -> bool:
-    """A logged value that is a finite number (a reward no function applied to is logged as NaN)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _evaluate_at_start(trainer: Any, before_file: Path | None) -> Any:

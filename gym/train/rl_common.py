@@ -64,14 +64,15 @@ def track(run_id: str, stage_dir: str | Path, uri: str | None = None) -> None:
         # Merged per step: the end-of-training log shares the last step; a resumed run logs some steps
         # twice, and the later values count.
         by_step.setdefault(int(row["step"]), {}).update(row)
-    keys = sorted({k for row in by_step.values() for k, v in row.items() if _number(v)} - {"step"})
+    keys = sorted({k for row in by_step.values() for k, v in row.items() if number(v)} - {"step"})
     for key in keys:
-        points = [(step, row[key]) for step, row in sorted(by_step.items()) if _number(row.get(key))]
+        points = [(step, row[key]) for step, row in sorted(by_step.items()) if number(row.get(key))]
         tracking.log_curve(run_id, f"train/{key}", points, uri=uri)
     tracking.log_table(run_id, _read_jsonl(samples_file(stage_dir)), "samples.json", uri=uri)
 
 
-def _number(value: Any) -> bool:
+def number(value: Any) -> bool:
+    """A logged value that is a number (an int or float, not a bool, not NaN)."""
     return isinstance(value, int | float) and not isinstance(value, bool) and value == value  # not NaN
 
 
@@ -362,7 +363,7 @@ def signal_warnings(method: str, history: list[dict[str, Any]]) -> list[str]:
             "check that they apply to this data (the matching rewards need an `answer` per record; a "
             "function of yours returns None where it does not apply)"
         ]
-    unscored = [h["frac_unscored"] for h in history if _number(h.get("frac_unscored"))]
+    unscored = [h["frac_unscored"] for h in history if number(h.get("frac_unscored"))]
     if unscored and max(unscored) > 0:  # PPO: a reward for every completion, or 0
         return [
             f"{method}: some completions got no reward (every reward function returned None or NaN; up "
@@ -416,7 +417,7 @@ class SampleLog:
             self._append(self.path, step, [{"step": step, **row} for row in rows[: self.keep]])
 
     def write_metrics(self, step: int, logs: dict[str, Any]) -> None:
-        row = {"step": step, **{k: v for k, v in logs.items() if _number(v)}}
+        row = {"step": step, **{k: v for k, v in logs.items() if number(v)}}
         self._append(self.metrics_path, step, [row])
 
 
